@@ -1,0 +1,48 @@
+#pragma once
+// Layer weights: the checkpoint's form (bf16 bits, row-major [out, in]) and the prepared form the
+// backends run on (gate merged into one qkv_a GEMM, kv_b absorbed into W_UK / W_UV as MXFP4).
+#include <cstdint>
+#include <vector>
+
+#include "mla/config.hpp"
+
+namespace mla {
+
+struct CheckpointWeights {
+  std::vector<uint16_t> qkv_a;      // [Rq + L + R (+ N*V if gate == merged), D] bf16
+  std::vector<uint16_t> g_proj;     // [N*V, D] bf16, only if gate == separate
+  std::vector<uint16_t> q_a_norm;   // [Rq] bf16
+  std::vector<uint16_t> kv_a_norm;  // [L] bf16
+  std::vector<uint16_t> q_b;        // [N*(P+R), Rq] bf16
+  std::vector<uint16_t> kv_b;       // [N*(P+V), L] bf16
+  float q_scale = 1.0f;             // fp8 query: stored value = q / q_scale
+  float k_scale = 1.0f;             // fp8 cache: stored value = row / k_scale
+};
+
+// [batch, rows, cols] matrix in MXFP4, blocks of 32 along cols (the reduced dimension).
+struct MxFp4Matrix {
+  int batch = 0, rows = 0, cols = 0;
+  std::vector<uint8_t> codes;   // [batch, rows, cols/2], first element in the low nibble
+  std::vector<uint8_t> scales;  // [batch, rows, cols/32] E8M0
+  float at(int b, int r, int c) const;  // dequantized element
+};
+
+struct PreparedWeights {
+  std::vector<uint16_t> qkv_a;   // [Rq + L + R + gate_dim, D] bf16: [q_a | kv_a | k_pe | gate]
+  std::vector<float> q_a_norm;   // [Rq]
+  std::vector<float> kv_a_norm;  // [L]
+  std::vector<uint16_t> q_b;     // [N*(P+R), Rq] bf16
+  MxFp4Matrix w_uk;              // [N, L, P]: W_UK[n] transposed, ql_nope[l] = sum_p q_nope[p] W_UK[n][p, l]
+  MxFp4Matrix w_uv;              // [N, V, L]: out[v] = sum_l o[l] W_UV[n][v, l]
+  float q_scale = 1.0f;
+  float k_scale = 1.0f;
+};
+
+// Checks shapes and scales against cfg (mla::Error names the tensor), absorbs and packs.
+PreparedWeights prepare_weights(const LayerConfig& cfg, const CheckpointWeights& ckpt);
+
+// Synthetic weights from a seed, scaled like a trained layer's (unit-variance activations);
+// q_scale and k_scale are set from a calibration pass on random hidden states.
+CheckpointWeights random_checkpoint_weights(const LayerConfig& cfg, uint64_t seed);
+
+}  // namespace mla

@@ -1,0 +1,48 @@
+#pragma once
+// The seam between the public Layer and a backend (src/cpu, src/cuda). Layer validates every
+// argument (src/core/validate.hpp) before it calls a stage here, so backends may assume shapes,
+// dtypes and strides are right; value checks on device-resident metadata are the backend's.
+#include <memory>
+
+#include "mla/layer.hpp"
+
+namespace mla::detail {
+
+// Views into a backend's own workspace for step() with S tokens.
+struct StepWorkspace {
+  PreOutputs pre;        // q [S, Hq, L+R], gate [S, N*V]
+  AttendOutputs attend;  // o, lse (merged or split partials, as the backend prefers)
+};
+
+class BackendImpl {
+ public:
+  BackendImpl(const LayerConfig& cfg, const LayerOptions& opts) : cfg(cfg), opts(opts) {}
+  virtual ~BackendImpl() = default;
+
+  virtual Backend kind() const = 0;
+  virtual Device device() const = 0;
+
+  virtual void pre(const TensorView& hidden, const StepMeta& meta, const KVCache& cache,
+                   const PreOutputs& out) = 0;
+  virtual void attend(const TensorView& q, const KVCache& cache, const StepMeta& meta,
+                      const AttendOutputs& out) = 0;
+  virtual void post(const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta,
+                    const TensorView& out) = 0;
+  virtual StepWorkspace workspace(const StepMeta& meta) = 0;
+
+  const LayerConfig cfg;
+  const LayerOptions opts;
+};
+
+std::unique_ptr<BackendImpl> make_cpu_backend(const LayerConfig& cfg, const PreparedWeights& w,
+                                              const LayerOptions& opts);
+// Defined in src/cuda when built with MLA_CUDA, else a stub that throws mla::Error.
+std::unique_ptr<BackendImpl> make_cuda_backend(const LayerConfig& cfg, const PreparedWeights& w,
+                                               const LayerOptions& opts);
+bool cuda_device_present();
+// Device memory for mla::Tensor (stubs throw without CUDA).
+void* cuda_alloc(size_t bytes, int device_index);
+void cuda_free(void* p, int device_index);
+void cuda_copy(void* dst, const void* src, size_t bytes);  // cudaMemcpyDefault, synchronous
+
+}  // namespace mla::detail

@@ -1,0 +1,2 @@
+// PLACEHOLDER: owned by a helper; replaced by the real implementation.
+#include "reference/reference.hpp"
