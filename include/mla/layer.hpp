@@ -18,6 +18,7 @@ const char* backend_name(Backend b);
 bool cuda_available();  // built with CUDA and a device is present
 
 class Communicator;  // mla/comm.hpp: collectives for DCP
+class Layer;
 
 struct LayerOptions {
   Backend backend = Backend::automatic;  // automatic: CUDA where a GPU is present, else CPU
@@ -47,6 +48,7 @@ struct AttendOutputs {
 
 namespace detail {
 class BackendImpl;
+BackendImpl& backend_of(Layer& layer);
 }
 
 class Layer {
@@ -72,6 +74,7 @@ class Layer {
   void step(const TensorView& hidden, const StepMeta& meta, const KVCache& cache, const TensorView& out);
 
  private:
+  friend detail::BackendImpl& detail::backend_of(Layer& layer);
   std::unique_ptr<detail::BackendImpl> impl_;
 };
 

@@ -42,7 +42,8 @@ struct PreparedWeights {
 PreparedWeights prepare_weights(const LayerConfig& cfg, const CheckpointWeights& ckpt);
 
 // Synthetic weights from a seed, scaled like a trained layer's (unit-variance activations);
-// q_scale and k_scale are set from a calibration pass on random hidden states.
+// q_scale and k_scale are amax/448 of the expected activations (about 6 sigma) times a random
+// factor in [0.8, 1.25], so that tests exercise scales that are not powers of two.
 CheckpointWeights random_checkpoint_weights(const LayerConfig& cfg, uint64_t seed);
 
 }  // namespace mla

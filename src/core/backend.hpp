@@ -2,7 +2,10 @@
 // The seam between the public Layer and a backend (src/cpu, src/cuda). Layer validates every
 // argument (src/core/validate.hpp) before it calls a stage here, so backends may assume shapes,
 // dtypes and strides are right; value checks on device-resident metadata are the backend's.
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "mla/layer.hpp"
 
@@ -12,6 +15,14 @@ namespace mla::detail {
 struct StepWorkspace {
   PreOutputs pre;        // q [S, Hq, L+R], gate [S, N*V]
   AttendOutputs attend;  // o, lse (merged or split partials, as the backend prefers)
+};
+
+// The roofline ceilings of the machine a backend runs on, measured in the same run as a benchmark.
+struct Ceilings {
+  std::string device_name;
+  double copy_gbps = 0;            // device (or host memory) copy: bytes read + bytes written per s
+  double matmul_tflops = 0;        // dense bf16 matmul, fp32 accumulation (CPU: sgemm)
+  double fp8_matmul_tflops = 0;    // dense fp8 matmul where the device has one (0 otherwise)
 };
 
 class BackendImpl {
@@ -30,9 +41,18 @@ class BackendImpl {
                     const TensorView& out) = 0;
   virtual StepWorkspace workspace(const StepMeta& meta) = 0;
 
+  // Benchmark support (`mla bench`): each of `iters` runs of fn timed with the backend's clock
+  // (CUDA events on the layer's stream; steady_clock on the CPU) after `warmup` runs, with the
+  // caches flushed before every run; and the ceilings measured now.
+  virtual std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) = 0;
+  virtual Ceilings measure_ceilings() = 0;
+
   const LayerConfig cfg;
   const LayerOptions opts;
 };
+
+// The backend behind a Layer, for the benchmark driver and tests inside the project.
+BackendImpl& backend_of(Layer& layer);
 
 std::unique_ptr<BackendImpl> make_cpu_backend(const LayerConfig& cfg, const PreparedWeights& w,
                                               const LayerOptions& opts);

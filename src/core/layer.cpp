@@ -17,6 +17,10 @@ const char* backend_name(Backend b) {
 
 bool cuda_available() { return detail::cuda_device_present(); }
 
+namespace detail {
+BackendImpl& backend_of(Layer& layer) { return *layer.impl_; }
+}  // namespace detail
+
 Layer::Layer(const LayerConfig& cfg, const PreparedWeights& weights, const LayerOptions& opts) {
   cfg.validate();
   MLA_REQUIRE(opts.q_dtype == DType::fp8_e4m3 || opts.q_dtype == DType::bf16,

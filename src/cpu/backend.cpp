@@ -32,6 +32,11 @@ class CpuBackend final : public BackendImpl {
     cpu::post(ctx(), attn, gate, meta, out);
   }
 
+  std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) override {
+    return cpu::time_us(fn, warmup, iters, threads_);
+  }
+  Ceilings measure_ceilings() override { return cpu::measure_ceilings(threads_); }
+
   StepWorkspace workspace(const StepMeta& meta) override {
     const int64_t s = meta.tokens();
     auto rows = [s](const Tensor& t) {  // the first s rows of a workspace tensor

@@ -1,6 +1,10 @@
 #pragma once
 // The CPU backend's stages, one file each (pre.cpp, attend.cpp, post.cpp), mirrored by src/cuda.
 // Arguments arrive validated (src/core/validate.hpp), metadata values included.
+#include <functional>
+#include <vector>
+
+#include "core/backend.hpp"
 #include "mla/layer.hpp"
 
 namespace mla::cpu {
@@ -18,5 +22,10 @@ void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const
             const AttendOutputs& out);
 void post(const Context& ctx, const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta,
           const TensorView& out);
+
+// Benchmark support (bench.cpp): steady_clock timing with the last-level cache flushed before
+// each run, and this machine's memory-copy bandwidth and sgemm rate.
+std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters, int threads);
+detail::Ceilings measure_ceilings(int threads);
 
 }  // namespace mla::cpu
