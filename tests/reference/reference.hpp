@@ -42,10 +42,10 @@ AttendResult attend(const LayerConfig& cfg, const TensorView& q, int heads_g, do
 // Merge of partials (split chunks or DCP ranks): lse = logsumexp, o = sum exp(lse_c - lse) o_c.
 AttendResult merge(std::span<const AttendResult> partials);
 
-// post from merged attention: out [S, N*V] = (o @ W_UV^T) * gate. o is [S, G, L]; this rank's
-// heads are those at dcp_rank*N.
+// post from merged attention: out [S, N*V] = (o @ W_UV^T) * gate. o is [S, G, L] with
+// G = N*dcp_size; this rank's heads are those at dcp_rank*N.
 std::vector<double> post(const LayerConfig& cfg, const Weights64& w, const AttendResult& attn,
-                         std::span<const double> gate, int dcp_rank);
+                         std::span<const double> gate, int dcp_rank, int dcp_size = 1);
 
 // End to end, hidden -> out, unabsorbed (per head k_nope = W_UK applied to the cached latent,
 // v = W_UV applied to it, plain multi-head attention), float64 everywhere: the history rows are
