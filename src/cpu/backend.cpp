@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include "core/backend.hpp"
+#include "cpu/gemm.hpp"
 #include "cpu/stages.hpp"
 
 namespace mla::detail {
@@ -10,7 +11,10 @@ namespace {
 class CpuBackend final : public BackendImpl {
  public:
   CpuBackend(const LayerConfig& c, const PreparedWeights& w, const LayerOptions& o)
-      : BackendImpl(c, o), w_(w), threads_(o.num_threads > 0 ? o.num_threads : omp_get_num_procs()) {
+      : BackendImpl(c, o),
+        w_(w),
+        threads_(o.num_threads > 0 ? o.num_threads : omp_get_num_procs()),
+        dense_(cpu::DenseWeights::from(c, w, threads_)) {
     const int64_t s = o.max_tokens, g = int64_t(cfg.heads()) * o.dcp.size;
     const int64_t hq = o.q_head_pad > 0 ? o.q_head_pad : g;
     q_ = Tensor::empty(o.q_dtype, {s, hq, cfg.row_dim()});
@@ -53,10 +57,11 @@ class CpuBackend final : public BackendImpl {
   }
 
  private:
-  cpu::Context ctx() const { return {cfg, opts, w_, threads_}; }
+  cpu::Context ctx() const { return {.cfg = cfg, .opts = opts, .w = w_, .threads = threads_, .dense = &dense_}; }
 
   PreparedWeights w_;
   int threads_;
+  cpu::DenseWeights dense_;  // fp32 copies of qkv_a and q_b for sgemm, made once
   Tensor q_, gate_, o_, lse_;
 };
 

@@ -9,11 +9,16 @@
 
 namespace mla::cpu {
 
+struct DenseWeights;  // cpu/gemm.hpp
+
 struct Context {
   const LayerConfig& cfg;
   const LayerOptions& opts;
   const PreparedWeights& w;
   int threads;  // OpenMP threads to use
+  // fp32 copies of the bf16 weights for sgemm, built once by CpuBackend; null: pre widens them
+  // on every call (slow, for callers without a backend).
+  const DenseWeights* dense = nullptr;
 };
 
 void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, const KVCache& cache,
