@@ -1,7 +1,179 @@
-// PLACEHOLDER: owned by the CLI/bench work.
+// Benchmark support for the CPU backend: steady_clock timing with the last-level cache flushed
+// before every run, and the roofline ceilings of this machine (memory copy bandwidth, sgemm rate)
+// measured in the same process as the benchmark they are compared with.
+#include <cblas.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+
 #include "cpu/stages.hpp"
 #include "mla/error.hpp"
+
 namespace mla::cpu {
-std::vector<double> time_us(const std::function<void()>&, int, int, int) { detail::fail("cpu::time_us: not implemented yet"); }
-detail::Ceilings measure_ceilings(int) { detail::fail("cpu::measure_ceilings: not implemented yet"); }
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since_us(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Bytes of last-level cache the process's CPUs can fill: the sum over distinct L3 instances
+// (sysfs; one per CCX on EPYC), else what sysconf reports, else a large server LLC.
+size_t last_level_cache_bytes() {
+  std::set<std::string> seen;
+  size_t total = 0;
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  for (long c = 0; c < cpus; ++c) {
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/cache/index3/";
+    std::ifstream shared(dir + "shared_cpu_list"), size(dir + "size");
+    std::string who, kib;
+    if (!(shared >> who) || !(size >> kib) || !seen.insert(who).second) continue;
+    const size_t mult = kib.back() == 'K' ? 1024 : kib.back() == 'M' ? size_t(1) << 20 : 1;
+    total += size_t(std::stoull(kib)) * mult;
+  }
+  if (total > 0) return total;
+  long llc = 0;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+  llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+  return llc > 0 ? size_t(llc) : size_t(256) << 20;
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
+
+Buffer alloc_bytes(size_t bytes, const char* what) {
+  void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  MLA_REQUIRE(p != nullptr, "cpu bench: cannot allocate ", bytes, " bytes for ", what);
+  return Buffer(static_cast<uint8_t*>(p));
+}
+
+// Writes a buffer twice the LLC (at least 64 MiB) from all threads, evicting whatever the timed
+// function would otherwise find warm.
+class CacheFlusher {
+ public:
+  explicit CacheFlusher(int threads)
+      : bytes_(std::max(size_t(64) << 20, 2 * last_level_cache_bytes())),
+        buf_(alloc_bytes(bytes_, "the cache flush buffer")),
+        threads_(threads) {}
+  void flush() {
+    ++round_;
+    const int64_t n = int64_t(bytes_ / sizeof(uint64_t));
+    auto* p = reinterpret_cast<uint64_t*>(buf_.get());
+    const uint64_t v = round_;
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] = v + uint64_t(i);
+  }
+
+ private:
+  size_t bytes_;
+  Buffer buf_;
+  int threads_;
+  uint64_t round_ = 0;
+};
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t c = line.find(':');
+      if (c != std::string::npos) return line.substr(line.find_first_not_of(" \t", c + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+// Host memory copy, bytes read + bytes written per second: each thread copies its own slice of
+// a pair of 1 GiB buffers (first touched by the same thread, so pages sit on its NUMA node).
+double copy_gbps(int threads) {
+  const size_t bytes = size_t(1) << 30;
+  Buffer src = alloc_bytes(bytes, "the bandwidth source"), dst = alloc_bytes(bytes, "the bandwidth target");
+  auto slice = [&](int t, size_t& begin, size_t& len) {
+    const size_t per = (bytes / size_t(threads)) & ~size_t(4095);
+    begin = size_t(t) * per;
+    len = t == threads - 1 ? bytes - begin : per;
+  };
+#pragma omp parallel num_threads(threads)
+  {
+    size_t b, n;
+    slice(omp_get_thread_num(), b, n);
+    std::memset(src.get() + b, 1, n);
+    std::memset(dst.get() + b, 0, n);
+  }
+  std::vector<double> gbps;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads)
+    {
+      size_t b, n;
+      slice(omp_get_thread_num(), b, n);
+      std::memcpy(dst.get() + b, src.get() + b, n);
+    }
+    const double us = since_us(t0);
+    if (rep > 0) gbps.push_back(2.0 * double(bytes) / (us * 1e3));  // the first run is a warm-up
+  }
+  return median(gbps);
+}
+
+// sgemm rate at a size that keeps every core busy for tens of milliseconds.
+double sgemm_tflops(int threads) {
+  const int n = 2048;
+  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
+  openblas_set_num_threads(threads);
+  std::vector<double> tflops;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                c.data(), n);
+    const double us = since_us(t0);
+    if (rep > 0) tflops.push_back(2.0 * double(n) * n * n / (us * 1e6));
+  }
+  return median(tflops);
+}
+
+}  // namespace
+
+std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters, int threads) {
+  MLA_REQUIRE(warmup >= 0, "cpu::time_us: warmup: expected >= 0, got ", warmup);
+  MLA_REQUIRE(iters >= 1, "cpu::time_us: iters: expected >= 1, got ", iters);
+  CacheFlusher flusher(std::max(threads, 1));
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> us;
+  us.reserve(size_t(iters));
+  for (int i = 0; i < iters; ++i) {
+    flusher.flush();
+    const auto t0 = Clock::now();
+    fn();
+    us.push_back(since_us(t0));
+  }
+  return us;
+}
+
+detail::Ceilings measure_ceilings(int threads) {
+  threads = std::max(threads, 1);
+  detail::Ceilings c;
+  c.device_name = cpu_model() + " (" + std::to_string(threads) + " threads)";
+  c.copy_gbps = copy_gbps(threads);
+  c.matmul_tflops = sgemm_tflops(threads);
+  c.fp8_matmul_tflops = 0;  // no fp8 matmul on the CPU
+  return c;
+}
+
 }  // namespace mla::cpu
