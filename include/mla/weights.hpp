@@ -38,12 +38,17 @@ struct PreparedWeights {
   float k_scale = 1.0f;
 };
 
-// Checks shapes and scales against cfg (mla::Error names the tensor), absorbs and packs.
+// Checks shapes and scales against cfg (mla::Error names the tensor, the expected and the actual
+// element counts), absorbs and packs. Also rejected: a g_proj when cfg.gate != separate, and a
+// non-finite kv_b entry (MXFP4 would hide it in a NaN block).
 PreparedWeights prepare_weights(const LayerConfig& cfg, const CheckpointWeights& ckpt);
 
-// Synthetic weights from a seed, scaled like a trained layer's (unit-variance activations);
-// q_scale and k_scale are amax/448 of the expected activations (about 6 sigma) times a random
-// factor in [0.8, 1.25], so that tests exercise scales that are not powers of two.
+// Synthetic weights from a seed, scaled like a trained layer's (unit-variance activations):
+// qkv_a and the gate ~ N(0, 1/D), norms uniform in [0.9, 1.1], q_b ~ N(0, 1/Rq), kv_b's W_UK rows
+// ~ N(0, 1/P) and W_UV rows ~ N(0, 4/L); q_scale and k_scale are amax/448 of the expected
+// activations (about 6 sigma) times a random factor in [0.8, 1.25], so that tests exercise scales
+// that are not powers of two. Deterministic (counter-based, independent of the thread count); the
+// gate has its own stream, so one seed gives the same prepared weights for merged and separate.
 CheckpointWeights random_checkpoint_weights(const LayerConfig& cfg, uint64_t seed);
 
 }  // namespace mla
