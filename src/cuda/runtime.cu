@@ -1,8 +1,9 @@
-// PLACEHOLDER (owned by the CUDA backend work): device memory for mla::Tensor; the backend throws.
+// Device memory for mla::Tensor and the device query behind mla::cuda_available().
 #include <cuda_runtime.h>
 
 #include "core/backend.hpp"
-#include "mla/error.hpp"
+#include "cuda/check.hpp"
+#include "cuda/handles.hpp"
 
 namespace mla::detail {
 
@@ -12,22 +13,23 @@ bool cuda_device_present() {
 }
 
 void* cuda_alloc(size_t bytes, int device_index) {
+  cuda::DeviceGuard guard(device_index);
   void* p = nullptr;
-  MLA_REQUIRE(cudaSetDevice(device_index) == cudaSuccess, "cuda_alloc: no CUDA device ", device_index);
-  const cudaError_t e = cudaMalloc(&p, bytes);
-  MLA_REQUIRE(e == cudaSuccess, "cuda_alloc(", bytes, " bytes): ", cudaGetErrorString(e));
+  MLA_CUDA_CHECK(cudaMalloc(&p, bytes));
   return p;
 }
 
-void cuda_free(void* p, int) { cudaFree(p); }
-
-void cuda_copy(void* dst, const void* src, size_t bytes) {
-  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
-  MLA_REQUIRE(e == cudaSuccess, "cuda_copy(", bytes, " bytes): ", cudaGetErrorString(e));
+void cuda_free(void* p, int device_index) {
+  if (!p) return;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device_index);
+  cudaFree(p);
+  cudaSetDevice(prev);
 }
 
-std::unique_ptr<BackendImpl> make_cuda_backend(const LayerConfig&, const PreparedWeights&, const LayerOptions&) {
-  fail("Backend::cuda: not implemented yet");
+void cuda_copy(void* dst, const void* src, size_t bytes) {
+  MLA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 
 }  // namespace mla::detail

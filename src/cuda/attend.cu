@@ -1,0 +1,375 @@
+// attend on the GPU, first version (issue 4): one CTA per (request, split, 16-row query tile).
+// The CTA holds up to 16 query rows (G heads x Q queries of one request) and streams the request's
+// cache rows through shared memory once, in tiles of 64 keys (cp.async, double-buffered), with
+// mma.sync tensor-core products for q.k and p.v. An fp8 cache stays fp8 in shared memory and is
+// widened to f16 in registers; docs/attention.md has the fragment layouts and the roofline.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/softmax_state.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device_math.cuh"
+#include "cuda/ptx.cuh"
+#include "cuda/stages.hpp"
+
+namespace mla::cuda {
+namespace {
+
+constexpr int kTileKeys = 64;
+constexpr int kWarps = 8;  // q.k: 8 keys a warp; p.v: 64 of the 512 latent dims a warp
+constexpr int kThreads = kWarps * 32;
+constexpr int kMTile = 16;  // query rows of one mma tile
+constexpr int kPStride = kTileKeys + 8;  // P row: 36 words = 4 (mod 32), ldmatrix rows hit distinct banks
+
+template <bool kFp8>
+struct Traits;
+// fp8 cache: rows of 576 bytes padded to 592 (148 words: the 8 rows an ldmatrix reads start 20
+// words apart, on distinct banks); f16 math (e4m3 -> f16 is exact). The query row is padded to
+// 592 halves (296 words = 8 mod 32) so that the 8-byte A-fragment loads of a half-warp hit 32
+// distinct banks.
+template <>
+struct Traits<true> {
+  static constexpr int kElemBytes = 1;
+  static constexpr int kRowBytes = kRow + 16;
+  static constexpr int kQStride = kRow + 16;
+};
+// bf16 cache: rows of 1152 bytes padded to 1168 (292 words = 4 mod 32); bf16 math.
+template <>
+struct Traits<false> {
+  static constexpr int kElemBytes = 2;
+  static constexpr int kRowBytes = 2 * kRow + 16;
+  static constexpr int kQStride = kRow + 8;
+};
+
+template <bool kFp8>
+struct SharedPlan {
+  alignas(128) uint8_t kv[2][kTileKeys][Traits<kFp8>::kRowBytes];  // key rows, double-buffered
+  alignas(16) uint16_t q[kMTile][Traits<kFp8>::kQStride];          // query tile, f16 or bf16
+  alignas(16) uint16_t p[kMTile][kPStride];                       // softmax weights of the tile
+  const uint8_t* rows[2][kTileKeys];  // each key row's global address; null: masked, zero-filled
+  float red_max[kWarps][kMTile];
+  float red_sum[kWarps][kMTile];
+};
+
+// q.k for this warp's 8 keys of the tile: s = 16 rows x 8 keys (mma C fragment).
+// fp8: one ldmatrix row segment holds 16 dims of a key; lane (g, c) gets dims 4c..4c+3 and uses
+// them as the k16 step's pairs (2c, 2c+1) and (2c+8, 2c+9). That permutes k inside each 16-dim
+// block, so the query's A fragment is read with the same permutation (dims 4c..4c+3 of its rows):
+// the dot product is unchanged.
+__device__ __forceinline__ void qk_tile(const SharedPlan<true>& sm, int buf, int warp, int lane, float (&s)[4]) {
+  const int g = lane / 4, c = lane % 4;
+  const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
+  const uint16_t* q0 = &sm.q[g][4 * c];
+  const uint16_t* q1 = &sm.q[g + 8][4 * c];
+#pragma unroll
+  for (int kb = 0; kb < kRow / 64; ++kb) {
+    uint32_t r[4];
+    ptx::ldmatrix_x4(r, kbase + kb * 64);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int d = kb * 64 + j * 16;
+      const uint2 qa = *reinterpret_cast<const uint2*>(q0 + d);
+      const uint2 qb = *reinterpret_cast<const uint2*>(q1 + d);
+      ptx::mma_f16(s, qa.x, qb.x, qa.y, qb.y, ptx::fp8x2_to_f16x2(r[j]), ptx::fp8x2_to_f16x2(r[j] >> 16));
+    }
+  }
+}
+
+__device__ __forceinline__ void qk_tile(const SharedPlan<false>& sm, int buf, int warp, int lane, float (&s)[4]) {
+  const int g = lane / 4, c = lane % 4;
+  const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
+  const uint16_t* q0 = &sm.q[g][2 * c];
+  const uint16_t* q1 = &sm.q[g + 8][2 * c];
+#pragma unroll 6
+  for (int kb = 0; kb < kRow / 32; ++kb) {
+    uint32_t r[4];
+    ptx::ldmatrix_x4(r, kbase + kb * 64);
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {
+      const int d = kb * 32 + step * 16;
+      ptx::mma_bf16(s, *reinterpret_cast<const uint32_t*>(q0 + d), *reinterpret_cast<const uint32_t*>(q1 + d),
+                    *reinterpret_cast<const uint32_t*>(q0 + d + 8), *reinterpret_cast<const uint32_t*>(q1 + d + 8),
+                    r[2 * step], r[2 * step + 1]);
+    }
+  }
+}
+
+// p.v for this warp's 64 latent dims: acc = 16 rows x 8 n-tiles of 8.
+// fp8: ldmatrix.trans on the fp8 rows as b16 gives lane (g, c) the byte pairs of dims (2g, 2g+1)
+// at keys 2c and 2c+1; a byte permute splits them into an even-dim and an odd-dim B fragment, so
+// n-tile 2k covers the even dims of 16-dim chunk k and n-tile 2k+1 its odd dims (dim_of below).
+__device__ __forceinline__ void pv_tile(const SharedPlan<true>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+  const int prow = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const uint32_t pbase = ptx::smem_addr(&sm.p[prow][(lane >> 4) * 8]);
+  const uint32_t vbase = ptx::smem_addr(&sm.kv[buf][prow][warp * 64 + (lane >> 4) * 16]);
+  constexpr int kRowBytes = Traits<true>::kRowBytes;
+#pragma unroll
+  for (int ks = 0; ks < kTileKeys / 16; ++ks) {
+    uint32_t a[4];
+    ptx::ldmatrix_x4(a, pbase + ks * 32);
+#pragma unroll
+    for (int cp = 0; cp < 2; ++cp) {
+      uint32_t r[4];
+      ptx::ldmatrix_x4_trans(r, vbase + ks * 16 * kRowBytes + cp * 32);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t lo = r[2 * h], hi = r[2 * h + 1];
+        const int chunk = 2 * cp + h;
+        ptx::mma_f16(acc[2 * chunk], a[0], a[1], a[2], a[3], ptx::fp8x2_to_f16x2(__byte_perm(lo, 0, 0x20)),
+                     ptx::fp8x2_to_f16x2(__byte_perm(hi, 0, 0x20)));
+        ptx::mma_f16(acc[2 * chunk + 1], a[0], a[1], a[2], a[3], ptx::fp8x2_to_f16x2(__byte_perm(lo, 0, 0x31)),
+                     ptx::fp8x2_to_f16x2(__byte_perm(hi, 0, 0x31)));
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void pv_tile(const SharedPlan<false>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+  const int prow = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const uint32_t pbase = ptx::smem_addr(&sm.p[prow][(lane >> 4) * 8]);
+  const uint32_t vbase = ptx::smem_addr(&sm.kv[buf][prow][(warp * 64 + (lane >> 4) * 8) * 2]);
+  constexpr int kRowBytes = Traits<false>::kRowBytes;
+#pragma unroll
+  for (int ks = 0; ks < kTileKeys / 16; ++ks) {
+    uint32_t a[4];
+    ptx::ldmatrix_x4(a, pbase + ks * 32);
+#pragma unroll
+    for (int pair = 0; pair < 4; ++pair) {
+      uint32_t r[4];
+      ptx::ldmatrix_x4_trans(r, vbase + ks * 16 * kRowBytes + pair * 32);
+      ptx::mma_bf16(acc[2 * pair], a[0], a[1], a[2], a[3], r[0], r[1]);
+      ptx::mma_bf16(acc[2 * pair + 1], a[0], a[1], a[2], a[3], r[2], r[3]);
+    }
+  }
+}
+
+// Latent dim of accumulator element e (0..3) of n-tile j for lane quad index c.
+template <bool kFp8>
+__device__ __forceinline__ int dim_of(int warp, int j, int e, int c) {
+  if constexpr (kFp8) return warp * 64 + (j / 2) * 16 + 4 * c + 2 * (e & 1) + (j & 1);
+  else return warp * 64 + (j / 2) * 16 + (j & 1) * 8 + 2 * c + (e & 1);
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, kFp8 ? 2 : 1) attend_kernel(const __grid_constant__ AttendParams p) {
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<SharedPlan<kFp8>*>(smem_raw);
+  constexpr int kElemBytes = Traits<kFp8>::kElemBytes;
+  constexpr int kQStride = Traits<kFp8>::kQStride;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int b = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
+  const int m_base = blockIdx.y * kMTile;
+  const int rows_total = p.heads * p.qlen;
+  const bool reporter = tid == 0 && split == 0 && blockIdx.y == 0;  // reports request-level errors once
+
+  // The request's local keys and this split's chunk of them (SPEC.md: chunk c covers
+  // [c*ceil(n/splits), min(n, (c+1)*ceil(n/splits)))).
+  const int32_t seq_len = p.seq_lens[b];
+  const bool len_ok = seq_len == 0 || seq_len >= p.qlen;
+  if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
+  const int64_t n_local = len_ok && seq_len > 0 ? dcp_local_length(seq_len, p.dcp_size, p.dcp_rank, p.dcp_interleave) : 0;
+  const int64_t chunk = (n_local + p.splits - 1) / p.splits;
+  const int64_t k_begin = min(n_local, int64_t(split) * chunk);
+  const int64_t k_end = min(n_local, k_begin + chunk);
+  const int32_t page_begin = p.kv_indptr[b];
+  const int64_t pages_avail = int64_t(p.kv_indptr[b + 1]) - page_begin;
+  if (reporter && (pages_avail < 0 || n_local > pages_avail * p.page_size)) atomicOr(p.error, kShortPageTable);
+
+  // Causal limits of this thread's two rows (query i sees global positions <= seq_len - Q + i);
+  // padding rows see nothing. The tile's last visible position bounds the keys loaded at all.
+  const int m0 = m_base + g, m1 = m_base + g + 8;
+  const int64_t limit0 = m0 < rows_total && len_ok ? int64_t(seq_len) - p.qlen + m0 / p.heads : -1;
+  const int64_t limit1 = m1 < rows_total && len_ok ? int64_t(seq_len) - p.qlen + m1 / p.heads : -1;
+  const int last_row = min(rows_total, m_base + kMTile) - 1;
+  const int64_t tile_limit = len_ok ? int64_t(seq_len) - p.qlen + last_row / p.heads : -1;
+
+  // Query tile -> shared memory in the mma type.
+  for (int i = tid; i < kMTile * (kRow / 2); i += kThreads) {
+    const int r = i / (kRow / 2), d = (i % (kRow / 2)) * 2;
+    const int m = m_base + r;
+    float x0 = 0.0f, x1 = 0.0f;
+    if (m < rows_total) {
+      const int64_t s = int64_t(b) * p.qlen + m / p.heads;
+      const int64_t off = s * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
+      if (p.q_fp8) {
+        const uint8_t* q = static_cast<const uint8_t*>(p.q) + off;
+        x0 = fp8_to_float(q[0]);
+        x1 = fp8_to_float(q[1]);
+      } else {
+        const uint16_t* q = static_cast<const uint16_t*>(p.q) + off;
+        x0 = bf16_to_float(q[0]);
+        x1 = bf16_to_float(q[1]);
+      }
+    }
+    *reinterpret_cast<uint32_t*>(&sm.q[r][d]) = kFp8 ? ptx::pack_f16x2(x0, x1) : ptx::pack_bf16x2(x0, x1);
+  }
+  static_assert(kQStride % 2 == 0);
+
+  const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
+  const int64_t n_keys = k_end - k_begin;
+  const int n_tiles = int((n_keys + kTileKeys - 1) / kTileKeys);
+
+  // Row addresses of a tile (threads 0..63): a key past the chunk, past the tile's causal limit,
+  // or on a bad page is masked and its row zero-filled, so NaN in unused pages never reaches an mma.
+  auto fill_rows = [&](int tile, int buf) {
+    if (tid < kTileKeys) {
+      const int64_t j = k_begin + int64_t(tile) * kTileKeys + tid;
+      const uint8_t* row = nullptr;
+      if (j < k_end && dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave) <= tile_limit) {
+        const int64_t page_index = j / p.page_size;
+        if (page_index < pages_avail) {
+          const int32_t page = p.kv_indices[page_begin + page_index];
+          if (page >= 0 && page < p.num_pages)
+            row = cache + (int64_t(page) * p.page_stride + (j % p.page_size) * p.row_stride) * kElemBytes;
+          else
+            atomicOr(p.error, kBadPage);
+        }
+      }
+      sm.rows[buf][tid] = row;
+    }
+  };
+  auto issue_tile = [&](int buf) {
+    constexpr int kChunks = kRow * kElemBytes / 16;
+    for (int i = tid; i < kTileKeys * kChunks; i += kThreads) {
+      const int r = i / kChunks, q = i % kChunks;
+      const uint8_t* row = sm.rows[buf][r];
+      ptx::cp_async_16(ptx::smem_addr(&sm.kv[buf][r][q * 16]), row ? row + q * 16 : cache, row != nullptr);
+    }
+    ptx::cp_async_commit();
+  };
+
+  if (n_tiles > 0) fill_rows(0, 0);
+  __syncthreads();  // the query tile and the first row addresses
+  if (n_tiles > 0) issue_tile(0);
+
+  SoftmaxState st0, st1;  // rows g and g+8; d holds this thread's share of the sum
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < n_tiles) fill_rows(t + 1, buf ^ 1);
+    ptx::cp_async_wait_all();
+    // Tile t has landed for every thread, the next row addresses are visible, and every warp has
+    // finished tile t-1 (its buffer is refilled next).
+    __syncthreads();
+    if (t + 1 < n_tiles) issue_tile(buf ^ 1);
+
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    qk_tile(sm, buf, warp, lane, s);
+    const int64_t j0 = k_begin + int64_t(t) * kTileKeys + warp * 8 + 2 * c;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = warp * 8 + 2 * c + (e & 1);
+      const int64_t pos = dcp_global_position(j0 + (e & 1), p.dcp_size, p.dcp_rank, p.dcp_interleave);
+      const bool visible = sm.rows[buf][key] != nullptr && pos <= (e < 2 ? limit0 : limit1);
+      s[e] = visible ? s[e] * p.score_scale : -INFINITY;
+    }
+    float mx0 = fmaxf(s[0], s[1]), mx1 = fmaxf(s[2], s[3]);
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    if (c == 0) {
+      sm.red_max[warp][g] = mx0;
+      sm.red_max[warp][g + 8] = mx1;
+    }
+    __syncthreads();  // every warp's row maxima
+    float tile_max0 = -INFINITY, tile_max1 = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      tile_max0 = fmaxf(tile_max0, sm.red_max[w][g]);
+      tile_max1 = fmaxf(tile_max1, sm.red_max[w][g + 8]);
+    }
+    // Every warp moves its states to the same maxima, so the per-thread sums add up at the end.
+    const float alpha0 = st0.rescale(tile_max0), alpha1 = st1.rescale(tile_max1);
+    const float p0 = st0.weight(s[0]), p1 = st0.weight(s[1]);
+    const float p2 = st1.weight(s[2]), p3 = st1.weight(s[3]);
+    st0.add(p0 + p1);
+    st1.add(p2 + p3);
+    *reinterpret_cast<uint32_t*>(&sm.p[g][warp * 8 + 2 * c]) = kFp8 ? ptx::pack_f16x2(p0, p1) : ptx::pack_bf16x2(p0, p1);
+    *reinterpret_cast<uint32_t*>(&sm.p[g + 8][warp * 8 + 2 * c]) = kFp8 ? ptx::pack_f16x2(p2, p3) : ptx::pack_bf16x2(p2, p3);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      acc[j][0] *= alpha0;
+      acc[j][1] *= alpha0;
+      acc[j][2] *= alpha1;
+      acc[j][3] *= alpha1;
+    }
+    __syncthreads();  // the whole P tile
+    pv_tile(sm, buf, warp, lane, acc);
+  }
+
+  // Sum of the weights: over the quad, then over the warps.
+  float d0 = st0.d, d1 = st1.d;
+  d0 += __shfl_xor_sync(0xffffffffu, d0, 1);
+  d0 += __shfl_xor_sync(0xffffffffu, d0, 2);
+  d1 += __shfl_xor_sync(0xffffffffu, d1, 1);
+  d1 += __shfl_xor_sync(0xffffffffu, d1, 2);
+  __syncthreads();  // red_sum is free (no warp still reads red_max of the last tile)
+  if (c == 0) {
+    sm.red_sum[warp][g] = d0;
+    sm.red_sum[warp][g + 8] = d1;
+  }
+  __syncthreads();
+  SoftmaxState f0, f1;
+  f0.m = st0.m;
+  f1.m = st1.m;
+  for (int w = 0; w < kWarps; ++w) {
+    f0.d += sm.red_sum[w][g];
+    f1.d += sm.red_sum[w][g + 8];
+  }
+  // Empty rows (no visible key): inv_sum() = 0 gives o = 0 and lse() = -inf.
+  const float scale0 = f0.inv_sum() * p.v_scale, scale1 = f1.inv_sum() * p.v_scale;
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int m = half ? m1 : m0;
+    if (m >= rows_total) continue;
+    const float scale = half ? scale1 : scale0;
+    const int64_t s = int64_t(b) * p.qlen + m / p.heads;
+    const int h = m % p.heads;
+    const int64_t base = int64_t(split) * p.o_split_stride + s * p.o_s_stride + int64_t(h) * p.o_h_stride;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = acc[j][2 * half + e] * scale;
+        const int64_t off = base + dim_of<kFp8>(warp, j, e, c);
+        if (p.o_bf16) static_cast<uint16_t*>(p.o)[off] = float_to_bf16(v);
+        else static_cast<float*>(p.o)[off] = v;
+      }
+    }
+    if (warp == 0 && c == 0)
+      p.lse[int64_t(split) * p.lse_split_stride + s * p.lse_s_stride + int64_t(h) * p.lse_h_stride] =
+          half ? f1.lse() : f0.lse();
+  }
+}
+
+template <bool kFp8>
+void set_smem_limit() {
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(sizeof(SharedPlan<kFp8>))));
+}
+
+}  // namespace
+
+void prepare_attend_kernels() {
+  set_smem_limit<true>();
+  set_smem_limit<false>();
+}
+
+void launch_attend(const AttendParams& p, cudaStream_t stream) {
+  if (p.batch == 0) return;
+  const dim3 grid(unsigned(p.batch) * unsigned(p.splits), unsigned((p.heads * p.qlen + kMTile - 1) / kMTile));
+  if (p.cache_fp8)
+    attend_kernel<true><<<grid, kThreads, sizeof(SharedPlan<true>), stream>>>(p);
+  else
+    attend_kernel<false><<<grid, kThreads, sizeof(SharedPlan<false>), stream>>>(p);
+  MLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mla::cuda

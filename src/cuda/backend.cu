@@ -1,0 +1,333 @@
+// The CUDA backend: weights uploaded once, step()'s workspace allocated at construction from
+// LayerOptions.max_tokens, every stage enqueued on opts.cuda_stream. A stage never allocates and
+// never waits for the device, so a whole step can be captured in a CUDA graph. Bad device-resident
+// metadata is reported through a sticky device error word (cuda/device_errors.hpp).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/rope.hpp"
+#include "cuda/backend.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device_errors.hpp"
+#include "cuda/handles.hpp"
+#include "cuda/stages.hpp"
+
+namespace mla::cuda {
+
+namespace {
+
+template <class T>
+DeviceBuffer upload(const std::vector<T>& host) {
+  DeviceBuffer buf(host.size() * sizeof(T));
+  if (!host.empty()) MLA_CUDA_CHECK(cudaMemcpy(buf.get(), host.data(), buf.bytes(), cudaMemcpyHostToDevice));
+  return buf;
+}
+
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+constexpr int kMaxSplits = 64;
+constexpr int kMinKeysPerSplit = 256;  // below this a split costs more in merge traffic than it saves
+
+int m_tiles(int heads, int qlen) { return (heads * qlen + 15) / 16; }
+
+}  // namespace
+
+CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const LayerOptions& o)
+    : BackendImpl(c, o), stream_(static_cast<cudaStream_t>(o.cuda_stream)), q_scale_(w.q_scale), k_scale_(w.k_scale) {
+  MLA_REQUIRE(cfg.kv_lora_rank == kLatent && cfg.qk_rope_dim == kRope, "Backend::cuda: the kernels fix L = ",
+              kLatent, " and R = ", kRope, ", got L = ", cfg.kv_lora_rank, ", R = ", cfg.qk_rope_dim);
+  MLA_REQUIRE(cfg.qk_nope_dim % 32 == 0 && cfg.qk_nope_dim <= 256, "Backend::cuda: qk_nope_dim must be a multiple of 32 <= 256, got ",
+              cfg.qk_nope_dim);
+  MLA_REQUIRE(opts.dcp.size == 1, "Backend::cuda: DCP (dcp.size > 1) is not implemented in the CUDA backend yet, got dcp.size ",
+              opts.dcp.size);
+  int count = 0;
+  MLA_REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess && opts.cuda_device >= 0 && opts.cuda_device < count,
+              "LayerOptions.cuda_device: expected in [0, ", count, "), got ", opts.cuda_device);
+  DeviceGuard guard(opts.cuda_device);
+  cudaDeviceProp prop{};
+  MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, opts.cuda_device));
+  sms_ = prop.multiProcessorCount;
+  l2_bytes_ = prop.l2CacheSize;
+  device_name_ = prop.name;
+  MLA_REQUIRE(prop.major >= 9, "Backend::cuda: needs compute capability 9.0 (sm_90a), device ", opts.cuda_device,
+              " is ", prop.major, ".", prop.minor);
+  prepare_attend_kernels();
+
+  const int n = cfg.heads(), g = query_heads(), rows = cfg.qkv_a_rows();
+  const int64_t t = opts.max_tokens;
+  qkv_a_ = upload(w.qkv_a);
+  q_b_ = upload(w.q_b);
+  q_a_norm_ = upload(w.q_a_norm);
+  kv_a_norm_ = upload(w.kv_a_norm);
+  w_uk_codes_ = upload(w.w_uk.codes);
+  w_uk_scales_ = upload(w.w_uk.scales);
+  w_uv_codes_ = upload(w.w_uv.codes);
+  w_uv_scales_ = upload(w.w_uv.scales);
+  const rope::RopeTable table = rope::make_table(cfg);
+  if (table.enabled) inv_freq_ = upload(table.inv_freq);
+  rope_mscale_ = table.mscale;
+
+  // The step workspace.
+  y_ = DeviceBuffer(size_t(t) * rows * 2);
+  q_c_ = DeviceBuffer(size_t(t) * cfg.q_lora_rank * 2);
+  q_full_ = DeviceBuffer(size_t(t) * n * cfg.qk_head_dim() * 2);
+  q_heads_ = opts.q_head_pad > 0 ? opts.q_head_pad : g;
+  q_ = DeviceBuffer(size_t(t) * q_heads_ * kRow * dtype_size(opts.q_dtype));
+  if (cfg.gate_dim() > 0) gate_ = DeviceBuffer(size_t(t) * cfg.gate_dim() * 2);
+  // Partials: the most split rows (splits * S) any step up to max_tokens can plan.
+  int64_t partial_rows = 0;
+  for (int qlen = 1; qlen <= 8; ++qlen)
+    for (int b = 1; int64_t(b) * qlen <= t; ++b) partial_rows = std::max(partial_rows, int64_t(plan_splits(b, qlen, {})) * b * qlen);
+  partial_rows_ = std::max(partial_rows, t);
+  o_ = DeviceBuffer(size_t(partial_rows_) * g * kLatent * sizeof(float));
+  lse_ = DeviceBuffer(size_t(partial_rows_) * g * sizeof(float));
+  error_ = DeviceBuffer(sizeof(uint32_t));
+  MLA_CUDA_CHECK(cudaMemset(error_.get(), 0, sizeof(uint32_t)));
+  cublas_workspace_ = DeviceBuffer(kCublasWorkspace);
+  lt_ = std::make_unique<CublasLt>();
+  gemm_qkv_a_ = std::make_unique<Gemm>(lt_->get(), rows, cfg.hidden, cublas_workspace_.get(), kCublasWorkspace);
+  gemm_q_b_ = std::make_unique<Gemm>(lt_->get(), n * cfg.qk_head_dim(), cfg.q_lora_rank, cublas_workspace_.get(),
+                                     kCublasWorkspace);
+  MLA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+CudaBackend::~CudaBackend() {
+  DeviceGuard guard(opts.cuda_device);
+  gemm_qkv_a_.reset();
+  gemm_q_b_.reset();
+  lt_.reset();
+}
+
+int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_lens_host) const {
+  if (opts.num_splits > 0) return opts.num_splits;
+  // Enough CTAs for two waves of the fp8 kernel (two CTAs an SM), no split shorter than
+  // kMinKeysPerSplit keys where the lengths are known on the host.
+  const int ctas = batch * m_tiles(query_heads(), qlen);
+  int splits = std::clamp((2 * sms_ + ctas - 1) / ctas, 1, kMaxSplits);
+  if (!seq_lens_host.empty()) {
+    int32_t longest = 0;
+    for (int32_t len : seq_lens_host) longest = std::max(longest, len);
+    splits = std::clamp((longest + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, splits);
+  }
+  return splits;
+}
+
+detail::StepWorkspace CudaBackend::workspace(const StepMeta& meta) {
+  const int64_t s = meta.tokens(), g = query_heads();
+  MLA_REQUIRE(s <= opts.max_tokens, "step: S = ", s, " exceeds LayerOptions.max_tokens = ", opts.max_tokens);
+  const int splits = plan_splits(meta.batch(), meta.qlen, meta.seq_lens_host);
+  MLA_REQUIRE(int64_t(splits) * s <= partial_rows_, "step: ", splits, " splits x S = ", s,
+              " exceed the workspace planned from max_tokens (", partial_rows_, " rows); lower LayerOptions.num_splits");
+  detail::StepWorkspace ws;
+  ws.pre.q = TensorView::contiguous(q_.get(), opts.q_dtype, {s, q_heads_, kRow}, Device::cuda, opts.cuda_device);
+  if (gate_.get())
+    ws.pre.gate = TensorView::contiguous(gate_.get(), DType::bf16, {s, cfg.gate_dim()}, Device::cuda, opts.cuda_device);
+  if (splits == 1) {
+    ws.attend.o = TensorView::contiguous(o_.get(), DType::f32, {s, g, kLatent}, Device::cuda, opts.cuda_device);
+    ws.attend.lse = TensorView::contiguous(lse_.get(), DType::f32, {s, g}, Device::cuda, opts.cuda_device);
+  } else {
+    ws.attend.o = TensorView::contiguous(o_.get(), DType::f32, {splits, s, g, kLatent}, Device::cuda, opts.cuda_device);
+    ws.attend.lse = TensorView::contiguous(lse_.get(), DType::f32, {splits, s, g}, Device::cuda, opts.cuda_device);
+  }
+  return ws;
+}
+
+namespace {
+void require_unit_inner(const TensorView& t, const char* what) {
+  MLA_REQUIRE(t.rank == 0 || t.stride[t.rank - 1] == 1, "Backend::cuda: ", what,
+              " must have unit stride in its last dimension, got ", t.str());
+}
+}  // namespace
+
+void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCache& cache, const PreOutputs& out) {
+  DeviceGuard guard(opts.cuda_device);
+  const int64_t s = meta.tokens();
+  MLA_REQUIRE(s <= opts.max_tokens, "pre: S = ", s, " exceeds LayerOptions.max_tokens = ", opts.max_tokens,
+              " (the CUDA workspace)");
+  require_unit_inner(hidden, "hidden");
+  require_unit_inner(out.q, "the query");
+  require_unit_inner(cache.pages, "the cache");
+  if (cfg.gate_dim() > 0) require_unit_inner(out.gate, "the gate");
+  if (s == 0) return;
+  const int n = cfg.heads(), rows = cfg.qkv_a_rows();
+  const int64_t num_slots = cache.num_pages() * cache.page_size();
+  auto* error = error_.get<uint32_t>();
+
+  launch_meta_check({.seq_lens = meta.seq_lens.ptr<int32_t>(),
+                     .slot_mapping = meta.slot_mapping.ptr<int64_t>(),
+                     .batch = meta.batch(),
+                     .qlen = meta.qlen,
+                     .num_slots = num_slots,
+                     .error = error},
+                    stream_);
+  gemm_qkv_a_->run(hidden.data, hidden.stride[0], qkv_a_.get(), y_.get(), rows, int(s), stream_);
+  launch_pre_norm({.y = y_.get<uint16_t>(),
+                   .y_stride = rows,
+                   .q_a_norm = q_a_norm_.get<float>(),
+                   .kv_a_norm = kv_a_norm_.get<float>(),
+                   .q_c = q_c_.get<uint16_t>(),
+                   .q_c_stride = cfg.q_lora_rank,
+                   .gate = cfg.gate_dim() > 0 ? out.gate.ptr<uint16_t>() : nullptr,
+                   .gate_stride = cfg.gate_dim() > 0 ? out.gate.stride[0] : 0,
+                   .gate_dim = cfg.gate_dim(),
+                   .cache = cache.pages.data,
+                   .cache_fp8 = cache.pages.dtype == DType::fp8_e4m3,
+                   .page_stride = cache.pages.stride[0],
+                   .row_stride = cache.pages.stride[1],
+                   .page_size = cache.page_size(),
+                   .num_slots = num_slots,
+                   .slot_mapping = meta.slot_mapping.ptr<int64_t>(),
+                   .seq_lens = meta.seq_lens.ptr<int32_t>(),
+                   .qlen = meta.qlen,
+                   .tokens = int(s),
+                   .rq = cfg.q_lora_rank,
+                   .rms_eps = float(cfg.rms_eps),
+                   .k_scale = k_scale_,
+                   .inv_freq = inv_freq_.get<double>(),
+                   .rope_mscale = rope_mscale_,
+                   .error = error},
+                  stream_);
+  const int head_dim = cfg.qk_head_dim();
+  gemm_q_b_->run(q_c_.get(), cfg.q_lora_rank, q_b_.get(), q_full_.get(), int64_t(n) * head_dim, int(s), stream_);
+  launch_query({.q = q_full_.get<uint16_t>(),
+                .q_stride = int64_t(n) * head_dim,
+                .w_codes = w_uk_codes_.get<uint8_t>(),
+                .w_scales = w_uk_scales_.get<uint8_t>(),
+                .out = out.q.data,
+                .out_fp8 = out.q.dtype == DType::fp8_e4m3,
+                .out_s_stride = out.q.stride[0],
+                .out_h_stride = out.q.stride[1],
+                .head_offset = opts.dcp.rank * n,
+                .q_scale = q_scale_,
+                .seq_lens = meta.seq_lens.ptr<int32_t>(),
+                .qlen = meta.qlen,
+                .tokens = int(s),
+                .heads = n,
+                .nope_dim = cfg.qk_nope_dim,
+                .inv_freq = inv_freq_.get<double>(),
+                .rope_mscale = rope_mscale_},
+               stream_);
+}
+
+void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMeta& meta, const AttendOutputs& out) {
+  DeviceGuard guard(opts.cuda_device);
+  require_unit_inner(q, "the query");
+  require_unit_inner(cache.pages, "the cache");
+  require_unit_inner(out.o, "attend's o");
+  const bool split_form = out.o.rank == 4;
+  const bool q_fp8 = q.dtype == DType::fp8_e4m3, cache_fp8 = cache.pages.dtype == DType::fp8_e4m3;
+  launch_attend({.q = q.data,
+                 .q_fp8 = q_fp8,
+                 .q_s_stride = q.stride[0],
+                 .q_h_stride = q.stride[1],
+                 .cache = cache.pages.data,
+                 .cache_fp8 = cache_fp8,
+                 .page_stride = cache.pages.stride[0],
+                 .row_stride = cache.pages.stride[1],
+                 .page_size = cache.page_size(),
+                 .num_pages = cache.num_pages(),
+                 .seq_lens = meta.seq_lens.ptr<int32_t>(),
+                 .kv_indptr = meta.kv_indptr.ptr<int32_t>(),
+                 .kv_indices = meta.kv_indices.ptr<int32_t>(),
+                 .o = out.o.data,
+                 .o_bf16 = out.o.dtype == DType::bf16,
+                 .o_split_stride = split_form ? out.o.stride[0] : 0,
+                 .o_s_stride = out.o.stride[split_form ? 1 : 0],
+                 .o_h_stride = out.o.stride[split_form ? 2 : 1],
+                 .lse = out.lse.ptr<float>(),
+                 .lse_split_stride = split_form ? out.lse.stride[0] : 0,
+                 .lse_s_stride = out.lse.stride[split_form ? 1 : 0],
+                 .lse_h_stride = out.lse.stride[split_form ? 2 : 1],
+                 .batch = meta.batch(),
+                 .qlen = meta.qlen,
+                 .heads = query_heads(),
+                 .splits = split_form ? int(out.o.shape[0]) : 1,
+                 .score_scale = float(cfg.sm_scale() * (q_fp8 ? q_scale_ : 1.0f) * (cache_fp8 ? k_scale_ : 1.0f)),
+                 .v_scale = cache_fp8 ? k_scale_ : 1.0f,
+                 .dcp_size = opts.dcp.size,
+                 .dcp_rank = opts.dcp.rank,
+                 .dcp_interleave = opts.dcp.interleave,
+                 .error = error_.get<uint32_t>()},
+                stream_);
+}
+
+void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta, const TensorView& out) {
+  DeviceGuard guard(opts.cuda_device);
+  require_unit_inner(attn.o, "post's o");
+  require_unit_inner(out, "post's out");
+  const bool split_form = attn.o.rank == 4;
+  const bool has_gate = cfg.gate_dim() > 0;
+  if (has_gate) require_unit_inner(gate, "the gate");
+  launch_post({.o = attn.o.data,
+               .o_bf16 = attn.o.dtype == DType::bf16,
+               .splits = split_form ? int(attn.o.shape[0]) : 1,
+               .o_split_stride = split_form ? attn.o.stride[0] : 0,
+               .o_s_stride = attn.o.stride[split_form ? 1 : 0],
+               .o_h_stride = attn.o.stride[split_form ? 2 : 1],
+               .lse = attn.lse.ptr<float>(),
+               .lse_split_stride = split_form ? attn.lse.stride[0] : 0,
+               .lse_s_stride = attn.lse.stride[split_form ? 1 : 0],
+               .lse_h_stride = attn.lse.stride[split_form ? 2 : 1],
+               .w_codes = w_uv_codes_.get<uint8_t>(),
+               .w_scales = w_uv_scales_.get<uint8_t>(),
+               .gate = has_gate ? gate.ptr<uint16_t>() : nullptr,
+               .gate_stride = has_gate ? gate.stride[0] : 0,
+               .out = out.ptr<uint16_t>(),
+               .out_stride = out.stride[0],
+               .tokens = meta.tokens(),
+               .heads = cfg.heads(),
+               .head_offset = opts.dcp.rank * cfg.heads(),
+               .v_dim = cfg.v_head_dim},
+              stream_);
+}
+
+uint32_t CudaBackend::take_errors() {
+  DeviceGuard guard(opts.cuda_device);
+  uint32_t bits = 0;
+  MLA_CUDA_CHECK(cudaMemcpyAsync(&bits, error_.get(), sizeof(bits), cudaMemcpyDeviceToHost, stream_));
+  MLA_CUDA_CHECK(cudaMemsetAsync(error_.get(), 0, sizeof(bits), stream_));
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return bits;
+}
+
+}  // namespace mla::cuda
+
+namespace mla::detail {
+std::unique_ptr<BackendImpl> make_cuda_backend(const LayerConfig& cfg, const PreparedWeights& w,
+                                               const LayerOptions& opts) {
+  return std::make_unique<cuda::CudaBackend>(cfg, w, opts);
+}
+}  // namespace mla::detail
+
+namespace mla::cuda {
+
+uint32_t take_device_errors(detail::BackendImpl& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  MLA_REQUIRE(cuda != nullptr, "take_device_errors: the layer's backend is ", backend_name(backend.kind()),
+              ", expected cuda");
+  return cuda->take_errors();
+}
+
+std::string describe_device_errors(uint32_t bits) {
+  std::string out;
+  auto add = [&](uint32_t bit, const char* what) {
+    if (!(bits & bit)) return;
+    if (!out.empty()) out += "; ";
+    out += what;
+  };
+  add(kBadSlot, "slot_mapping: a slot outside [-1, num_pages * page_size)");
+  add(kDuplicateSlot, "slot_mapping: two tokens with the same slot");
+  add(kBadSeqLen, "seq_lens: a length < 0 or in (0, qlen), or an empty request with a slot >= 0");
+  add(kBadPage, "kv_indices: a page outside [0, num_pages)");
+  add(kShortPageTable, "kv_indptr: fewer pages than a request's length needs");
+  return out;
+}
+
+void check_device_errors(detail::BackendImpl& backend) {
+  const uint32_t bits = take_device_errors(backend);
+  MLA_REQUIRE(bits == 0, "CUDA step rejected on the device (the cache was not written): ", describe_device_errors(bits));
+}
+
+}  // namespace mla::cuda

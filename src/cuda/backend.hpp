@@ -1,0 +1,60 @@
+#pragma once
+// The CUDA backend behind mla::Layer (make_cuda_backend). Internal: the tests and the benchmark
+// reach it through detail::backend_of(layer).
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/backend.hpp"
+#include "cuda/gemm.hpp"
+#include "cuda/handles.hpp"
+
+namespace mla::cuda {
+
+class CudaBackend final : public detail::BackendImpl {
+ public:
+  CudaBackend(const LayerConfig& cfg, const PreparedWeights& w, const LayerOptions& opts);
+  ~CudaBackend() override;
+
+  Backend kind() const override { return Backend::cuda; }
+  Device device() const override { return Device::cuda; }
+
+  void pre(const TensorView& hidden, const StepMeta& meta, const KVCache& cache, const PreOutputs& out) override;
+  void attend(const TensorView& q, const KVCache& cache, const StepMeta& meta, const AttendOutputs& out) override;
+  void post(const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta, const TensorView& out) override;
+  detail::StepWorkspace workspace(const StepMeta& meta) override;
+
+  std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) override;
+  detail::Ceilings measure_ceilings() override;
+
+  // Reads and clears the device error word (DeviceError bits); waits for the layer's stream.
+  uint32_t take_errors();
+  // Split-KV chunks step() uses for a batch (host lengths where known, else a static plan).
+  int plan_splits(int batch, int qlen, std::span<const int32_t> seq_lens_host) const;
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  int query_heads() const { return cfg.heads() * opts.dcp.size; }
+
+  cudaStream_t stream_ = nullptr;
+  float q_scale_ = 1, k_scale_ = 1;
+  int sms_ = 0;
+  int64_t l2_bytes_ = 0;
+  std::string device_name_;
+  std::unique_ptr<CublasLt> lt_;
+
+  // Weights.
+  DeviceBuffer qkv_a_, q_b_, q_a_norm_, kv_a_norm_, w_uk_codes_, w_uk_scales_, w_uv_codes_, w_uv_scales_;
+  DeviceBuffer inv_freq_;  // [R/2] double; empty for NoPE
+  double rope_mscale_ = 1.0;
+
+  // Workspace.
+  DeviceBuffer y_, q_c_, q_full_, q_, gate_, o_, lse_, error_, cublas_workspace_;
+  int64_t q_heads_ = 0, partial_rows_ = 0;
+  std::unique_ptr<Gemm> gemm_qkv_a_, gemm_q_b_;
+  DeviceBuffer flush_;  // time_us's L2 flush, allocated on first use
+};
+
+}  // namespace mla::cuda

@@ -1,0 +1,117 @@
+// Benchmark support of the CUDA backend (`mla bench`): CUDA-event timing with L2 flushed before
+// each run, and the ceilings measured in the same run: device copy bandwidth (bytes read +
+// written), cuBLASLt bf16 and fp8 matmul rates on random data (zeros run faster: METHOD.md).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/backend.hpp"
+#include "cuda/check.hpp"
+#include "cuda/gemm.hpp"
+#include "cuda/handles.hpp"
+
+namespace mla::cuda {
+namespace {
+
+__global__ void fill_random_kernel(uint8_t* data, int64_t bytes, uint32_t seed, bool fp8) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < bytes; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    // bf16 (pairs of bytes): a small exponent keeps values finite and O(1); fp8: no NaN (0x7F).
+    if (fp8) data[i] = uint8_t((h & 0xB7u));                  // |x| < 2^-1..., never 0x7F / 0xFF
+    else data[i] = (i & 1) ? uint8_t(0x3C | ((h >> 7) & 0x81)) : uint8_t(h);  // exponent ~ 2^-7..2^1
+  }
+}
+
+void fill_random(void* data, size_t bytes, uint32_t seed, bool fp8, cudaStream_t stream) {
+  fill_random_kernel<<<1024, 256, 0, stream>>>(static_cast<uint8_t*>(data), int64_t(bytes), seed, fp8);
+  MLA_CUDA_CHECK_LAUNCH();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Median time of `iters` runs of fn after `warmup`, in microseconds, without cache flushing
+// (the ceilings' operands are far larger than L2).
+template <class Fn>
+double median_us(cudaStream_t stream, int warmup, int iters, Fn fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<Event> start(iters), stop(iters);
+  for (int i = 0; i < iters; ++i) {
+    MLA_CUDA_CHECK(cudaEventRecord(start[i].get(), stream));
+    fn();
+    MLA_CUDA_CHECK(cudaEventRecord(stop[i].get(), stream));
+  }
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> us(iters);
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start[i].get(), stop[i].get()));
+    us[i] = ms * 1e3;
+  }
+  return median(us);
+}
+
+}  // namespace
+
+std::vector<double> CudaBackend::time_us(const std::function<void()>& fn, int warmup, int iters) {
+  DeviceGuard guard(opts.cuda_device);
+  if (!flush_.get()) flush_ = DeviceBuffer(size_t(std::max<int64_t>(l2_bytes_, 1 << 20)) * 2);
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<Event> start(iters), stop(iters);
+  for (int i = 0; i < iters; ++i) {
+    // Writing twice the L2's size evicts every line the previous run left there.
+    MLA_CUDA_CHECK(cudaMemsetAsync(flush_.get(), i & 0xFF, flush_.bytes(), stream_));
+    MLA_CUDA_CHECK(cudaEventRecord(start[i].get(), stream_));
+    fn();
+    MLA_CUDA_CHECK(cudaEventRecord(stop[i].get(), stream_));
+  }
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<double> us(iters);
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    MLA_CUDA_CHECK(cudaEventElapsedTime(&ms, start[i].get(), stop[i].get()));
+    us[i] = ms * 1e3;
+  }
+  return us;
+}
+
+detail::Ceilings CudaBackend::measure_ceilings() {
+  DeviceGuard guard(opts.cuda_device);
+  detail::Ceilings c;
+  c.device_name = device_name_;
+  {
+    const size_t bytes = size_t(1) << 30;
+    DeviceBuffer a(bytes), b(bytes);
+    fill_random(a.get(), bytes, 1, false, stream_);
+    const double us = median_us(stream_, 3, 10, [&] {
+      MLA_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream_));
+    });
+    c.copy_gbps = 2.0 * double(bytes) / (us * 1e-6) / 1e9;
+  }
+  const int n = 8192;
+  const double flops = 2.0 * n * double(n) * n;
+  auto matmul_rate = [&](cudaDataType_t in_type, size_t elem) {
+    DeviceBuffer x(size_t(n) * n * elem), w(size_t(n) * n * elem), y(size_t(n) * n * 2), ws(size_t(32) << 20);
+    const bool fp8 = in_type == CUDA_R_8F_E4M3;
+    fill_random(x.get(), x.bytes(), 2, fp8, stream_);
+    fill_random(w.get(), w.bytes(), 3, fp8, stream_);
+    Gemm gemm(lt_->get(), n, n, ws.get(), ws.bytes(), in_type, CUDA_R_16BF);
+    const double us = median_us(stream_, 3, 10, [&] { gemm.run(x.get(), n, w.get(), y.get(), n, n, stream_); });
+    return flops / (us * 1e-6) / 1e12;
+  };
+  c.matmul_tflops = matmul_rate(CUDA_R_16BF, 2);
+  try {
+    c.fp8_matmul_tflops = matmul_rate(CUDA_R_8F_E4M3, 1);
+  } catch (const Error&) {
+    c.fp8_matmul_tflops = 0;  // no fp8 algorithm on this device / library
+  }
+  return c;
+}
+
+}  // namespace mla::cuda

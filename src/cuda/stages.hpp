@@ -1,0 +1,134 @@
+#pragma once
+// The CUDA backend's kernels, one params struct each (its ABI: pointers with their shapes, strides
+// in elements), and one launcher per kernel family. Mirrors src/cpu/stages.hpp: pre.cu, attend.cu,
+// post.cu. Host code includes this header; it has no device code.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mla::cuda {
+
+// The model dimensions the kernels fix (SPEC.md): cache and query rows of L + R = 576.
+inline constexpr int kLatent = 512;  // L
+inline constexpr int kRope = 64;     // R
+inline constexpr int kRow = 576;     // L + R
+
+// Bits of the backend's device error word, set by the kernel that finds bad device-resident
+// metadata. The word is sticky until the host takes it (cuda/device_errors.hpp).
+enum DeviceError : uint32_t {
+  kBadSlot = 1u << 0,        // slot_mapping[s] outside [-1, num_pages * page_size)
+  kDuplicateSlot = 1u << 1,  // two tokens of the step write the same slot
+  kBadSeqLen = 1u << 2,      // seq_lens[b] < 0, 0 < seq_lens[b] < qlen, or slot >= 0 for an empty request
+  kBadPage = 1u << 3,        // kv_indices entry outside [0, num_pages)
+  kShortPageTable = 1u << 4, // kv_indptr gives a request fewer pages than its local length needs
+};
+
+// --- pre ------------------------------------------------------------------------------------------
+
+// Validates the step's device metadata before pre writes the cache (one CTA).
+struct MetaCheckParams {
+  const int32_t* seq_lens;      // [B]
+  const int64_t* slot_mapping;  // [S]
+  int batch, qlen;
+  int64_t num_slots;  // num_pages * page_size
+  uint32_t* error;
+};
+void launch_meta_check(const MetaCheckParams& p, cudaStream_t stream);
+
+// Per token: RMSNorm of q_c and kv_c, RoPE of k_pe, the cache row [kv_c | k_pe], sigmoid gate.
+struct PreNormParams {
+  const uint16_t* y;  // [S, qkv_rows] bf16, row stride y_stride: [q_c | kv_c | k_pe | gate_logits]
+  int64_t y_stride;
+  const float* q_a_norm;   // [Rq]
+  const float* kv_a_norm;  // [L]
+  uint16_t* q_c;           // [S, Rq] bf16 out, row stride q_c_stride
+  int64_t q_c_stride;
+  uint16_t* gate;          // [S, gate_dim] bf16 out, row stride gate_stride (null without a gate)
+  int64_t gate_stride;
+  int gate_dim;
+  void* cache;             // [num_pages, page_size, 576] fp8 or bf16
+  bool cache_fp8;
+  int64_t page_stride, row_stride;
+  int page_size;
+  int64_t num_slots;
+  const int64_t* slot_mapping;  // [S]
+  const int32_t* seq_lens;      // [B]
+  int qlen, tokens, rq;
+  float rms_eps;
+  float k_scale;  // fp8 cache: stored = x / k_scale (a division, as on the CPU)
+  const double* inv_freq;  // [R/2], null for NoPE
+  double rope_mscale;
+  const uint32_t* error;   // the cache is not written when any error bit is set
+};
+void launch_pre_norm(const PreNormParams& p, cudaStream_t stream);
+
+// ql_nope = q_nope @ W_UK (MXFP4, dequantized in registers), RoPE of q_pe, quantization of the
+// query [ql_nope | q_pe] into the (possibly strided, head-padded) query view.
+struct QueryParams {
+  const uint16_t* q;  // [S, N*(P+R)] bf16 (q_b's output), row stride q_stride
+  int64_t q_stride;
+  const uint8_t* w_codes;   // [N, L, P/2] MXFP4 codes of W_UK^T
+  const uint8_t* w_scales;  // [N, L, P/32] E8M0
+  void* out;                // [S, Hq, 576] fp8 or bf16, strides out_s_stride, out_h_stride, 1
+  bool out_fp8;
+  int64_t out_s_stride, out_h_stride;
+  int head_offset;  // this rank's first head in the gathered query (dcp.rank * N)
+  float q_scale;  // fp8 query: stored = x / q_scale
+  const int32_t* seq_lens;  // [B]
+  int qlen, tokens, heads, nope_dim;  // nope_dim = P (a multiple of 32)
+  const double* inv_freq;   // [R/2], null for NoPE
+  double rope_mscale;
+};
+void launch_query(const QueryParams& p, cudaStream_t stream);
+
+// --- attend ---------------------------------------------------------------------------------------
+
+struct AttendParams {
+  const void* q;  // [S, Hq, 576] fp8 or bf16, strides q_s_stride, q_h_stride, 1
+  bool q_fp8;
+  int64_t q_s_stride, q_h_stride;
+  const void* cache;  // [num_pages, page_size, 576] fp8 or bf16, strides page_stride, row_stride, 1
+  bool cache_fp8;
+  int64_t page_stride, row_stride;
+  int page_size;
+  int64_t num_pages;
+  const int32_t* seq_lens;    // [B] global lengths
+  const int32_t* kv_indptr;   // [B+1]
+  const int32_t* kv_indices;  // [kv_indptr[B]]
+  void* o;  // [splits, S, G, 512] f32 or bf16 (splits == 1: [S, G, 512]), strides below, 1
+  bool o_bf16;
+  int64_t o_split_stride, o_s_stride, o_h_stride;
+  float* lse;  // [splits, S, G] (splits == 1: [S, G])
+  int64_t lse_split_stride, lse_s_stride, lse_h_stride;
+  int batch, qlen, heads, splits;  // heads = G
+  float score_scale;  // sm_scale * (q fp8 ? q_scale : 1) * (cache fp8 ? k_scale : 1)
+  float v_scale;      // cache fp8 ? k_scale : 1
+  int dcp_size, dcp_rank, dcp_interleave;
+  uint32_t* error;
+};
+void launch_attend(const AttendParams& p, cudaStream_t stream);
+// Raises the dynamic shared-memory limit of the attend kernels; once per process and device,
+// outside any graph capture.
+void prepare_attend_kernels();
+
+// --- post -----------------------------------------------------------------------------------------
+
+// Merge of split partials (softmax_state.hpp), out = (o @ W_UV^T) * gate, bf16.
+struct PostParams {
+  const void* o;  // [splits, S, G, 512] f32 or bf16, strides below, 1
+  bool o_bf16;
+  int splits;
+  int64_t o_split_stride, o_s_stride, o_h_stride;
+  const float* lse;  // [splits, S, G]
+  int64_t lse_split_stride, lse_s_stride, lse_h_stride;
+  const uint8_t* w_codes;   // [N, V, L/2] MXFP4 codes of W_UV
+  const uint8_t* w_scales;  // [N, V, L/32]
+  const uint16_t* gate;     // [S, N*V] bf16, row stride gate_stride; null without a gate
+  int64_t gate_stride;
+  uint16_t* out;            // [S, N*V] bf16, row stride out_stride
+  int64_t out_stride;
+  int tokens, heads, head_offset, v_dim;  // heads = N, head_offset = dcp.rank * N
+};
+void launch_post(const PostParams& p, cudaStream_t stream);
+
+}  // namespace mla::cuda
