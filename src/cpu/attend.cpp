@@ -1,8 +1,482 @@
-// PLACEHOLDER: the CPU attend stage is being written (see the issue tracker); it throws until then.
+// The CPU attend stage (SPEC.md, attend): paged MLA decode attention over this rank's cache.
+//
+// Memory-bound by design: each cache row of a request is read once for all G heads and all Q
+// queries. A work item is (request, chunk of its local keys); it walks its keys in blocks of
+// kBlock rows: dequantize the block once into fp32 scratch, score it against every query row
+// (G*Q rows, sm_scale and q_scale folded into the fp32 copy of q), fold the scores into each row's
+// online-softmax state (core/softmax_state.hpp) and accumulate P.V into fp32 accumulators. The
+// causal mask in global positions (DCP-aware) makes each query's visible keys a prefix of the local
+// keys, so a row simply stops at its prefix: masked keys are never read, and NaN in a page tail or
+// an unused page never reaches the arithmetic.
+//
+// Work items run under OpenMP, longest first. Rank-4 outputs get one item per (request, chunk)
+// with the chunking SPEC.md fixes; rank-3 outputs may be split internally (num_splits) and merged
+// through the same softmax state as every other merge.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/softmax_state.hpp"
 #include "cpu/stages.hpp"
+#include "mla/dcp.hpp"
 #include "mla/error.hpp"
+#include "mla/formats.hpp"
+
+#if !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#error "src/cpu/attend.cpp needs AVX2, FMA and F16C (MLA_CPU_FLAGS)"
+#endif
+
 namespace mla::cpu {
-void attend(const Context&, const TensorView&, const KVCache&, const StepMeta&, const AttendOutputs&) {
-  detail::fail("cpu::attend: not implemented yet");
+namespace {
+
+constexpr int kBlock = 64;       // keys dequantized per block: 64 rows of 576 fp32 = 144 KiB (L2)
+constexpr int kMinChunk = 512;   // shortest chunk worth a work item of its own (rank-3 outputs)
+constexpr int kMaxAutoSplits = 64;
+
+// ---- the dequantization of a cache row ------------------------------------------------------
+
+// fp8 e4m3fn -> fp32 for 16 codes: the code's bits moved into an fp16 (sign to bit 15, exponent
+// and mantissa to bits 13..7) are exactly the value times 2^-8 for normals and subnormals alike,
+// so one F16C conversion and a multiply by 256*scale decode it. NaN codes (S.1111.111) get an
+// all-ones fp16 exponent so they stay NaN.
+inline void dequant_fp8_16(const uint8_t* src, __m256 scale256, float* dst) {
+  const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi16(0x7F));
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8);
+  __m256i h = _mm256_or_si256(sign, _mm256_slli_epi16(mag, 7));
+  const __m256i nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7F));
+  h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7C00)));
+  _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale256));
+  _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale256));
 }
+
+inline void dequant_bf16_8(const uint16_t* src, float* dst) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  _mm256_storeu_ps(dst, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+}
+
+// One cache row of `width` values (inner stride `stride`) -> fp32 dst.
+void dequant_row(const TensorView& pages, const void* row, int64_t stride, int width, float scale,
+                 float* dst) {
+  if (pages.dtype == DType::fp8_e4m3) {
+    const uint8_t* src = static_cast<const uint8_t*>(row);
+    if (stride == 1 && width % 16 == 0) {
+      const __m256 scale256 = _mm256_set1_ps(scale * 256.0f);
+      for (int c = 0; c < width; c += 16) dequant_fp8_16(src + c, scale256, dst + c);
+    } else {
+      for (int c = 0; c < width; ++c) dst[c] = fp8e4m3_to_float(src[c * stride]) * scale;
+    }
+  } else {
+    const uint16_t* src = static_cast<const uint16_t*>(row);
+    if (stride == 1 && width % 8 == 0) {
+      for (int c = 0; c < width; c += 8) dequant_bf16_8(src + c, dst + c);
+    } else {
+      for (int c = 0; c < width; ++c) dst[c] = bf16_to_float(src[c * stride]);
+    }
+  }
+}
+
+// ---- the two products of a block --------------------------------------------------------------
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// scores[r][k] = q[r] . key[k] over n dims (n % 8 == 0) for an NR x NK tile: 12 accumulators at
+// 4 x 3, 7 loads per 12 FMAs.
+template <int NR, int NK>
+void score_tile(const float* q, int64_t q_ld, const float* key, int64_t k_ld, int n, float* s, int64_t s_ld) {
+  __m256 acc[NR][NK];
+  for (int r = 0; r < NR; ++r)
+    for (int k = 0; k < NK; ++k) acc[r][k] = _mm256_setzero_ps();
+  for (int d = 0; d < n; d += 8) {
+    __m256 kv[NK];
+    for (int k = 0; k < NK; ++k) kv[k] = _mm256_loadu_ps(key + k * k_ld + d);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 qv = _mm256_loadu_ps(q + r * q_ld + d);
+      for (int k = 0; k < NK; ++k) acc[r][k] = _mm256_fmadd_ps(qv, kv[k], acc[r][k]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int k = 0; k < NK; ++k) s[r * s_ld + k] = hsum(acc[r][k]);
+}
+
+using ScoreTile = void (*)(const float*, int64_t, const float*, int64_t, int, float*, int64_t);
+template <int NR>
+constexpr ScoreTile kScoreRow[3] = {score_tile<NR, 1>, score_tile<NR, 2>, score_tile<NR, 3>};
+constexpr const ScoreTile* kScoreTiles[4] = {kScoreRow<1>, kScoreRow<2>, kScoreRow<3>, kScoreRow<4>};
+
+void scores(const float* q, int64_t q_ld, int rows, const float* key, int64_t k_ld, int keys, int n,
+            float* s, int64_t s_ld) {
+  for (int r = 0; r < rows; r += 4) {
+    const int nr = std::min(4, rows - r);
+    for (int k = 0; k < keys; k += 3) {
+      const int nk = std::min(3, keys - k);
+      kScoreTiles[nr - 1][nk - 1](q + r * q_ld, q_ld, key + k * k_ld, k_ld, n, s + r * s_ld + k, s_ld);
+    }
+  }
+}
+
+// acc[r][0:16] += sum_k p[r][k] * v[k][0:16] for NR rows: 12 accumulators at 6 rows, 8 loads per
+// 12 FMAs.
+template <int NR>
+void pv_tile(const float* p, int64_t p_ld, const float* v, int64_t v_ld, int keys, float* acc, int64_t a_ld) {
+  __m256 a[NR][2];
+  for (int r = 0; r < NR; ++r) {
+    a[r][0] = _mm256_loadu_ps(acc + r * a_ld);
+    a[r][1] = _mm256_loadu_ps(acc + r * a_ld + 8);
+  }
+  for (int k = 0; k < keys; ++k) {
+    const __m256 v0 = _mm256_loadu_ps(v + k * v_ld), v1 = _mm256_loadu_ps(v + k * v_ld + 8);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 pr = _mm256_broadcast_ss(p + r * p_ld + k);
+      a[r][0] = _mm256_fmadd_ps(pr, v0, a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(pr, v1, a[r][1]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    _mm256_storeu_ps(acc + r * a_ld, a[r][0]);
+    _mm256_storeu_ps(acc + r * a_ld + 8, a[r][1]);
+  }
+}
+
+using PvTile = void (*)(const float*, int64_t, const float*, int64_t, int, float*, int64_t);
+constexpr PvTile kPvTiles[6] = {pv_tile<1>, pv_tile<2>, pv_tile<3>, pv_tile<4>, pv_tile<5>, pv_tile<6>};
+
+void pv(const float* p, int64_t p_ld, int rows, const float* v, int64_t v_ld, int keys, int width,
+        float* acc, int64_t a_ld) {
+  for (int r = 0; r < rows; r += 6) {
+    const int nr = std::min(6, rows - r);
+    for (int c = 0; c < width; c += 16)
+      kPvTiles[nr - 1](p + r * p_ld, p_ld, v + c, v_ld, keys, acc + r * a_ld + c, a_ld);
+  }
+}
+
+// exp(x) for 8 lanes (Cephes expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp), 0 for
+// x below the float range, -inf included (the padding of a score row).
+inline __m256 exp8(__m256 x) {
+  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(underflow, y);
+}
+
+// Folds one row's block of scores s[0, keys) (padded with -inf to a multiple of 8) into its
+// state; turns s into the weights exp(s - m) and rescales the row's accumulator when m grows.
+void softmax_block(float* s, int keys, SoftmaxState& st, float* acc, int width) {
+  const int padded = (keys + 7) & ~7;
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  for (int k = 0; k < padded; k += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + k));
+  float block_max = -INFINITY;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  for (float x : lanes) block_max = std::max(block_max, x);
+
+  const float alpha = st.rescale(block_max);
+  if (alpha != 1.0f) {
+    const __m256 a = _mm256_set1_ps(alpha);
+    for (int c = 0; c < width; c += 8) _mm256_storeu_ps(acc + c, _mm256_mul_ps(a, _mm256_loadu_ps(acc + c)));
+  }
+  const __m256 m = _mm256_set1_ps(st.m);
+  __m256 sum = _mm256_setzero_ps();
+  for (int k = 0; k < padded; k += 8) {
+    const __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + k), m));
+    _mm256_storeu_ps(s + k, w);
+    sum = _mm256_add_ps(sum, w);
+  }
+  st.add(hsum(sum));
+}
+
+// ---- work items -------------------------------------------------------------------------------
+
+struct Geometry {
+  int qlen, g, rows;   // rows = qlen * g query rows per request, row r = i*g + h
+  int row_dim, width;  // 576 and L = 512
+  int page_size;
+  DcpInfo dcp;
+};
+
+// Where a work item's normalized result goes: an o/lse view (rank 3, or one split of rank 4), or
+// the fp32 scratch of an internal split ([rows, width] and [rows], contiguous).
+struct Destination {
+  void* o = nullptr;
+  DType o_dtype = DType::f32;
+  int64_t o_s = 0, o_h = 0, o_l = 0;  // strides of token, head, latent column
+  float* lse = nullptr;
+  int64_t lse_s = 0, lse_h = 0;
+};
+
+struct WorkItem {
+  int b;
+  int64_t lo, hi;   // local keys [lo, hi) of request b
+  Destination dst;
+  int64_t token0;   // query i of request b goes to token token0 + i of dst
+  int64_t cost;
+};
+
+struct Scratch {
+  std::vector<float> q, keys, s, acc, o_row;
+  std::vector<SoftmaxState> state;
+  void reserve(const Geometry& geo) {
+    q.resize(size_t(geo.rows) * geo.row_dim);
+    keys.resize(size_t(kBlock) * geo.row_dim);
+    s.resize(size_t(geo.rows) * kBlock);
+    acc.resize(size_t(geo.rows) * geo.width);
+    o_row.resize(geo.width);
+    state.resize(geo.rows);
+  }
+};
+
+struct Inputs {
+  const TensorView& q;
+  const TensorView& pages;
+  const int32_t* seq_lens;  // host copies, contiguous
+  const int32_t* kv_indptr;
+  const int32_t* kv_indices;
+  float q_mul;    // sm_scale * q_scale (fp8 query) folded into the fp32 copy of q
+  float k_scale;  // 1 for a bf16 cache
+};
+
+void write_row(const Destination& d, int64_t s, int h, const float* o, int width, float lse) {
+  d.lse[s * d.lse_s + h * d.lse_h] = lse;
+  if (d.o_dtype == DType::f32) {
+    float* dst = static_cast<float*>(d.o) + s * d.o_s + h * d.o_h;
+    if (d.o_l == 1) std::memcpy(dst, o, sizeof(float) * width);
+    else for (int c = 0; c < width; ++c) dst[c * d.o_l] = o[c];
+  } else {
+    uint16_t* dst = static_cast<uint16_t*>(d.o) + s * d.o_s + h * d.o_h;
+    for (int c = 0; c < width; ++c) dst[c * d.o_l] = float_to_bf16(o[c]);
+  }
+}
+
+void run_item(const Inputs& in, const Geometry& geo, const WorkItem& item, Scratch& sc) {
+  const int b = item.b, rows = geo.rows, row_dim = geo.row_dim, width = geo.width;
+  const int64_t global_len = in.seq_lens[b];
+
+  // Each query's visible keys are the prefix [0, visible[i]) of the local keys.
+  int64_t visible[8] = {};
+  int64_t end = item.lo;
+  for (int i = 0; i < geo.qlen; ++i) {
+    visible[i] = global_len == 0 ? 0 : std::min(item.hi, dcp::local_length(geo.dcp, global_len - geo.qlen + i + 1));
+    end = std::max(end, visible[i]);
+  }
+
+  for (int r = 0; r < rows; ++r) sc.state[r] = SoftmaxState{};
+  if (end > item.lo) {
+    // q rows of request b in fp32 with sm_scale (and q_scale) folded in.
+    const TensorView& q = in.q;
+    const bool q_fp8 = q.dtype == DType::fp8_e4m3;
+    for (int i = 0; i < geo.qlen; ++i)
+      for (int h = 0; h < geo.g; ++h) {
+        const int64_t base = (int64_t(b) * geo.qlen + i) * q.stride[0] + h * q.stride[1];
+        float* dst = &sc.q[size_t(i * geo.g + h) * row_dim];
+        for (int c = 0; c < row_dim; ++c) {
+          const int64_t at = base + c * q.stride[2];
+          const float x = q_fp8 ? fp8e4m3_to_float(q.ptr<const uint8_t>()[at]) : bf16_to_float(q.ptr<const uint16_t>()[at]);
+          dst[c] = x * in.q_mul;
+        }
+      }
+    std::fill(sc.acc.begin(), sc.acc.end(), 0.0f);
+  }
+
+  const TensorView& pages = in.pages;
+  const size_t elem = dtype_size(pages.dtype);
+  const int32_t* request_pages = in.kv_indices + in.kv_indptr[b];
+  for (int64_t k0 = item.lo; k0 < end; k0 += kBlock) {
+    const int nkeys = int(std::min<int64_t>(kBlock, end - k0));
+    for (int k = 0; k < nkeys; ++k) {
+      const int64_t j = k0 + k;
+      const int64_t page = request_pages[j / geo.page_size];
+      const char* row = static_cast<const char*>(pages.data) +
+                        (page * pages.stride[0] + (j % geo.page_size) * pages.stride[1]) * int64_t(elem);
+      dequant_row(pages, row, pages.stride[2], row_dim, in.k_scale, &sc.keys[size_t(k) * row_dim]);
+    }
+    for (int i = 0; i < geo.qlen; ++i) {
+      const int nv = int(std::clamp<int64_t>(visible[i] - k0, 0, nkeys));
+      if (nv == 0) continue;
+      const int r0 = i * geo.g;
+      float* s = &sc.s[size_t(r0) * kBlock];
+      scores(&sc.q[size_t(r0) * row_dim], row_dim, geo.g, sc.keys.data(), row_dim, nv, row_dim, s, kBlock);
+      for (int h = 0; h < geo.g; ++h) {
+        float* srow = s + size_t(h) * kBlock;
+        for (int k = nv; k < ((nv + 7) & ~7); ++k) srow[k] = -INFINITY;
+        softmax_block(srow, nv, sc.state[r0 + h], &sc.acc[size_t(r0 + h) * width], width);
+      }
+      pv(s, kBlock, geo.g, sc.keys.data(), row_dim, nv, width, &sc.acc[size_t(r0) * width], width);
+    }
+  }
+
+  // Normalize; a row that saw no key comes out o = 0, lse = -inf (inv_sum() = 0, lse() = -inf).
+  for (int r = 0; r < rows; ++r) {
+    const SoftmaxState& st = sc.state[r];
+    const float inv = st.inv_sum();
+    float* o = sc.o_row.data();
+    if (st.empty()) std::fill(o, o + width, 0.0f);
+    else for (int c = 0; c < width; ++c) o[c] = sc.acc[size_t(r) * width + c] * inv;
+    write_row(item.dst, item.token0 + r / geo.g, r % geo.g, o, width, st.lse());
+  }
+}
+
+std::vector<int32_t> host_ints(const TensorView& v) {
+  std::vector<int32_t> out(v.shape[0]);
+  for (int64_t i = 0; i < v.shape[0]; ++i) out[i] = v.ptr<const int32_t>()[i * v.stride[0]];
+  return out;
+}
+
+}  // namespace
+
+void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const StepMeta& meta,
+            const AttendOutputs& out) {
+  const LayerConfig& cfg = ctx.cfg;
+  const Geometry geo{.qlen = meta.qlen,
+                     .g = cfg.heads() * ctx.opts.dcp.size,
+                     .rows = meta.qlen * cfg.heads() * ctx.opts.dcp.size,
+                     .row_dim = cfg.row_dim(),
+                     .width = cfg.kv_lora_rank,
+                     .page_size = cache.page_size(),
+                     .dcp = ctx.opts.dcp};
+  const int batch = meta.batch();
+  MLA_REQUIRE(geo.qlen >= 1 && geo.qlen <= 8, "attend: qlen must be in 1..8, got ", geo.qlen);
+  MLA_REQUIRE(geo.row_dim % 8 == 0 && geo.width % 16 == 0, "attend: the CPU kernel needs L+R % 8 == 0 and L % 16 == 0, got L+R = ",
+              geo.row_dim, ", L = ", geo.width);
+
+  const std::vector<int32_t> seq_lens = host_ints(meta.seq_lens);
+  const std::vector<int32_t> kv_indptr = host_ints(meta.kv_indptr);
+  const std::vector<int32_t> kv_indices = host_ints(meta.kv_indices);
+  // Reads stay inside the cache even if a caller skipped validation: every page a request's local
+  // length needs exists in its page table and in the cache.
+  std::vector<int64_t> local_len(batch);
+  for (int b = 0; b < batch; ++b) {
+    local_len[b] = dcp::local_length(geo.dcp, seq_lens[b]);
+    const int64_t need = (local_len[b] + geo.page_size - 1) / geo.page_size;
+    MLA_REQUIRE(kv_indptr[b + 1] - kv_indptr[b] >= need, "attend: request ", b, " needs ", need,
+                " pages for local length ", local_len[b], ", kv_indptr gives ", kv_indptr[b + 1] - kv_indptr[b]);
+    for (int64_t p = 0; p < need; ++p) {
+      const int32_t page = kv_indices[kv_indptr[b] + p];
+      MLA_REQUIRE(page >= 0 && page < cache.num_pages(), "attend: kv_indices[", kv_indptr[b] + p, "] = ", page,
+                  " is out of range [0, ", cache.num_pages(), ")");
+    }
+  }
+
+  const bool q_fp8 = q.dtype == DType::fp8_e4m3;
+  const Inputs in{.q = q,
+                  .pages = cache.pages,
+                  .seq_lens = seq_lens.data(),
+                  .kv_indptr = kv_indptr.data(),
+                  .kv_indices = kv_indices.data(),
+                  .q_mul = float(cfg.sm_scale()) * (q_fp8 ? ctx.w.q_scale : 1.0f),
+                  .k_scale = cache.pages.dtype == DType::fp8_e4m3 ? ctx.w.k_scale : 1.0f};
+
+  const TensorView& o = out.o;
+  const TensorView& lse = out.lse;
+  const bool split_out = o.rank == 4;
+  const int off = split_out ? 1 : 0;  // dims of o/lse after the split dim
+  const Destination final_dst{.o = o.data,
+                              .o_dtype = o.dtype,
+                              .o_s = o.stride[off],
+                              .o_h = o.stride[off + 1],
+                              .o_l = o.stride[off + 2],
+                              .lse = lse.ptr<float>(),
+                              .lse_s = lse.stride[off],
+                              .lse_h = lse.stride[off + 1]};
+
+  // Chunks per request: the output's split count, or an internal split for rank-3 outputs that
+  // gives the threads about four items each (never chunks shorter than kMinChunk).
+  const int threads = std::max(1, ctx.threads);
+  std::vector<int> chunks(batch, 1);
+  if (split_out) {
+    std::fill(chunks.begin(), chunks.end(), int(o.shape[0]));
+  } else if (ctx.opts.num_splits > 1) {
+    std::fill(chunks.begin(), chunks.end(), ctx.opts.num_splits);
+  } else if (ctx.opts.num_splits == 0 && threads > 1) {
+    int64_t total = 0;
+    for (int64_t n : local_len) total += n;
+    const int64_t target = std::max<int64_t>(kMinChunk, (total + 4 * threads - 1) / (4 * threads));
+    for (int b = 0; b < batch; ++b)
+      chunks[b] = int(std::clamp<int64_t>((local_len[b] + target - 1) / target, 1, kMaxAutoSplits));
+  }
+
+  // Internal-split partials: [rows, width] + [rows] fp32 per chunk of a request split in more
+  // than one chunk, merged into o/lse afterwards.
+  std::vector<int64_t> part_begin(batch + 1, 0);
+  for (int b = 0; b < batch; ++b) part_begin[b + 1] = part_begin[b] + (!split_out && chunks[b] > 1 ? chunks[b] : 0);
+  const size_t parts = size_t(part_begin[batch]);
+  std::vector<float> part_o(parts * geo.rows * geo.width), part_lse(parts * geo.rows);
+
+  std::vector<WorkItem> items;
+  for (int b = 0; b < batch; ++b) {
+    const int64_t n = local_len[b], chunk = (n + chunks[b] - 1) / chunks[b];
+    for (int c = 0; c < chunks[b]; ++c) {
+      WorkItem item{.b = b,
+                    .lo = std::min(n, c * chunk),
+                    .hi = std::min(n, (c + 1) * chunk),
+                    .dst = final_dst,
+                    .token0 = int64_t(b) * geo.qlen,
+                    .cost = 0};
+      item.cost = (item.hi - item.lo) * geo.rows + geo.rows;
+      if (split_out) {
+        item.dst.o = static_cast<char*>(o.data) + c * o.stride[0] * int64_t(dtype_size(o.dtype));
+        item.dst.lse = lse.ptr<float>() + c * lse.stride[0];
+      } else if (chunks[b] > 1) {
+        const int64_t p = part_begin[b] + c;
+        item.token0 = 0;
+        item.dst = Destination{.o = part_o.data() + p * geo.rows * geo.width,
+                               .o_dtype = DType::f32,
+                               .o_s = int64_t(geo.g) * geo.width,
+                               .o_h = geo.width,
+                               .o_l = 1,
+                               .lse = part_lse.data() + p * geo.rows,
+                               .lse_s = geo.g,
+                               .lse_h = 1};
+      }
+      items.push_back(item);
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+
+  const int team = int(std::min<size_t>(threads, std::max<size_t>(1, items.size())));
+#pragma omp parallel num_threads(team)
+  {
+    thread_local Scratch sc;
+    sc.reserve(geo);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t t = 0; t < items.size(); ++t) run_item(in, geo, items[t], sc);
+  }
+
+  if (part_begin[batch] == 0) return;
+  // Merge the internal-split partials of each (request, row) in chunk order.
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t br = 0; br < int64_t(batch) * geo.rows; ++br) {
+    const int b = int(br / geo.rows), r = int(br % geo.rows);
+    if (chunks[b] <= 1) continue;
+    thread_local std::vector<float> merged;
+    merged.resize(geo.width);
+    const int64_t p = part_begin[b];
+    const float total = merge_partials(chunks[b], &part_lse[size_t(p) * geo.rows + r], geo.rows,
+                                       &part_o[(size_t(p) * geo.rows + r) * geo.width],
+                                       int64_t(geo.rows) * geo.width, geo.width, merged.data());
+    write_row(final_dst, int64_t(b) * geo.qlen + r / geo.g, r % geo.g, merged.data(), geo.width, total);
+  }
+}
+
 }  // namespace mla::cpu

@@ -39,6 +39,12 @@ struct AttendResult {
 AttendResult attend(const LayerConfig& cfg, const TensorView& q, int heads_g, double q_scale,
                     const KVCache& cache, double k_scale, const StepMeta& meta, const DcpInfo& dcp);
 
+// The split-KV partials of attend, one per chunk: chunk c of a request with local length n covers
+// the local keys [c*ceil(n/splits), min(n, (c+1)*ceil(n/splits))), each a normalized partial.
+std::vector<AttendResult> attend_splits(const LayerConfig& cfg, const TensorView& q, int heads_g,
+                                        double q_scale, const KVCache& cache, double k_scale,
+                                        const StepMeta& meta, const DcpInfo& dcp, int splits);
+
 // Merge of partials (split chunks or DCP ranks): lse = logsumexp, o = sum exp(lse_c - lse) o_c.
 AttendResult merge(std::span<const AttendResult> partials);
 
