@@ -26,7 +26,8 @@ struct ScenarioSpec {
 
 // Host tensors of one step. The history rows (positions < seq_len - qlen) are random rows shaped
 // like [rmsnorm'd kv_c | k_pe], quantized with the weights' k_scale for an fp8 cache; the rows of
-// this step's tokens are left for pre to write.
+// this step's tokens are left for pre to write. A row's values depend only on (seed, request,
+// position): the W ranks' scenarios of one spec hold exactly the rows of its W = 1 scenario.
 struct Scenario {
   ScenarioSpec spec;
   Tensor hidden;        // [S, D] bf16, unit-RMS rows like input_layernorm's output
