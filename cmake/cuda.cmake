@@ -16,3 +16,10 @@ if(MLA_NCCL_LIBRARY)
   target_link_libraries(mla PRIVATE ${MLA_NCCL_LIBRARY})
   target_compile_definitions(mla PRIVATE MLA_WITH_NCCL=1)
 endif()
+
+# mla_graph_bench (bench/graph_step.cpp): step and attend timed as CUDA-graph replays.
+add_executable(mla_graph_bench ${PROJECT_SOURCE_DIR}/bench/graph_step.cpp)
+target_include_directories(mla_graph_bench PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(mla_graph_bench PRIVATE mla)
+target_compile_options(mla_graph_bench PRIVATE ${MLA_WARNINGS})
+set_target_properties(mla_graph_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})

@@ -1,0 +1,154 @@
+// mla_graph_bench: the CUDA backend's step and attend captured in CUDA graphs and timed by graph
+// replay (CUDA events, L2 flushed before each replay, median), next to the eager step, against
+// the copy bandwidth measured in the same run. Complements `mla bench` (eager launches) for the
+// issue-4 targets: the whole kimi-k3 step at batch 1 in a graph, and attend at batch 64.
+//
+//   mla_graph_bench [--preset kimi-k3] [--iters 100] [--json FILE] B:CONTEXT:QLEN:PAGE:KV ...
+//   e.g. mla_graph_bench 1:8192:1:64:fp8 64:8192:1:64:fp8 64:8192:1:1:fp8
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/synthetic.hpp"
+#include "mla/mla.hpp"
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Config {
+  int batch = 1, context = 8192, qlen = 1, page = 64;
+  std::string kv = "fp8";
+};
+
+Config parse(const std::string& s) {
+  Config c;
+  std::vector<std::string> parts;
+  std::stringstream ss(s);
+  for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
+  if (parts.size() != 5) {
+    std::fprintf(stderr, "config '%s': expected B:CONTEXT:QLEN:PAGE:KV\n", s.c_str());
+    std::exit(2);
+  }
+  c.batch = std::stoi(parts[0]);
+  c.context = std::stoi(parts[1]);
+  c.qlen = std::stoi(parts[2]);
+  c.page = std::stoi(parts[3]);
+  c.kv = parts[4];
+  return c;
+}
+
+// Median µs of `iters` replays of fn captured in a graph on `stream`.
+template <class Fn>
+double graph_us(mla::detail::BackendImpl& backend, cudaStream_t stream, int iters, Fn fn) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  fn();
+  check(cudaStreamEndCapture(stream, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const double us = median(backend.time_us([&] { check(cudaGraphLaunch(exec, stream), "launch"); }, 10, iters));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return us;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string preset = "kimi-k3", json;
+  int iters = 100;
+  std::vector<Config> configs;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--preset" && i + 1 < argc) preset = argv[++i];
+    else if (a == "--iters" && i + 1 < argc) iters = std::stoi(argv[++i]);
+    else if (a == "--json" && i + 1 < argc) json = argv[++i];
+    else configs.push_back(parse(a));
+  }
+  if (configs.empty()) configs.push_back(Config{});
+  try {
+    const mla::LayerConfig cfg = mla::LayerConfig::preset(preset);
+    const mla::PreparedWeights w = mla::prepare_weights(cfg, mla::random_checkpoint_weights(cfg, 1));
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    mla::detail::Ceilings ceil;
+    std::ostringstream rows;
+    std::string json_rows;
+    for (size_t k = 0; k < configs.size(); ++k) {
+      const Config& c = configs[k];
+      mla::synth::ScenarioSpec spec{.cfg = cfg,
+                                    .seq_lens = std::vector<int32_t>(size_t(c.batch), c.context),
+                                    .qlen = c.qlen,
+                                    .page_size = c.page,
+                                    .kv_dtype = c.kv == "bf16" ? mla::DType::bf16 : mla::DType::fp8_e4m3,
+                                    .seed = 7 + k};
+      const mla::synth::Scenario host = mla::synth::make_scenario(spec, w.k_scale);
+      const mla::synth::Scenario dev = mla::synth::to_device(host);
+      const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
+      mla::Layer layer(cfg, w, {.backend = mla::Backend::cuda, .max_tokens = int(s), .cuda_stream = stream});
+      mla::detail::BackendImpl& backend = mla::detail::backend_of(layer);
+      if (k == 0) ceil = backend.measure_ceilings();
+      mla::Tensor out = mla::Tensor::empty(mla::DType::bf16, {s, nv}, mla::Device::cuda);
+      const mla::StepMeta meta = dev.meta();
+      layer.step(dev.hidden, meta, dev.kv(), out);  // chooses the cuBLASLt algorithms outside the capture
+      check(cudaStreamSynchronize(stream), "warm-up step");
+      const mla::detail::StepWorkspace ws = backend.workspace(meta);
+      const int splits = ws.attend.o.rank == 4 ? int(ws.attend.o.shape[0]) : 1;
+
+      const double step_graph = graph_us(backend, stream, iters, [&] { layer.step(dev.hidden, meta, dev.kv(), out); });
+      const double step_eager = median(backend.time_us([&] { layer.step(dev.hidden, meta, dev.kv(), out); }, 5, iters));
+      const double attend = graph_us(backend, stream, iters, [&] { layer.attend(ws.pre.q, dev.kv(), meta, ws.attend); });
+      const double kv_bytes = double(c.batch) * c.context * 576 * (c.kv == "bf16" ? 2 : 1);
+      const double gbps = kv_bytes / (attend * 1e3);
+      char line[320];
+      std::snprintf(line, sizeof line, "%5d %7d %4d %5d %5s %6d | %10.1f %10.1f | %10.1f %9.1f %6.1f%%\n", c.batch,
+                    c.context, c.qlen, c.page, c.kv.c_str(), splits, step_graph, step_eager, attend, gbps,
+                    100 * gbps / ceil.copy_gbps);
+      rows << line;
+      std::fputs(line, stderr);
+      std::ostringstream j;
+      j << (json_rows.empty() ? "" : ",\n") << "    {\"batch\": " << c.batch << ", \"context\": " << c.context
+        << ", \"qlen\": " << c.qlen << ", \"page_size\": " << c.page << ", \"kv_dtype\": \"" << c.kv
+        << "\", \"splits\": " << splits << ", \"step_graph_us\": " << step_graph << ", \"step_eager_us\": " << step_eager
+        << ", \"attend_graph_us\": " << attend << ", \"attend_kv_gbps\": " << gbps
+        << ", \"attend_pct_copy\": " << 100 * gbps / ceil.copy_gbps << "}";
+      json_rows += j.str();
+    }
+    std::printf("device: %s  copy %.0f GB/s  bf16 matmul %.0f TFLOP/s  fp8 matmul %.0f TFLOP/s  (%s, median of %d)\n",
+                ceil.device_name.c_str(), ceil.copy_gbps, ceil.matmul_tflops, ceil.fp8_matmul_tflops, preset.c_str(),
+                iters);
+    std::printf("%5s %7s %4s %5s %5s %6s | %10s %10s | %10s %9s %7s\n", "B", "ctx", "Q", "page", "kv", "splits",
+                "step(graph)", "step(eager)", "attend us", "KV GB/s", "%copy");
+    std::fputs(rows.str().c_str(), stdout);
+    if (!json.empty()) {
+      std::ofstream f(json);
+      f << "{\n  \"tool\": \"mla_graph_bench\",\n  \"preset\": \"" << preset << "\",\n  \"device\": \"" << ceil.device_name
+        << "\",\n  \"copy_gbps\": " << ceil.copy_gbps << ",\n  \"matmul_tflops\": " << ceil.matmul_tflops
+        << ",\n  \"fp8_matmul_tflops\": " << ceil.fp8_matmul_tflops << ",\n  \"iters\": " << iters
+        << ",\n  \"results\": [\n" << json_rows << "\n  ]\n}\n";
+    }
+    cudaStreamDestroy(stream);
+  } catch (const mla::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
