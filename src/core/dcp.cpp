@@ -143,5 +143,66 @@ void check_step_agreement(const LayerOptions& opts, const StepMeta& meta, const 
   }
 }
 
+void gather_query(const LayerConfig& cfg, const LayerOptions& opts, const TensorView& q, void* stream) {
+  if (opts.dcp.size == 1) return;
+  const int64_t n = cfg.heads(), row = cfg.row_dim(), elem = int64_t(dtype_size(q.dtype));
+  MLA_REQUIRE(q.rank == 3 && (q.shape[2] <= 1 || q.stride[2] == 1) && (q.shape[1] <= 1 || q.stride[1] == row),
+              "pre: the DCP query gather needs each token's heads packed (q.stride = [*, ", row, ", 1]), got ",
+              q.str());
+  char* base = static_cast<char*>(q.data);
+  const int64_t chunk = n * row * elem;
+  opts.comm->all_gather_rows({.send = base + opts.dcp.rank * chunk, .send_stride = q.stride[0] * elem,
+                              .recv = base, .recv_stride = q.stride[0] * elem, .rows = q.shape[0],
+                              .chunk_bytes = chunk},
+                             stream);
+}
+
+namespace {
+int64_t splits_of(const TensorView& o) { return o.rank == 4 ? o.shape[0] : 1; }
+}  // namespace
+
+std::vector<int64_t> exchanged_o_shape(const LayerConfig& cfg, const LayerOptions& opts, const TensorView& o) {
+  return {opts.dcp.size * splits_of(o), o.shape[o.rank - 3], cfg.heads(), cfg.kv_lora_rank};
+}
+std::vector<int64_t> exchanged_lse_shape(const LayerConfig& cfg, const LayerOptions& opts, const TensorView& o) {
+  return {opts.dcp.size * splits_of(o), o.shape[o.rank - 3], cfg.heads()};
+}
+
+void exchange_partials(const LayerConfig& cfg, const LayerOptions& opts, const AttendOutputs& attn,
+                       const AttendOutputs& mine, void* stream) {
+  const TensorView &o = attn.o, &lse = attn.lse;
+  const int64_t n = cfg.heads(), l = cfg.kv_lora_rank, w = opts.dcp.size;
+  const int64_t splits = splits_of(o), s = o.shape[o.rank - 3];
+  const int64_t oe = int64_t(dtype_size(o.dtype)), le = int64_t(dtype_size(lse.dtype));
+  const int d = o.rank - 3;  // o's token dimension (lse's too)
+  MLA_REQUIRE(o.stride[d + 2] == 1 && (o.shape[d + 1] <= 1 || o.stride[d + 1] == l) &&
+                  (lse.shape[d + 1] <= 1 || lse.stride[d + 1] == 1),
+              "post: the DCP combine needs each token's heads packed (o.stride[..., ", l,
+              ", 1], lse.stride[..., 1]), got o ", o.str(), ", lse ", lse.str());
+  MLA_REQUIRE(mine.o.is_contiguous() && mine.lse.is_contiguous() && mine.o.dtype == o.dtype &&
+                  mine.o.numel() == w * splits * s * n * l && mine.lse.numel() == w * splits * s * n,
+              "post: the DCP combine's destination must be contiguous [", w * splits, ", ", s, ", ", n, ", ", l,
+              "] ", dtype_name(o.dtype), " and [", w * splits, ", ", s, ", ", n, "] f32, got ", mine.o.str(), " and ",
+              mine.lse.str());
+  // Rows are tokens of every split: one collective per tensor when the splits are evenly spaced
+  // (a contiguous [splits, S, G, L]), else one per split.
+  const bool one_call = splits == 1 || (o.stride[0] == s * o.stride[1] && lse.stride[0] == s * lse.stride[1]);
+  const int64_t calls = one_call ? 1 : splits, rows = one_call ? splits * s : s;
+  char* recv_o = static_cast<char*>(mine.o.data);
+  char* recv_lse = static_cast<char*>(mine.lse.data);
+  for (int64_t c = 0; c < calls; ++c) {
+    const char* send_o = static_cast<const char*>(o.data) + (o.rank == 4 ? c * o.stride[0] * oe : 0);
+    const char* send_lse = static_cast<const char*>(lse.data) + (lse.rank == 3 ? c * lse.stride[0] * le : 0);
+    opts.comm->all_to_all_rows({.send = send_o, .send_stride = o.stride[d] * oe,
+                                .recv = recv_o + c * s * n * l * oe, .recv_block_stride = splits * s * n * l * oe,
+                                .recv_stride = n * l * oe, .rows = rows, .chunk_bytes = n * l * oe},
+                               stream);
+    opts.comm->all_to_all_rows({.send = send_lse, .send_stride = lse.stride[d] * le,
+                                .recv = recv_lse + c * s * n * le, .recv_block_stride = splits * s * n * le,
+                                .recv_stride = n * le, .rows = rows, .chunk_bytes = n * le},
+                               stream);
+  }
+}
+
 }  // namespace detail
 }  // namespace mla

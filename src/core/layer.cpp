@@ -1,6 +1,7 @@
 #include "mla/layer.hpp"
 
 #include "core/backend.hpp"
+#include "core/dcp.hpp"
 #include "core/validate.hpp"
 #include "mla/error.hpp"
 
@@ -42,6 +43,7 @@ Layer::Layer(const LayerConfig& cfg, const PreparedWeights& weights, const Layer
   if (b == Backend::automatic) b = detail::cuda_device_present() ? Backend::cuda : Backend::cpu;
   impl_ = b == Backend::cuda ? detail::make_cuda_backend(cfg, weights, opts)
                              : detail::make_cpu_backend(cfg, weights, opts);
+  detail::validate_dcp_options(cfg, opts, impl_->device());  // W divides T; comm's size, rank, device
 }
 
 Layer::~Layer() = default;
@@ -54,7 +56,10 @@ Backend Layer::backend() const { return impl_->kind(); }
 Device Layer::device() const { return impl_->device(); }
 
 void Layer::pre(const TensorView& hidden, const StepMeta& meta, const KVCache& cache, const PreOutputs& out) {
-  detail::validate_pre({impl_->cfg, impl_->opts, device()}, hidden, meta, cache, out);
+  // At W > 1 every rank learns whether all ranks' validation passed before any writes its cache.
+  detail::validate_on_every_rank(impl_->opts, meta, [&] {
+    detail::validate_pre({impl_->cfg, impl_->opts, device()}, hidden, meta, cache, out);
+  });
   impl_->pre(hidden, meta, cache, out);
 }
 
@@ -69,15 +74,18 @@ void Layer::post(const AttendOutputs& attn, const TensorView& gate, const StepMe
 }
 
 void Layer::step(const TensorView& hidden, const StepMeta& meta, const KVCache& cache, const TensorView& out) {
-  MLA_REQUIRE(meta.seq_lens.rank == 1, "step: seq_lens must be [B], got ", meta.seq_lens.str());
-  MLA_REQUIRE(meta.tokens() <= impl_->opts.max_tokens, "step: S = B*Q = ", meta.tokens(),
-              " exceeds LayerOptions.max_tokens = ", impl_->opts.max_tokens);
-  const detail::StepWorkspace ws = impl_->workspace(meta);
-  // Validate all three stages before the first writes the cache.
-  const detail::StageContext ctx{impl_->cfg, impl_->opts, device()};
-  detail::validate_pre(ctx, hidden, meta, cache, ws.pre);
-  detail::validate_attend(ctx, ws.pre.q, cache, meta, ws.attend);
-  detail::validate_post(ctx, ws.attend, ws.pre.gate, meta, out);
+  detail::StepWorkspace ws;
+  // Validate all three stages before the first writes the cache (at W > 1, on every rank).
+  detail::validate_on_every_rank(impl_->opts, meta, [&] {
+    MLA_REQUIRE(meta.seq_lens.rank == 1, "step: seq_lens must be [B], got ", meta.seq_lens.str());
+    MLA_REQUIRE(meta.tokens() <= impl_->opts.max_tokens, "step: S = B*Q = ", meta.tokens(),
+                " exceeds LayerOptions.max_tokens = ", impl_->opts.max_tokens);
+    ws = impl_->workspace(meta);
+    const detail::StageContext ctx{impl_->cfg, impl_->opts, device()};
+    detail::validate_pre(ctx, hidden, meta, cache, ws.pre);
+    detail::validate_attend(ctx, ws.pre.q, cache, meta, ws.attend);
+    detail::validate_post(ctx, ws.attend, ws.pre.gate, meta, out);
+  });
   impl_->pre(hidden, meta, cache, ws.pre);
   impl_->attend(ws.pre.q, cache, meta, ws.attend);
   impl_->post(ws.attend, ws.pre.gate, meta, out);

@@ -1,8 +1,10 @@
 // The CPU post stage (SPEC.md post at this rank): split partials merged (softmax_state.hpp), then
 // out[s, n*V + v] = sum_l o[s, n, l] * W_UV[n][v, l] by hand from MXFP4, times the gate, -> bf16.
-// The cross-rank combine (W > 1) is the DCP stage's; this rank's N heads sit at dcp.rank*N of o's G.
+// W > 1: the cross-rank partials of this rank's heads are exchanged first (core/dcp.cpp) and merged
+// with the split partials in one merge; at W = 1 this rank's N heads sit at dcp.rank*N of o's G.
 #include <vector>
 
+#include "core/dcp.hpp"
 #include "core/softmax_state.hpp"
 #include "cpu/mxfp4.hpp"
 #include "cpu/stages.hpp"
@@ -17,10 +19,19 @@ void post(const Context& ctx, const AttendOutputs& attn, const TensorView& gate,
   const int64_t S = meta.tokens();
   if (S == 0) return;
   const int N = cfg.heads(), L = cfg.kv_lora_rank, V = cfg.v_head_dim;
-  const int head0 = ctx.opts.dcp.rank * N;
   const int threads = ctx.threads;
-  const TensorView& o = attn.o;
-  const TensorView& lse = attn.lse;
+  // W > 1, the combine (SPEC.md post 1): every rank's partials of this rank's N heads are
+  // exchanged into [W*splits, S, N, L] (core/dcp.cpp) and merged below with the split partials.
+  Tensor mine_o, mine_lse;
+  if (ctx.opts.dcp.size > 1) {
+    mine_o = Tensor::empty(attn.o.dtype, detail::exchanged_o_shape(cfg, ctx.opts, attn.o));
+    mine_lse = Tensor::empty(DType::f32, detail::exchanged_lse_shape(cfg, ctx.opts, attn.o));
+    detail::exchange_partials(cfg, ctx.opts, attn, {.o = mine_o.view(), .lse = mine_lse.view()}, nullptr);
+  }
+  const bool exchanged = ctx.opts.dcp.size > 1;
+  const int head0 = exchanged ? 0 : ctx.opts.dcp.rank * N;
+  const TensorView& o = exchanged ? mine_o.view() : attn.o;
+  const TensorView& lse = exchanged ? mine_lse.view() : attn.lse;
   const bool split = o.rank == 4;
   const int d = split ? 1 : 0;  // o's token dimension
   MLA_REQUIRE(o.stride[o.rank - 1] == 1, "post: attn.o must be contiguous along L (stride 1), got ", o.str());

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/dcp.hpp"
 #include "core/rope.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/mxfp4.hpp"
@@ -156,6 +157,9 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
     const float* kv_row = &y[s * rows + Rq];  // [kv_c | k_pe] are adjacent in y
     for (int c = 0; c < L + R; ++c) store(pages.data, pages.dtype, row + c * pages.stride[2], kv_row[c], k_scale);
   }
+
+  // 8. W > 1: the query gather along heads, in place (core/dcp.cpp, shared with the CUDA backend).
+  detail::gather_query(cfg, ctx.opts, qv, nullptr);
 
   // 9. gate = sigmoid(gate_logits), bf16.
   if (gate_dim > 0) {
