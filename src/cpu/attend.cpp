@@ -94,17 +94,25 @@ inline float hsum(__m256 v) {
 template <int NR, int NK>
 void score_tile(const float* q, int64_t q_ld, const float* key, int64_t k_ld, int n, float* s, int64_t s_ld) {
   __m256 acc[NR][NK];
+  // Fully unrolled (pragmas) so that GCC keeps acc in registers instead of a stack array.
+#pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
     for (int k = 0; k < NK; ++k) acc[r][k] = _mm256_setzero_ps();
   for (int d = 0; d < n; d += 8) {
     __m256 kv[NK];
+#pragma GCC unroll 4
     for (int k = 0; k < NK; ++k) kv[k] = _mm256_loadu_ps(key + k * k_ld + d);
+#pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const __m256 qv = _mm256_loadu_ps(q + r * q_ld + d);
+#pragma GCC unroll 4
       for (int k = 0; k < NK; ++k) acc[r][k] = _mm256_fmadd_ps(qv, kv[k], acc[r][k]);
     }
   }
+#pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
     for (int k = 0; k < NK; ++k) s[r * s_ld + k] = hsum(acc[r][k]);
 }
 
@@ -129,18 +137,21 @@ void scores(const float* q, int64_t q_ld, int rows, const float* key, int64_t k_
 template <int NR>
 void pv_tile(const float* p, int64_t p_ld, const float* v, int64_t v_ld, int keys, float* acc, int64_t a_ld) {
   __m256 a[NR][2];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
     a[r][0] = _mm256_loadu_ps(acc + r * a_ld);
     a[r][1] = _mm256_loadu_ps(acc + r * a_ld + 8);
   }
   for (int k = 0; k < keys; ++k) {
     const __m256 v0 = _mm256_loadu_ps(v + k * v_ld), v1 = _mm256_loadu_ps(v + k * v_ld + 8);
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const __m256 pr = _mm256_broadcast_ss(p + r * p_ld + k);
       a[r][0] = _mm256_fmadd_ps(pr, v0, a[r][0]);
       a[r][1] = _mm256_fmadd_ps(pr, v1, a[r][1]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
     _mm256_storeu_ps(acc + r * a_ld, a[r][0]);
     _mm256_storeu_ps(acc + r * a_ld + 8, a[r][1]);
@@ -302,14 +313,21 @@ void run_item(const Inputs& in, const Geometry& geo, const WorkItem& item, Scrat
   const TensorView& pages = in.pages;
   const size_t elem = dtype_size(pages.dtype);
   const int32_t* request_pages = in.kv_indices + in.kv_indptr[b];
+  auto row_of = [&](int64_t j) {
+    const int64_t page = request_pages[j / geo.page_size];
+    return static_cast<const char*>(pages.data) +
+           (page * pages.stride[0] + (j % geo.page_size) * pages.stride[1]) * int64_t(elem);
+  };
+  const int64_t row_bytes = int64_t(row_dim) * pages.stride[2] * int64_t(elem);
   for (int64_t k0 = item.lo; k0 < end; k0 += kBlock) {
     const int nkeys = int(std::min<int64_t>(kBlock, end - k0));
-    for (int k = 0; k < nkeys; ++k) {
-      const int64_t j = k0 + k;
-      const int64_t page = request_pages[j / geo.page_size];
-      const char* row = static_cast<const char*>(pages.data) +
-                        (page * pages.stride[0] + (j % geo.page_size) * pages.stride[1]) * int64_t(elem);
-      dequant_row(pages, row, pages.stride[2], row_dim, in.k_scale, &sc.keys[size_t(k) * row_dim]);
+    for (int k = 0; k < nkeys; ++k)
+      dequant_row(pages, row_of(k0 + k), pages.stride[2], row_dim, in.k_scale, &sc.keys[size_t(k) * row_dim]);
+    // The next block's rows into L2 while this one is computed: the pages are scattered, so the
+    // hardware prefetcher cannot run ahead across them, and the block's arithmetic hides the fetch.
+    for (int64_t j = k0 + kBlock, stop = std::min(end, k0 + 2 * kBlock); j < stop; ++j) {
+      const char* row = row_of(j);
+      for (int64_t line = 0; line < row_bytes; line += 64) _mm_prefetch(row + line, _MM_HINT_T1);
     }
     for (int i = 0; i < geo.qlen; ++i) {
       const int nv = int(std::clamp<int64_t>(visible[i] - k0, 0, nkeys));
