@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/dcp.hpp"
 #include "core/rope.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/check.hpp"
@@ -40,8 +41,6 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
               kLatent, " and R = ", kRope, ", got L = ", cfg.kv_lora_rank, ", R = ", cfg.qk_rope_dim);
   MLA_REQUIRE(cfg.qk_nope_dim % 32 == 0 && cfg.qk_nope_dim <= 256, "Backend::cuda: qk_nope_dim must be a multiple of 32 <= 256, got ",
               cfg.qk_nope_dim);
-  MLA_REQUIRE(opts.dcp.size == 1, "Backend::cuda: DCP (dcp.size > 1) is not implemented in the CUDA backend yet, got dcp.size ",
-              opts.dcp.size);
   int count = 0;
   MLA_REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess && opts.cuda_device >= 0 && opts.cuda_device < count,
               "LayerOptions.cuda_device: expected in [0, ", count, "), got ", opts.cuda_device);
@@ -83,6 +82,10 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   partial_rows_ = std::max(partial_rows, t);
   o_ = DeviceBuffer(size_t(partial_rows_) * g * kLatent * sizeof(float));
   lse_ = DeviceBuffer(size_t(partial_rows_) * g * sizeof(float));
+  if (opts.dcp.size > 1) {  // the combine's exchange destination: [W*splits, S, N, L] = as many rows
+    exchanged_o_ = DeviceBuffer(o_.bytes());
+    exchanged_lse_ = DeviceBuffer(lse_.bytes());
+  }
   error_ = DeviceBuffer(sizeof(uint32_t));
   MLA_CUDA_CHECK(cudaMemset(error_.get(), 0, sizeof(uint32_t)));
   cublas_workspace_ = DeviceBuffer(kCublasWorkspace);
@@ -209,6 +212,8 @@ void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCa
                 .inv_freq = inv_freq_.get<double>(),
                 .rope_mscale = rope_mscale_},
                stream_);
+  // 8. W > 1: the query gather along heads, in place, on this stream (core/dcp.cpp).
+  detail::gather_query(cfg, opts, out.q, stream_);
 }
 
 void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMeta& meta, const AttendOutputs& out) {
@@ -257,19 +262,33 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
   DeviceGuard guard(opts.cuda_device);
   require_unit_inner(attn.o, "post's o");
   require_unit_inner(out, "post's out");
-  const bool split_form = attn.o.rank == 4;
   const bool has_gate = cfg.gate_dim() > 0;
   if (has_gate) require_unit_inner(gate, "the gate");
-  launch_post({.o = attn.o.data,
-               .o_bf16 = attn.o.dtype == DType::bf16,
-               .splits = split_form ? int(attn.o.shape[0]) : 1,
-               .o_split_stride = split_form ? attn.o.stride[0] : 0,
-               .o_s_stride = attn.o.stride[split_form ? 1 : 0],
-               .o_h_stride = attn.o.stride[split_form ? 2 : 1],
-               .lse = attn.lse.ptr<float>(),
-               .lse_split_stride = split_form ? attn.lse.stride[0] : 0,
-               .lse_s_stride = attn.lse.stride[split_form ? 1 : 0],
-               .lse_h_stride = attn.lse.stride[split_form ? 2 : 1],
+  // W > 1 (SPEC.md post 1): every rank's partials of this rank's N heads are exchanged into
+  // [W*splits, S, N, L] and merged with the split partials in the same merge.
+  AttendOutputs in = attn;
+  int head_offset = opts.dcp.rank * cfg.heads();
+  if (opts.dcp.size > 1) {
+    const std::vector<int64_t> o_shape = detail::exchanged_o_shape(cfg, opts, attn.o);
+    const std::vector<int64_t> lse_shape = detail::exchanged_lse_shape(cfg, opts, attn.o);
+    in.o = TensorView::contiguous(exchanged_o_.get(), attn.o.dtype, o_shape, Device::cuda, opts.cuda_device);
+    in.lse = TensorView::contiguous(exchanged_lse_.get(), DType::f32, lse_shape, Device::cuda, opts.cuda_device);
+    MLA_REQUIRE(size_t(in.o.numel()) * dtype_size(in.o.dtype) <= exchanged_o_.bytes(), "post: ", in.o.str(),
+                " exceeds the DCP exchange workspace planned from max_tokens");
+    detail::exchange_partials(cfg, opts, attn, in, stream_);
+    head_offset = 0;
+  }
+  const bool split_form = in.o.rank == 4;
+  launch_post({.o = in.o.data,
+               .o_bf16 = in.o.dtype == DType::bf16,
+               .splits = split_form ? int(in.o.shape[0]) : 1,
+               .o_split_stride = split_form ? in.o.stride[0] : 0,
+               .o_s_stride = in.o.stride[split_form ? 1 : 0],
+               .o_h_stride = in.o.stride[split_form ? 2 : 1],
+               .lse = in.lse.ptr<float>(),
+               .lse_split_stride = split_form ? in.lse.stride[0] : 0,
+               .lse_s_stride = in.lse.stride[split_form ? 1 : 0],
+               .lse_h_stride = in.lse.stride[split_form ? 2 : 1],
                .w_codes = w_uv_codes_.get<uint8_t>(),
                .w_scales = w_uv_scales_.get<uint8_t>(),
                .gate = has_gate ? gate.ptr<uint16_t>() : nullptr,
@@ -278,7 +297,7 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
                .out_stride = out.stride[0],
                .tokens = meta.tokens(),
                .heads = cfg.heads(),
-               .head_offset = opts.dcp.rank * cfg.heads(),
+               .head_offset = head_offset,
                .v_dim = cfg.v_head_dim},
               stream_);
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/dcp_runner.hpp"
 #include "core/synthetic.hpp"
 #include "cuda/device_errors.hpp"
 #include "cuda/stages.hpp"
@@ -333,6 +334,42 @@ TEST(CudaBackend, HostValidationRejectsBeforeLaunch) {
   EXPECT_NE(testing::error_of([&] { f.gpu.step(f.host.hidden, dev.meta(), dev.kv(), out); }), "");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(testing::snapshot(dev.cache), before);
+}
+
+}  // namespace
+}  // namespace mla
+
+namespace mla {
+namespace {
+
+// DCP on one GPU: W ranks as threads with a stream each (the one-GPU communicator); every rank's
+// output and cache against the same W ranks on the CPU.
+TEST(CudaBackend, DcpRanksMatchCpu) {
+  MLA_REQUIRE_GPU();
+  for (int k = 0; k < 3; ++k) {
+    testing::RandomCaseLimits lim = limits();
+    lim.dcp_size = k == 0 ? 2 : 4;
+    lim.allow_bf16_q = false;
+    lim.max_batch = 6;
+    const testing::RandomCase rc = testing::random_case(700 + k, lim);
+    SCOPED_TRACE(rc.describe());
+    const LayerConfig& cfg = rc.spec.cfg;
+    std::vector<PreparedWeights> weights;
+    for (const CheckpointWeights& c : dcp::rank_checkpoints(cfg, 700 + k, lim.dcp_size))
+      weights.push_back(prepare_weights(cfg, c));
+    const LayerOptions opts{.num_splits = rc.num_splits};
+    LayerOptions cpu_opts = opts, gpu_opts = opts;
+    cpu_opts.backend = Backend::cpu;
+    gpu_opts.backend = Backend::cuda;
+    const auto cpu = dcp::run_ranks(weights, rc.spec, cpu_opts);
+    const auto gpu = dcp::run_ranks(weights, rc.spec, gpu_opts);
+    for (int r = 0; r < lim.dcp_size; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      if (cpu[r].out.view().numel() == 0) continue;
+      expect_close(gpu[r].out, cpu[r].out, 1e-2, "out");
+      expect_close(gpu[r].scenario.cache, cpu[r].scenario.cache, 1e-2, "cache");
+    }
+  }
 }
 
 }  // namespace
