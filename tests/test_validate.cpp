@@ -442,6 +442,58 @@ TEST(Validate, PostExpectsTheGatheredHeadCountUnderDcp) {
   EXPECT_NO_THROW(mla::detail::validate_meta(ctx, "attend", st->meta, st->kv));
 }
 
+// A CUDA layer's metadata lives on the GPU: the validator checks shapes, dtypes and devices, never
+// reads the values (the pointers below are not host memory: a read would crash), and checks the
+// values of seq_lens_host. Views on the host or on another GPU are rejected.
+TEST(Validate, DeviceMetadataIsCheckedByShapeAndHostSeqLensByValue) {
+  auto st = make_step();
+  mla::LayerOptions opts = st->layer->options();
+  opts.cuda_device = 1;
+  const mla::detail::StageContext ctx{st->cfg, opts, mla::Device::cuda};
+  auto on_gpu = [](TensorView v) {
+    v.device = mla::Device::cuda;
+    v.device_index = 1;
+    v.data = reinterpret_cast<void*>(uintptr_t(0x40));  // not dereferenceable on the host
+    return v;
+  };
+  // Disjoint fake addresses so that the aliasing checks see separate buffers.
+  auto at = [&](TensorView v, uintptr_t addr) {
+    v = on_gpu(v);
+    v.data = reinterpret_cast<void*>(addr << 32);
+    return v;
+  };
+  mla::StepMeta meta = st->meta;
+  meta.seq_lens = at(meta.seq_lens, 1);
+  meta.kv_indptr = at(meta.kv_indptr, 2);
+  meta.kv_indices = at(meta.kv_indices, 3);
+  meta.slot_mapping = at(meta.slot_mapping, 4);
+  const mla::KVCache kv{at(st->kv.pages, 5)};
+  const TensorView hidden = at(st->sc.hidden.view(), 6), q = at(st->q.view(), 7), gate = at(st->gate.view(), 8);
+  const mla::AttendOutputs att{at(st->o.view(), 9), at(st->lse.view(), 10)};
+  const TensorView out = at(st->out.view(), 11);
+  EXPECT_NO_THROW(mla::detail::validate_pre(ctx, hidden, meta, kv, {q, gate}));
+  EXPECT_NO_THROW(mla::detail::validate_attend(ctx, q, kv, meta, att));
+  EXPECT_NO_THROW(mla::detail::validate_post(ctx, att, gate, meta, out));
+
+  std::vector<int32_t> host_lens = st->sc.seq_lens_host;
+  host_lens[2] = 1;  // below qlen 2
+  mla::StepMeta bad = meta;
+  bad.seq_lens_host = host_lens;
+  std::string msg = testing_::error_of([&] { mla::detail::validate_attend(ctx, q, kv, bad, att); });
+  EXPECT_NE(msg.find("attend: meta.seq_lens_host[2]"), std::string::npos) << msg;
+
+  bad = meta;
+  bad.kv_indices = st->meta.kv_indices;  // left on the host
+  msg = testing_::error_of([&] { mla::detail::validate_pre(ctx, hidden, bad, kv, {q, gate}); });
+  EXPECT_NE(msg.find("pre: meta.kv_indices"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cuda"), std::string::npos) << msg;
+  TensorView other_gpu = q;
+  other_gpu.device_index = 0;
+  msg = testing_::error_of([&] { mla::detail::validate_attend(ctx, other_gpu, kv, meta, att); });
+  EXPECT_NE(msg.find("attend: q"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cuda:1"), std::string::npos) << msg;
+}
+
 TEST(Validate, StepRejectsBeforeTheCacheIsWritten) {
   // A bad post argument (out too short) must stop step() before pre writes the cache.
   auto st = make_step();
