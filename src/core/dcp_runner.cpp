@@ -38,6 +38,7 @@ std::vector<RankResult> run_ranks(std::span<const PreparedWeights> weights, cons
   opts.backend = backend;
   const bool cuda = backend == Backend::cuda;
   if (!cuda && opts.num_threads == 0) opts.num_threads = std::max(1, omp_get_num_procs() / w);
+  opts.max_tokens = std::max<int>(opts.max_tokens, int(spec.seq_lens.size()) * spec.qlen);
 
   std::vector<RankResult> results(static_cast<size_t>(w));
   for (int r = 0; r < w; ++r) {
