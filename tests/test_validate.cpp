@@ -13,6 +13,7 @@
 
 #include "core/synthetic.hpp"
 #include "core/validate.hpp"
+#include "mla/dcp.hpp"
 #include "mla/error.hpp"
 #include "mla/layer.hpp"
 #include "mla/weights.hpp"
@@ -501,6 +502,77 @@ TEST(Validate, StepRejectsBeforeTheCacheIsWritten) {
                   {"post: out", "S=8"});
   st->meta.qlen = 3;  // S = 12 rows of hidden expected
   expect_rejected(*st, [&] { call_step(*st); }, {"meta."});
+}
+
+// Random steps (every page size, DCP layouts, qlen, empty requests) with one corrupted value each:
+// pre's validation rejects it, names the argument, and the cache stays byte-identical.
+TEST(Validate, RandomCorruptionsAreRejectedWithoutWriting) {
+  int rejected = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    testing_::RandomCase rc = testing_::random_case(
+        500 + seed, {.min_batch = 2, .max_batch = 8, .max_context = 300, .max_total_context = 1200,
+                     .empty_fraction = 0.2, .dcp_size = seed % 3 == 0 ? 2 : 1});
+    rc.spec.cfg = testing_::small_config("kimi-k3", mla::GateLayout::none, 1);
+    SCOPED_TRACE(rc.describe());
+    mla::synth::Scenario sc = mla::synth::make_scenario(rc.spec, 0.02f);
+    mla::LayerOptions opts{.backend = mla::Backend::cpu, .q_dtype = rc.q_dtype, .dcp = rc.spec.dcp, .num_threads = 1};
+    const mla::detail::StageContext ctx{rc.spec.cfg, opts, mla::Device::cpu};
+    const int64_t s = sc.tokens(), batch = int64_t(rc.spec.seq_lens.size());
+    const Tensor q = Tensor::empty(rc.q_dtype, {s, rc.spec.cfg.heads() * rc.spec.dcp.size, 576});
+    auto* slots = sc.slot_mapping.ptr<int64_t>();
+    auto* indptr = sc.kv_indptr.ptr<int32_t>();
+    std::vector<int64_t> stored;
+    for (int64_t t = 0; t < s; ++t)
+      if (slots[t] >= 0) stored.push_back(t);
+    int64_t widest = -1;  // a request with pages
+    for (int64_t b = 0; b < batch; ++b)
+      if (indptr[b + 1] > indptr[b] && (widest < 0 || indptr[b + 1] - indptr[b] > indptr[widest + 1] - indptr[widest])) widest = b;
+
+    const std::vector<uint8_t> before = testing_::snapshot(sc.cache.view());
+    std::string needle;
+    switch (seed % 5) {
+      case 0:
+        if (stored.empty()) continue;
+        slots[stored[0]] = sc.kv().num_pages() * rc.spec.page_size;
+        needle = "meta.slot_mapping[" + std::to_string(stored[0]) + "]";
+        break;
+      case 1:
+        if (stored.size() < 2) continue;
+        slots[stored[1]] = slots[stored[0]];
+        needle = "meta.slot_mapping[" + std::to_string(stored[1]) + "]";
+        break;
+      case 2:
+        if (widest < 0) continue;
+        sc.kv_indices.ptr<int32_t>()[indptr[widest]] = int32_t(sc.kv().num_pages());
+        needle = "meta.kv_indices[" + std::to_string(indptr[widest]) + "]";
+        break;
+      case 3: {
+        if (widest < 0) continue;
+        // A global length whose local length on this rank is one row more than its pages hold.
+        const int64_t interleave = rc.spec.dcp.interleave, pages = indptr[widest + 1] - indptr[widest];
+        const int64_t k = pages * rc.spec.page_size / interleave + 1;
+        sc.seq_lens.ptr<int32_t>()[widest] = int32_t(k * interleave * rc.spec.dcp.size);
+        sc.seq_lens_host.clear();
+        needle = "meta.kv_indptr[" + std::to_string(widest) + ".." + std::to_string(widest + 1) + "]";
+        break;
+      }
+      case 4:
+        if (rc.spec.qlen < 2) {
+          sc.seq_lens.ptr<int32_t>()[batch - 1] = -1;
+        } else {
+          sc.seq_lens.ptr<int32_t>()[batch - 1] = rc.spec.qlen - 1;
+        }
+        sc.seq_lens_host.clear();
+        needle = "meta.seq_lens[" + std::to_string(batch - 1) + "]";
+        break;
+    }
+    const std::string msg = testing_::error_of(
+        [&] { mla::detail::validate_pre(ctx, sc.hidden.view(), sc.meta(), sc.kv(), {q.view(), {}}); });
+    EXPECT_NE(msg.find("pre: " + needle), std::string::npos) << "corruption " << seed % 5 << ": '" << msg << "'";
+    EXPECT_TRUE(testing_::snapshot(sc.cache.view()) == before);
+    ++rejected;
+  }
+  EXPECT_GE(rejected, 15) << "too few cases could be corrupted";
 }
 
 TEST(Validate, RejectsNonFiniteOrNonPositiveScales) {
