@@ -7,6 +7,7 @@
 #include "check.hpp"
 #include "core/backend.hpp"
 #include "dump.hpp"
+#include "mla/error.hpp"
 #include "report.hpp"
 
 namespace mla::cli {
@@ -23,6 +24,7 @@ double median(std::vector<double> v) {
 void add_run_command(CLI::App& app, RunOptions& o) {
   CLI::App* run = app.add_subcommand("run", "Run one synthetic decode step, stage by stage, and time it");
   add_step_options(*run, o.step);
+  add_dcp_options(*run, o.dcp);
   run->add_flag("--check", o.check, "Check every stage against the float64 reference; exit 1 on a failure");
   run->add_option("--json", o.json, "Write the result as JSON to FILE (\"-\" or no value: stdout)")
       ->expected(0, 1)
@@ -34,6 +36,10 @@ void add_run_command(CLI::App& app, RunOptions& o) {
 }
 
 int run_command(const RunOptions& o) {
+  if (o.dcp.size > 1) {
+    MLA_REQUIRE(o.dump.empty(), "--dump: not supported with --dcp ", o.dcp.size, " yet (only at --dcp 1)");
+    return dcp_run_command(o.step, o.dcp, o.check, o.json);
+  }
   Step st = make_step(o.step);
   // The history before pre writes this step's rows: --dump's cache_before and the check's baseline.
   Tensor cache_before = st.dev.cache.to_host();

@@ -3,12 +3,14 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "dcp_run.hpp"
 #include "step_options.hpp"
 
 namespace mla::cli {
 
 struct RunOptions {
   StepOptions step;
+  DcpRunOptions dcp;  // --dcp W > 1 runs tools/dcp_run.cpp instead
   bool check = false;
   std::string json;  // "" none, "-" stdout, else a file
   std::string dump;  // directory for --dump, "" none

@@ -1,7 +1,7 @@
 #pragma once
 // The flags that describe one synthetic decode step (shared by `mla run` and `mla bench`) and the
 // step they build: a synthetic layer of a preset, a KV history, the stage output buffers.
-// DCP (--dcp, --interleave) will add a rank loop around make_step(); nothing else assumes W = 1.
+// --dcp W > 1 runs W thread ranks instead (tools/dcp_run.cpp); make_step() is the W = 1 step.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <optional>
