@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include "cpu/attend_kernels.hpp"
 #include "cpu/stages.hpp"
 #include "mla/dcp.hpp"
 #include "mla/formats.hpp"
@@ -375,6 +376,51 @@ TEST(CpuAttend, Deterministic) {
   a.run();  // a second run over the same buffers gives the same bits
   EXPECT_EQ(a.o_buf, b.o_buf);
   EXPECT_EQ(a.lse_buf, b.lse_buf);
+}
+
+// Every kernel set this CPU runs (attend_kernels.hpp): AVX2 always, AVX-512 where present.
+std::vector<const cpu::AttendKernels*> kernel_sets() {
+  std::vector<const cpu::AttendKernels*> sets{&cpu::attend_kernels_avx2()};
+  if (cpu::attend_kernels_avx512()) sets.push_back(cpu::attend_kernels_avx512());
+  return sets;
+}
+
+struct ForceKernels {
+  explicit ForceKernels(const cpu::AttendKernels* k) { cpu::set_attend_kernels_for_testing(k); }
+  ~ForceKernels() { cpu::set_attend_kernels_for_testing(nullptr); }
+};
+
+TEST(CpuAttend, EveryKernelSetMatchesReference) {
+  // RandomConfigs runs the automatic choice; here each set in turn runs a few cases of its own.
+  for (const cpu::AttendKernels* k : kernel_sets()) {
+    SCOPED_TRACE(k->name);
+    ForceKernels force(k);
+    for (uint64_t seed = 1001; seed <= 1010; ++seed) check_case(random_spec(seed, 40000));
+  }
+}
+
+TEST(CpuAttend, KernelDequantizesEveryCode) {
+  // All 256 fp8 codes (NaN codes stay NaN) and a spread of bf16 patterns, at an odd scale.
+  std::vector<uint8_t> fp8(256 + 64);
+  for (int c = 0; c < int(fp8.size()); ++c) fp8[c] = uint8_t(c < 256 ? c : c * 37);
+  std::vector<uint16_t> bf16(fp8.size());
+  for (size_t c = 0; c < bf16.size(); ++c) bf16[c] = uint16_t(c * 2654435761u >> 13);
+  const float scale = 0.0173f;
+  for (const cpu::AttendKernels* k : kernel_sets()) {
+    std::vector<float> got(fp8.size());
+    k->dequant_row(DType::fp8_e4m3, fp8.data(), 1, int(fp8.size()), scale, got.data());
+    for (size_t c = 0; c < fp8.size(); ++c) {
+      const float want = fp8e4m3_to_float(fp8[c]) * scale;
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(got[c])) << k->name << " code " << int(fp8[c]);
+      else EXPECT_EQ(got[c], want) << k->name << " code " << int(fp8[c]);
+    }
+    k->dequant_row(DType::bf16, bf16.data(), 1, int(bf16.size()), 1.0f, got.data());
+    for (size_t c = 0; c < bf16.size(); ++c) {
+      const float want = bf16_to_float(bf16[c]);
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(got[c])) << k->name;
+      else EXPECT_EQ(got[c], want) << k->name << " bits " << bf16[c];
+    }
+  }
 }
 
 }  // namespace
