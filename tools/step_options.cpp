@@ -28,7 +28,8 @@ void add_step_options(CLI::App& app, StepOptions& o) {
       ->check(CLI::IsMember({"none", "merged", "separate"}));
   app.add_option("--seed", o.seed, "Seed of the synthetic weights and inputs")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
-  app.add_option("--splits", o.splits, "Split-KV chunks per request left for post to merge (1: merged)")
+  app.add_option("--splits", o.splits, "Split-KV chunks per request that attend leaves for post to merge (1: merged; "
+                 "a whole step() splits as the backend chooses unless this is > 1)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--heads", o.heads, "Override: this rank's heads N")->check(CLI::PositiveNumber);
@@ -84,7 +85,8 @@ Step make_step(const StepOptions& o) {
   const LayerOptions opts{.backend = parse_backend(o.backend),
                           .q_dtype = parse_dtype("--q-dtype", o.q_dtype),
                           .max_tokens = int(S),
-                          .num_splits = o.splits,
+                          // step() (bench) splits as the backend chooses unless --splits asks.
+                          .num_splits = o.splits > 1 ? o.splits : 0,
                           .num_threads = o.threads};
   st.layer.emplace(st.cfg, st.weights, opts);
 

@@ -132,18 +132,24 @@ double copy_gbps(int threads) {
   return median(gbps);
 }
 
-// sgemm rate at a size that keeps every core busy for tens of milliseconds.
+// sgemm rate with every core busy: C [M, n] = A [M, K] B^T, each OpenMP thread its own block of
+// 512 columns with OpenBLAS single-threaded inside it, the way the CPU backend runs its
+// products (cpu/gemm.cpp: one thread pool, not OpenBLAS's pthreads fighting OpenMP's).
 double sgemm_tflops(int threads) {
-  const int n = 2048;
-  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
-  openblas_set_num_threads(threads);
+  const int64_t m = 2048, k = 2048, per_thread = 512, n = per_thread * threads;
+  std::vector<float> a(size_t(m * k), 0.5f), b(size_t(n * k), 0.25f), c(size_t(m * n));
+  openblas_set_num_threads(1);
   std::vector<double> tflops;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
-                c.data(), n);
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t n0 = omp_get_thread_num() * per_thread;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(m), blasint(per_thread), blasint(k), 1.0f,
+                  a.data(), blasint(k), b.data() + n0 * k, blasint(k), 0.0f, c.data() + n0, blasint(n));
+    }
     const double us = since_us(t0);
-    if (rep > 0) tflops.push_back(2.0 * double(n) * n * n / (us * 1e6));
+    if (rep > 0) tflops.push_back(2.0 * double(m) * double(n) * double(k) / (us * 1e6));  // first: warm-up
   }
   return median(tflops);
 }
