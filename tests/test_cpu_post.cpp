@@ -1,7 +1,7 @@
 // The CPU post stage against the float64 reference (tests/reference/post.cpp, ref::merge) from
 // the same inputs: merged o (f32 / bf16, head- and row-padded views) and split partials with
-// empty chunks, the three gate layouts, this rank's heads at dcp.rank*N. Values that post must
-// not read (other ranks' heads, the o of empty partials, pads) hold NaN, so reading them shows.
+// empty chunks, the three gate layouts (W = 1; the DCP tests cover W > 1). Values that post must
+// not read (the o of empty partials, pads) hold NaN, so reading them shows.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +9,6 @@
 #include <random>
 #include <vector>
 
-#include "cpu/stages.hpp"
 #include "mla/mla.hpp"
 #include "reference/reference.hpp"
 #include "support/testing.hpp"
@@ -45,7 +44,6 @@ struct PostCase {
   int head_pad = 0;            // o / lse buffers have G + head_pad heads
   int row_pad = 0;             // extra elements per token row of o, gate and out
   double empty_fraction = 0;   // share of (chunk, token, head) partials with lse = -inf
-  DcpInfo dcp{};
 };
 
 void check_post(const testing::RandomCase& rc, const PostCase& pc, double tol) {
@@ -53,8 +51,7 @@ void check_post(const testing::RandomCase& rc, const PostCase& pc, double tol) {
   const PreparedWeights w = prepare_weights(cfg, random_checkpoint_weights(cfg, rc.spec.seed * 31 + 3));
   const synth::Scenario sc = synth::make_scenario(rc.spec, w.k_scale);
   const int64_t S = sc.tokens();
-  const int N = cfg.heads(), L = cfg.kv_lora_rank, V = cfg.v_head_dim, G = N * pc.dcp.size;
-  const int head0 = pc.dcp.rank * N, gate_dim = cfg.gate_dim();
+  const int N = cfg.heads(), L = cfg.kv_lora_rank, V = cfg.v_head_dim, G = N, gate_dim = cfg.gate_dim();
   const int chunks = std::max(pc.splits, 1);
   const int64_t hp = G + pc.head_pad, token_stride = hp * L + pc.row_pad, chunk_stride = S * token_stride;
   std::mt19937_64 rng(rc.spec.seed * 0x9E3779B97F4A7C15ull + 99);
@@ -71,7 +68,7 @@ void check_post(const testing::RandomCase& rc, const PostCase& pc, double tol) {
     part.lse.assign(size_t(S * G), kNegInf);
     for (int64_t s = 0; s < S; ++s)
       for (int n = 0; n < N; ++n) {
-        const int64_t h = head0 + n;
+        const int64_t h = n;
         const bool empty = uniform(rng) < pc.empty_fraction;
         part.lse[size_t(s * G + h)] = lse.set(c * S * hp + s * hp + h, empty ? kNegInf : 3 * normal(rng));
         if (empty) {
@@ -108,14 +105,8 @@ void check_post(const testing::RandomCase& rc, const PostCase& pc, double tol) {
   const TensorView out = TensorView::strided(out_buf.data(), DType::bf16, {S, int64_t(N) * V}, {out_stride, 1});
   testing::poison(out);
 
-  const LayerOptions opts{.backend = Backend::cpu, .dcp = pc.dcp, .max_tokens = int(std::max<int64_t>(S, 1))};
-  if (pc.dcp.size == 1) {
-    Layer layer(cfg, w, opts);
-    layer.post(attn, gate_view, sc.meta(), out);
-  } else {
-    const cpu::Context ctx{.cfg = cfg, .opts = opts, .w = w, .threads = 2};
-    cpu::post(ctx, attn, gate_view, sc.meta(), out);
-  }
+  Layer layer(cfg, w, {.backend = Backend::cpu, .max_tokens = int(std::max<int64_t>(S, 1))});
+  layer.post(attn, gate_view, sc.meta(), out);
 
   EXPECT_EQ(testing::count_poison(out), 0) << "out elements left unwritten";
   size_t pad_changed = 0;
@@ -124,7 +115,7 @@ void check_post(const testing::RandomCase& rc, const PostCase& pc, double tol) {
   EXPECT_EQ(pad_changed, 0u) << "out's row pad changed";
 
   const ref::AttendResult merged = pc.splits > 0 ? ref::merge(parts) : parts[0];
-  std::vector<double> want = ref::post(cfg, ref::dequantize(cfg, w), merged, gate_ref, pc.dcp.rank, pc.dcp.size);
+  std::vector<double> want = ref::post(cfg, ref::dequantize(cfg, w), merged, gate_ref, 0);
   for (double& x : want) x = round_bf16(float(x));
   const testing::Compare cmp = testing::compare(out, want.data());
   EXPECT_TRUE(cmp.ok(tol)) << "out: rel_l2 " << cmp.rel_l2 << " max_abs " << cmp.max_abs << " " << cmp.why;
@@ -169,15 +160,6 @@ TEST(CpuPost, WideBatches) {
     const testing::RandomCase rc = small_case(8000 + seed, 64, 1);
     SCOPED_TRACE(rc.describe());
     check_post(rc, {.splits = int(seed % 2) * 2, .empty_fraction = 0.1}, 4e-3);
-  }
-}
-
-// This rank's heads are those at dcp.rank*N of o's G heads; the other ranks' heads hold NaN.
-TEST(CpuPost, DcpRankHeads) {
-  for (int rank : {1, 2}) {
-    testing::RandomCase rc = small_case(9000 + uint64_t(rank), 6, 4);
-    SCOPED_TRACE(rc.describe() + " rank " + std::to_string(rank));
-    check_post(rc, {.splits = rank - 1, .head_pad = 2, .dcp = {.size = 4, .rank = rank}}, 4e-3);
   }
 }
 

@@ -38,8 +38,9 @@ void post(const Context& ctx, const AttendOutputs& attn, const TensorView& gate,
   MLA_REQUIRE(o.dtype == DType::f32 || o.dtype == DType::bf16, "post: attn.o must be f32 or bf16, got ", o.str());
 
   // This rank's heads of o as fp32 [S, N, L], split partials merged.
+  // Microseconds at decode sizes: parallel only for many tokens (a barrier costs more).
   std::vector<float> om(S * N * L);
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (S >= 32)
   for (int64_t sn = 0; sn < S * N; ++sn) {
     const int64_t s = sn / N, h = head0 + sn % N;
     float* dst = &om[sn * L];

@@ -20,6 +20,8 @@ namespace mla::cpu {
 
 namespace {
 
+constexpr int64_t kParallelTokens = 32;  // row-local loops over fewer tokens run on one thread
+
 // Stores v into an fp8 (v / scale) or bf16 element.
 inline void store(void* base, DType dt, int64_t offset, float v, float scale) {
   if (dt == DType::fp8_e4m3) {
@@ -78,10 +80,14 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
     }
   }
 
+  // The row-local steps are microseconds at decode sizes: parallel only for large S, so that a
+  // step does not pay a barrier per step (costly on a busy machine: a spinning waiter).
+  const bool par_tokens = S >= kParallelTokens;
+
   // 1. y = hidden @ qkv_a^T, fp32 accumulation, bf16 result: [q_c | kv_c | k_pe | gate_logits].
   std::vector<float> x(S * D), y(S * rows);
   const auto* hid = hidden.ptr<const uint16_t>();
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (par_tokens)
   for (int64_t s = 0; s < S; ++s)
     for (int d = 0; d < D; ++d) x[s * D + d] = bf16_to_float(hid[s * hidden.stride[0] + d * hidden.stride[1]]);
   matmul_nt(x.data(), D, S, D, dense->qkv_a.data(), rows, y.data(), rows, threads);
@@ -90,7 +96,7 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
   const rope::RopeTable table = rope::make_table(cfg);
   const int pairs = R / 2;
   std::vector<float> cos(S * pairs), sin(S * pairs);
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (par_tokens)
   for (int64_t s = 0; s < S; ++s) {
     float* ys = &y[s * rows];
     for (int j = 0; j < rows; ++j) ys[j] = round_bf16(ys[j]);
@@ -110,7 +116,7 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
   // 3. q = q_c @ q_b^T, bf16, viewed [S, N, P+R]; 4. RoPE of q_pe.
   std::vector<float> q(S * N * H);
   matmul_nt(y.data(), rows, S, Rq, dense->q_b.data(), int64_t(N) * H, q.data(), int64_t(N) * H, threads);
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (par_tokens)
   for (int64_t s = 0; s < S; ++s) {
     for (int n = 0; n < N; ++n) {
       float* qh = &q[(s * N + n) * H];
@@ -128,7 +134,7 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> dots(S);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait  // the q_pe loop below writes other columns
     for (int64_t r = 0; r < int64_t(N) * L; ++r) {
       const int n = int(r / L), l = int(r % L);
       mxfp4_row_dots(&w.w_uk.codes[r * uk_row_bytes], &w.w_uk.scales[r * uk_row_scales], P, &q[n * H],
@@ -150,7 +156,7 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
   const TensorView& pages = cache.pages;
   const int page_size = cache.page_size();
   const float k_scale = w.k_scale;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (par_tokens)
   for (int64_t s = 0; s < S; ++s) {
     if (slot[s] < 0) continue;
     const int64_t row = (slot[s] / page_size) * pages.stride[0] + (slot[s] % page_size) * pages.stride[1];
@@ -165,7 +171,7 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
   if (gate_dim > 0) {
     const TensorView& g = out.gate;
     auto* gate = g.ptr<uint16_t>();
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (par_tokens)
     for (int64_t s = 0; s < S; ++s) {
       const float* logits = &y[s * rows + Rq + L + R];
       for (int j = 0; j < gate_dim; ++j)
