@@ -22,7 +22,9 @@ struct Weights64 {
 };
 Weights64 dequantize(const LayerConfig& cfg, const PreparedWeights& w);
 
-// pre, before any rounding of its outputs to bf16 / fp8.
+// pre, before any rounding of its outputs to bf16 / fp8. Inside, float64 math rounded to bf16 at
+// the project's rounding points (y, the normed q_c / kv_c, q, the rotated q_pe / k_pe), so that a
+// backend's fp8 outputs match the reference rounded to fp8 bin for bin (tests/reference/pre.cpp).
 struct PreResult {
   std::vector<double> q;       // [S, N, L+R]: [ql_nope | q_pe] (q_pe rotated where the model has RoPE)
   std::vector<double> gate;    // [S, N*V] sigmoid(gate_logits); empty without a gate
