@@ -31,20 +31,26 @@ void ThreadGroup::abort(const std::string& why) {
   cv_.notify_all();
 }
 
-void ThreadGroup::check_same_call(CollectiveOp op, const char* name) const {
+void ThreadGroup::check_same_call(CollectiveOp op, const char* name) {
   // Every rank compares every slot with rank 0's, so all ranks reach the same verdict.
+  std::string error;
   const RankSlot& s0 = slots_[0];
-  for (int q = 0; q < size_; ++q) {
+  for (int q = 0; q < size_ && error.empty(); ++q) {
     const RankSlot& s = slots_[q];
-    MLA_REQUIRE(s.op == op && s0.op == op, name, ": ranks called different collectives (rank ", q,
-                " is not in ", name, ")");
+    if (s.op != op || s0.op != op) {
+      error = std::string(name) + ": ranks called different collectives (rank " + std::to_string(q) + " is not in " + name + ")";
+      break;
+    }
     const bool same = op == CollectiveOp::all_gather_rows
                           ? s.gather.rows == s0.gather.rows && s.gather.chunk_bytes == s0.gather.chunk_bytes
                       : op == CollectiveOp::all_to_all_rows
                           ? s.exchange.rows == s0.exchange.rows && s.exchange.chunk_bytes == s0.exchange.chunk_bytes
                           : s.host_bytes == s0.host_bytes;
-    MLA_REQUIRE(same, name, ": rank ", q, " passed other rows or chunk_bytes than rank 0");
+    if (!same) error = std::string(name) + ": rank " + std::to_string(q) + " passed other rows or chunk_bytes than rank 0";
   }
+  if (error.empty()) return;
+  barrier();  // no rank republishes its slot before every rank has read the slots
+  throw Error(error);
 }
 
 namespace {

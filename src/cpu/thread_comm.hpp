@@ -37,9 +37,10 @@ class ThreadGroup {
   void barrier();
   // Wakes every waiter; their barriers (and all later ones) throw with `why`.
   void abort(const std::string& why);
-  // Throws mla::Error on every rank (they all read the same slots) unless all ranks published
-  // `op` with the same rows and chunk sizes.
-  void check_same_call(CollectiveOp op, const char* name) const;
+  // Call between the two barriers of a collective: unless all ranks published `op` with the same
+  // rows and chunk sizes, waits for every rank to reach the same verdict (they all read the same
+  // slots, which stay unchanged until all have passed this barrier) and throws mla::Error on all.
+  void check_same_call(CollectiveOp op, const char* name);
 
  private:
   const int size_;

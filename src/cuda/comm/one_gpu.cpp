@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "core/dcp_runner.hpp"
 #include "cpu/thread_comm.hpp"
@@ -25,7 +26,8 @@ namespace {
 class CudaThreadCommunicator final : public Communicator, public GroupMember {
  public:
   CudaThreadCommunicator(std::shared_ptr<ThreadGroup> group, int rank, int device)
-      : group_(std::move(group)), rank_(rank), device_(device), ready_(make_event()), done_(make_event()) {}
+      : group_(std::move(group)), rank_(rank), device_(device), ready_(make_event()), done_(make_event()),
+        peer_done_(size_t(group_->size())) {}
   ~CudaThreadCommunicator() override {
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
@@ -119,16 +121,20 @@ class CudaThreadCommunicator final : public Communicator, public GroupMember {
       for (int q = 0; q < size(); ++q)
         if (q != rank_) MLA_CUDA_CHECK(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(group_->slot(q).ready), 0));
       for (int q = 0; q < size(); ++q) pull(q, group_->slot(q), s);
+      // The slots are only stable until the second barrier (a peer past it publishes its next
+      // collective): take the peers' done events now.
+      for (int q = 0; q < size(); ++q) peer_done_[q] = static_cast<cudaEvent_t>(group_->slot(q).done);
       MLA_CUDA_CHECK(cudaEventRecord(done_, s));
       group_->barrier();
       for (int q = 0; q < size(); ++q)
-        if (q != rank_) MLA_CUDA_CHECK(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(group_->slot(q).done), 0));
+        if (q != rank_) MLA_CUDA_CHECK(cudaStreamWaitEvent(s, peer_done_[q], 0));
     });
   }
 
   std::shared_ptr<ThreadGroup> group_;
   int rank_, device_;
   cudaEvent_t ready_, done_;
+  std::vector<cudaEvent_t> peer_done_;  // [W] the peers' done events of the collective in flight
 };
 
 }  // namespace
