@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
+
 #include "core/softmax_state.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
@@ -47,7 +49,9 @@ struct SharedPlan {
   alignas(16) uint16_t q[kMTile][Traits<kFp8>::kQStride];          // query tile, f16 or bf16
   // Softmax weights of the tile as a sum hi + lo of two 16-bit values (see pv_tile).
   alignas(16) uint16_t p[2][kMTile][kPStride];
-  const uint8_t* rows[2][kTileKeys];  // each key row's global address; null: masked, zero-filled
+  // Three tiles' key rows in flight: tile t in use, t+1 loading, t+2's page ids arriving.
+  const uint8_t* rows[3][kTileKeys];  // global address of each key row; null: masked, zero-filled
+  int32_t pos[3][kTileKeys];          // global position of each key; INT_MAX: masked
   float red_max[kWarps][kMTile];
   float red_sum[kWarps][kMTile];
 };
@@ -62,6 +66,8 @@ __device__ __forceinline__ void qk_tile(const SharedPlan<true>& sm, int buf, int
   const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
   const uint16_t* q0 = &sm.q[g][4 * c];
   const uint16_t* q1 = &sm.q[g + 8][4 * c];
+  // Two accumulators halve the chain of dependent mma (36 k-steps).
+  float s2[2][4] = {};
 #pragma unroll
   for (int kb = 0; kb < kRow / 64; ++kb) {
     uint32_t r[4];
@@ -71,9 +77,11 @@ __device__ __forceinline__ void qk_tile(const SharedPlan<true>& sm, int buf, int
       const int d = kb * 64 + j * 16;
       const uint2 qa = *reinterpret_cast<const uint2*>(q0 + d);
       const uint2 qb = *reinterpret_cast<const uint2*>(q1 + d);
-      ptx::mma_f16(s, qa.x, qb.x, qa.y, qb.y, ptx::fp8x2_to_f16x2(r[j]), ptx::fp8x2_to_f16x2(r[j] >> 16));
+      ptx::mma_f16(s2[j & 1], qa.x, qb.x, qa.y, qb.y, ptx::fp8x2_to_f16x2(r[j]), ptx::fp8x2_to_f16x2(r[j] >> 16));
     }
   }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) s[e] = s2[0][e] + s2[1][e];
 }
 
 __device__ __forceinline__ void qk_tile(const SharedPlan<false>& sm, int buf, int warp, int lane, float (&s)[4]) {
@@ -81,6 +89,7 @@ __device__ __forceinline__ void qk_tile(const SharedPlan<false>& sm, int buf, in
   const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
   const uint16_t* q0 = &sm.q[g][2 * c];
   const uint16_t* q1 = &sm.q[g + 8][2 * c];
+  float s2[2][4] = {};
 #pragma unroll 6
   for (int kb = 0; kb < kRow / 32; ++kb) {
     uint32_t r[4];
@@ -88,11 +97,13 @@ __device__ __forceinline__ void qk_tile(const SharedPlan<false>& sm, int buf, in
 #pragma unroll
     for (int step = 0; step < 2; ++step) {
       const int d = kb * 32 + step * 16;
-      ptx::mma_bf16(s, *reinterpret_cast<const uint32_t*>(q0 + d), *reinterpret_cast<const uint32_t*>(q1 + d),
+      ptx::mma_bf16(s2[step], *reinterpret_cast<const uint32_t*>(q0 + d), *reinterpret_cast<const uint32_t*>(q1 + d),
                     *reinterpret_cast<const uint32_t*>(q0 + d + 8), *reinterpret_cast<const uint32_t*>(q1 + d + 8),
                     r[2 * step], r[2 * step + 1]);
     }
   }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) s[e] = s2[0][e] + s2[1][e];
 }
 
 // p.v for this warp's 64 latent dims: acc = 16 rows x 8 n-tiles of 8.
@@ -213,10 +224,10 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 2 : 1) attend_kernel(const __
   // Causal limits of this thread's two rows (query i sees global positions <= seq_len - Q + i);
   // padding rows see nothing. The tile's last visible position bounds the keys loaded at all.
   const int m0 = m_base + g, m1 = m_base + g + 8;
-  const int64_t limit0 = m0 < rows_total && len_ok ? int64_t(seq_len) - p.qlen + m0 / p.heads : -1;
-  const int64_t limit1 = m1 < rows_total && len_ok ? int64_t(seq_len) - p.qlen + m1 / p.heads : -1;
+  const int32_t limit0 = m0 < rows_total && len_ok ? seq_len - p.qlen + m0 / p.heads : -1;
+  const int32_t limit1 = m1 < rows_total && len_ok ? seq_len - p.qlen + m1 / p.heads : -1;
   const int last_row = min(rows_total, m_base + kMTile) - 1;
-  const int64_t tile_limit = len_ok ? int64_t(seq_len) - p.qlen + last_row / p.heads : -1;
+  const int32_t tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
 
   // Query tile -> shared memory in the mma type.
   for (int i = tid; i < kMTile * (kRow / 2); i += kThreads) {
@@ -241,41 +252,66 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 2 : 1) attend_kernel(const __
   static_assert(kQStride % 2 == 0);
 
   const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
-  const int64_t n_keys = k_end - k_begin;
-  const int n_tiles = int((n_keys + kTileKeys - 1) / kTileKeys);
+  const int n_keys = int(k_end - k_begin);
+  const int n_tiles = (n_keys + kTileKeys - 1) / kTileKeys;
+  const int page_size = p.page_size;
+  const bool plain_positions = p.dcp_size == 1;  // W = 1: a key's local index is its position
 
-  // Row addresses of a tile (threads 0..63): a key past the chunk, past the tile's causal limit,
-  // or on a bad page is masked and its row zero-filled, so NaN in unused pages never reaches an mma.
-  auto fill_rows = [&](int tile, int buf) {
-    if (tid < kTileKeys) {
-      const int64_t j = k_begin + int64_t(tile) * kTileKeys + tid;
-      const uint8_t* row = nullptr;
-      if (j < k_end && dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave) <= tile_limit) {
-        const int64_t page_index = j / p.page_size;
+  // Row addresses and positions of tile `tile` (threads 0..63), in two halves so that the
+  // kv_indices load of a later tile overlaps this tile's math: page_of() issues the load,
+  // publish() uses it. A key past the chunk, past the tile's causal limit, or on a bad page gets
+  // position INT_MAX (masked) and a null row (zero-filled), so NaN in unused pages never reaches
+  // an mma.
+  struct KeyRow {
+    int32_t j = -1;     // local key index, -1: none
+    int32_t page = -1;  // page id as loaded
+    int32_t pos = INT_MAX;
+  };
+  auto page_of = [&](int tile) {
+    KeyRow k;
+    const int64_t j = k_begin + int64_t(tile) * kTileKeys + tid;
+    if (tid < kTileKeys && j < k_end) {
+      const int32_t pos = plain_positions ? int32_t(j) : int32_t(dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave));
+      if (pos <= tile_limit) {
+        const int32_t page_index = int32_t(j) / page_size;
         if (page_index < pages_avail) {
-          const int32_t page = p.kv_indices[page_begin + page_index];
-          if (page >= 0 && page < p.num_pages)
-            row = cache + (int64_t(page) * p.page_stride + (j % p.page_size) * p.row_stride) * kElemBytes;
-          else
-            atomicOr(p.error, kBadPage);
+          k.j = int32_t(j);
+          k.pos = pos;
+          k.page = p.kv_indices[page_begin + page_index];
         }
       }
-      sm.rows[buf][tid] = row;
     }
+    return k;
   };
-  auto issue_tile = [&](int buf) {
+  auto publish = [&](const KeyRow& k, int slot) {
+    if (tid >= kTileKeys) return;
+    const uint8_t* row = nullptr;
+    int32_t pos = INT_MAX;
+    if (k.j >= 0) {
+      if (k.page >= 0 && k.page < p.num_pages) {
+        row = cache + (int64_t(k.page) * p.page_stride + int64_t(k.j % page_size) * p.row_stride) * kElemBytes;
+        pos = k.pos;
+      } else {
+        atomicOr(p.error, kBadPage);
+      }
+    }
+    sm.rows[slot][tid] = row;
+    sm.pos[slot][tid] = pos;
+  };
+  auto issue_tile = [&](int slot, int buf) {
     constexpr int kChunks = kRow * kElemBytes / 16;
     for (int i = tid; i < kTileKeys * kChunks; i += kThreads) {
       const int r = i / kChunks, q = i % kChunks;
-      const uint8_t* row = sm.rows[buf][r];
+      const uint8_t* row = sm.rows[slot][r];
       ptx::cp_async_16(ptx::smem_addr(&sm.kv[buf][r][q * 16]), row ? row + q * 16 : cache, row != nullptr);
     }
     ptx::cp_async_commit();
   };
 
-  if (n_tiles > 0) fill_rows(0, 0);
-  __syncthreads();  // the query tile and the first row addresses
-  if (n_tiles > 0) issue_tile(0);
+  if (n_tiles > 0) publish(page_of(0), 0);
+  if (n_tiles > 1) publish(page_of(1), 1);
+  __syncthreads();  // the query tile and the first two tiles' rows
+  if (n_tiles > 0) issue_tile(0, 0);
 
   SoftmaxState st0, st1;  // rows g and g+8; d holds this thread's share of the sum
   float acc[8][4];
@@ -283,24 +319,23 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 2 : 1) attend_kernel(const __
   for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
   for (int t = 0; t < n_tiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < n_tiles) fill_rows(t + 1, buf ^ 1);
+    const int buf = t & 1, slot = t % 3;
     ptx::cp_async_wait_all();
-    // Tile t has landed for every thread, the next row addresses are visible, and every warp has
+    // Tile t has landed for every thread, tile t+1's rows are published, and every warp has
     // finished tile t-1 (its buffer is refilled next).
     __syncthreads();
-    if (t + 1 < n_tiles) issue_tile(buf ^ 1);
+    if (t + 1 < n_tiles) issue_tile((t + 1) % 3, buf ^ 1);
+    // Tile t+2's page ids: loaded now, published after q.k (the load's latency hides behind it).
+    const KeyRow ahead = t + 2 < n_tiles ? page_of(t + 2) : KeyRow{};
 
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float s[4];
     qk_tile(sm, buf, warp, lane, s);
-    const int64_t j0 = k_begin + int64_t(t) * kTileKeys + warp * 8 + 2 * c;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int key = warp * 8 + 2 * c + (e & 1);
-      const int64_t pos = dcp_global_position(j0 + (e & 1), p.dcp_size, p.dcp_rank, p.dcp_interleave);
-      const bool visible = sm.rows[buf][key] != nullptr && pos <= (e < 2 ? limit0 : limit1);
-      s[e] = visible ? s[e] * p.score_scale : -INFINITY;
+      const int32_t pos = sm.pos[slot][warp * 8 + 2 * c + (e & 1)];
+      s[e] = pos <= (e < 2 ? limit0 : limit1) ? s[e] * p.score_scale : -INFINITY;
     }
+    if (t + 2 < n_tiles) publish(ahead, (t + 2) % 3);
     float mx0 = fmaxf(s[0], s[1]), mx1 = fmaxf(s[2], s[3]);
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));

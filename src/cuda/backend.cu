@@ -29,7 +29,7 @@ DeviceBuffer upload(const std::vector<T>& host) {
 
 constexpr size_t kCublasWorkspace = size_t(32) << 20;
 constexpr int kMaxSplits = 64;
-constexpr int kMinKeysPerSplit = 256;  // below this a split costs more in merge traffic than it saves
+constexpr int kMinKeysPerSplit = 128;  // two key tiles: below this a split costs more in merge traffic than it saves
 
 int m_tiles(int heads, int qlen) { return (heads * qlen + 15) / 16; }
 
@@ -105,10 +105,11 @@ CudaBackend::~CudaBackend() {
 
 int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_lens_host) const {
   if (opts.num_splits > 0) return opts.num_splits;
-  // Enough CTAs for two waves of the fp8 kernel (two CTAs an SM), no split shorter than
+  // As many CTAs as fit at once (two fp8 CTAs an SM) without starting a second, mostly idle
+  // wave (B = 64: 4 splits, 256 CTAs on 264 slots, not 5 and 320), and no split shorter than
   // kMinKeysPerSplit keys where the lengths are known on the host.
   const int ctas = batch * m_tiles(query_heads(), qlen);
-  int splits = std::clamp((2 * sms_ + ctas - 1) / ctas, 1, kMaxSplits);
+  int splits = std::clamp(2 * sms_ / std::max(ctas, 1), 1, kMaxSplits);
   if (!seq_lens_host.empty()) {
     int32_t longest = 0;
     for (int32_t len : seq_lens_host) longest = std::max(longest, len);
@@ -165,7 +166,16 @@ void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCa
                      .num_slots = num_slots,
                      .error = error},
                     stream_);
-  gemm_qkv_a_->run(hidden.data, hidden.stride[0], qkv_a_.get(), y_.get(), rows, int(s), stream_);
+  // Both projections: the weight-streaming kernel at decode batch sizes, cuBLASLt above.
+  auto project = [&](Gemm& gemm, const void* x, int64_t ldx, const DeviceBuffer& w, void* y, int n_out, int k) {
+    if (skinny_gemm_applies(int(s), k, ldx) && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+      launch_skinny_gemm({.x = static_cast<const uint16_t*>(x), .ldx = ldx, .w = w.get<uint16_t>(),
+                          .y = static_cast<uint16_t*>(y), .ldy = n_out, .s = int(s), .n = n_out, .k = k},
+                         stream_);
+    else
+      gemm.run(x, ldx, w.get(), y, n_out, int(s), stream_);
+  };
+  project(*gemm_qkv_a_, hidden.data, hidden.stride[0], qkv_a_, y_.get(), rows, cfg.hidden);
   launch_pre_norm({.y = y_.get<uint16_t>(),
                    .y_stride = rows,
                    .q_a_norm = q_a_norm_.get<float>(),
@@ -193,7 +203,7 @@ void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCa
                    .error = error},
                   stream_);
   const int head_dim = cfg.qk_head_dim();
-  gemm_q_b_->run(q_c_.get(), cfg.q_lora_rank, q_b_.get(), q_full_.get(), int64_t(n) * head_dim, int(s), stream_);
+  project(*gemm_q_b_, q_c_.get(), cfg.q_lora_rank, q_b_, q_full_.get(), n * head_dim, cfg.q_lora_rank);
   launch_query({.q = q_full_.get<uint16_t>(),
                 .q_stride = int64_t(n) * head_dim,
                 .w_codes = w_uk_codes_.get<uint8_t>(),

@@ -140,13 +140,25 @@ __global__ void __launch_bounds__(kQueryThreads) query_kernel(const __grid_const
   }
   __syncthreads();
 
-  float acc[kQueryTokens] = {};
+  // All of the row's code groups are loaded before any is used (latency-bound at small S).
+  constexpr int kMaxBlocks = kMaxNope / 32;
   const int blocks = p.nope_dim / 32;
   const uint8_t* codes = p.w_codes + (int64_t(n) * kLatent + l) * (p.nope_dim / 2);
   const uint8_t* scales = p.w_scales + (int64_t(n) * kLatent + l) * blocks;
-  for (int blk = 0; blk < blocks; ++blk) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(codes + blk * 16);
-    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+  uint4 packed[kMaxBlocks];
+  uint32_t scale_bits[kMaxBlocks];
+#pragma unroll
+  for (int blk = 0; blk < kMaxBlocks; ++blk) {
+    if (blk < blocks) {
+      packed[blk] = *reinterpret_cast<const uint4*>(codes + blk * 16);
+      scale_bits[blk] = scales[blk];
+    }
+  }
+  float acc[kQueryTokens] = {};
+#pragma unroll
+  for (int blk = 0; blk < kMaxBlocks; ++blk) {
+    if (blk >= blocks) break;
+    const uint32_t words[4] = {packed[blk].x, packed[blk].y, packed[blk].z, packed[blk].w};
     float part[kQueryTokens] = {};
 #pragma unroll
     for (int wi = 0; wi < 4; ++wi) {
@@ -158,7 +170,7 @@ __global__ void __launch_bounds__(kQueryThreads) query_kernel(const __grid_const
         for (int t = 0; t < kQueryTokens; ++t) part[t] += wv * q_nope[t][d];
       }
     }
-    const float scale = e8m0_to_float(scales[blk]);
+    const float scale = e8m0_to_float(scale_bits[blk]);
 #pragma unroll
     for (int t = 0; t < kQueryTokens; ++t) acc[t] += scale * part[t];
   }

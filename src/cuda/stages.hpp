@@ -35,6 +35,20 @@ struct MetaCheckParams {
 };
 void launch_meta_check(const MetaCheckParams& p, cudaStream_t stream);
 
+// y [S, n] = x [S, k] @ w [n, k]^T, bf16, fp32 accumulation, for S <= kSkinnyMaxTokens: the
+// weight-streaming form of pre's projections at decode batch sizes (cuBLASLt above).
+inline constexpr int kSkinnyMaxTokens = 4;
+struct SkinnyGemmParams {
+  const uint16_t* x;  // [s, k] bf16, row stride ldx (a multiple of 8, 16-byte aligned rows)
+  int64_t ldx;
+  const uint16_t* w;  // [n, k] bf16 contiguous
+  uint16_t* y;        // [s, n] bf16, row stride ldy
+  int64_t ldy;
+  int s, n, k;
+};
+bool skinny_gemm_applies(int s, int k, int64_t ldx);
+void launch_skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream);
+
 // Per token: RMSNorm of q_c and kv_c, RoPE of k_pe, the cache row [kv_c | k_pe], sigmoid gate.
 struct PreNormParams {
   const uint16_t* y;  // [S, qkv_rows] bf16, row stride y_stride: [q_c | kv_c | k_pe | gate_logits]

@@ -187,8 +187,12 @@ TEST(CudaBackend, AttendAndPostMatchCpu) {
 
 TEST(CudaBackend, StepMatchesCpu) {
   MLA_REQUIRE_GPU();
-  for (int k = 0; k < kCases; ++k) {
-    Fixture f(300 + k);
+  testing::RandomCaseLimits decode = limits();  // S <= 4: pre's weight-streaming projections
+  decode.max_batch = 2;
+  decode.max_qlen = 2;
+  decode.empty_fraction = 0;
+  for (int k = 0; k < kCases + 3; ++k) {
+    Fixture f(300 + k, k < kCases ? limits() : decode);
     SCOPED_TRACE(f.rc.describe());
     if (f.s() == 0) continue;
     synth::Scenario dev = synth::to_device(f.host);
