@@ -73,7 +73,9 @@ double graph_us(mla::detail::BackendImpl& backend, cudaStream_t stream, int iter
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string preset = "kimi-k3", json;
+  std::string preset = "kimi-k3", json, command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  const char* rev = std::getenv("MLA_GIT_REV");
   int iters = 100;
   std::vector<Config> configs;
   for (int i = 1; i < argc; ++i) {
@@ -140,7 +142,8 @@ int main(int argc, char** argv) {
     std::fputs(rows.str().c_str(), stdout);
     if (!json.empty()) {
       std::ofstream f(json);
-      f << "{\n  \"tool\": \"mla_graph_bench\",\n  \"preset\": \"" << preset << "\",\n  \"device\": \"" << ceil.device_name
+      f << "{\n  \"tool\": \"mla_graph_bench\",\n  \"command\": \"" << command << "\",\n  \"git_revision\": \""
+        << (rev ? rev : "unknown") << "\",\n  \"preset\": \"" << preset << "\",\n  \"device\": \"" << ceil.device_name
         << "\",\n  \"copy_gbps\": " << ceil.copy_gbps << ",\n  \"matmul_tflops\": " << ceil.matmul_tflops
         << ",\n  \"fp8_matmul_tflops\": " << ceil.fp8_matmul_tflops << ",\n  \"iters\": " << iters
         << ",\n  \"results\": [\n" << json_rows << "\n  ]\n}\n";
