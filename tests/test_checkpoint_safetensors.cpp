@@ -12,7 +12,9 @@
 
 #include "core/checkpoint/hf_config.hpp"
 #include "core/checkpoint/safetensors.hpp"
+#include "mla/checkpoint.hpp"
 #include "mla/error.hpp"
+#include "mla/formats.hpp"
 #include "support/checkpoint_writer.hpp"
 #include "support/testing.hpp"
 
@@ -252,6 +254,59 @@ TEST(SafetensorsFuzz, DeterministicMutations) {
       return;
     }
   }
+}
+
+// A sharded checkpoint written by the reference implementation (Python safetensors, numpy F16 and
+// F32 tensors, a 0-d scale) loads with the values Python wrote.
+TEST(Safetensors, LoadsACheckpointWrittenByPythonSafetensors) {
+  if (std::system("python3 -c 'import safetensors, numpy' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 with safetensors and numpy not installed (scripts/setup.sh installs them)";
+  const std::string dir = testing::fresh_dir("python_written");
+  // Values k/64 with |k| <= 125: exact in f16, f32 and bf16, so the expected bits are exact too.
+  const std::string script = R"(
+import json, sys, numpy as np
+from safetensors.numpy import save_file
+d, D, Rq, L, R, P, V, H = sys.argv[1], 96, 80, 512, 64, 32, 32, 2
+a = "model.layers.1.self_attn."
+def val(shape, t, dt):
+    i = np.arange(int(np.prod(shape)), dtype=np.int64)
+    return ((((i * 37 + t * 11) % 251) - 125) / 64.0).astype(dt).reshape(shape)
+shard1 = {a + "q_a_proj.weight": val((Rq, D), 0, np.float16), a + "kv_a_proj_with_mqa.weight": val((L + R, D), 1, np.float32),
+          a + "q_a_layernorm.weight": val((Rq,), 2, np.float32), a + "kv_a_layernorm.weight": val((L,), 3, np.float16)}
+shard2 = {a + "q_b_proj.weight": val((H * (P + R), Rq), 4, np.float16), a + "kv_b_proj.weight": val((H * (P + V), L), 5, np.float32),
+          a + "k_scale": np.array(0.375, dtype=np.float32)}
+save_file(shard1, d + "/model-00001-of-00002.safetensors", metadata={"format": "pt"})
+save_file(shard2, d + "/model-00002-of-00002.safetensors", metadata={"format": "pt"})
+wm = {k: "model-00001-of-00002.safetensors" for k in shard1}
+wm.update({k: "model-00002-of-00002.safetensors" for k in shard2})
+json.dump({"metadata": {}, "weight_map": wm}, open(d + "/model.safetensors.index.json", "w"))
+json.dump({"model_type": "deepseek_v3", "hidden_size": D, "num_attention_heads": H, "q_lora_rank": Rq, "kv_lora_rank": L,
+           "qk_nope_head_dim": P, "qk_rope_head_dim": R, "v_head_dim": V, "num_hidden_layers": 2, "rope_scaling": None},
+          open(d + "/config.json", "w"))
+)";
+  std::ofstream(dir + "/write.py") << script;
+  ASSERT_EQ(std::system(("python3 '" + dir + "/write.py' '" + dir + "'").c_str()), 0);
+
+  const CheckpointLayer got = load_layer(dir, 1, /*tp=*/2, /*rank=*/1);
+  auto expect = [](const char* what, const std::vector<uint16_t>& v, int t, int64_t first, int64_t n) {
+    ASSERT_EQ(int64_t(v.size()), n) << what;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t k = ((first + i) * 37 + t * 11) % 251 - 125;
+      ASSERT_EQ(bf16_to_float(v[size_t(i)]), float(k) / 64.0f) << what << "[" << i << "]";
+    }
+  };
+  const int64_t D = 96, Rq = 80, L = 512, R = 64, P = 32, V = 32;
+  EXPECT_EQ(got.config.heads(), 1);
+  EXPECT_EQ(got.config.yarn.factor, 1.0);
+  expect("q_a", std::vector<uint16_t>(got.weights.qkv_a.begin(), got.weights.qkv_a.begin() + Rq * D), 0, 0, Rq * D);
+  expect("kv_a", std::vector<uint16_t>(got.weights.qkv_a.begin() + Rq * D, got.weights.qkv_a.end()), 1, 0,
+         (L + R) * D);
+  expect("q_a_norm", got.weights.q_a_norm, 2, 0, Rq);
+  expect("kv_a_norm", got.weights.kv_a_norm, 3, 0, L);
+  expect("q_b (head 1)", got.weights.q_b, 4, (P + R) * Rq, (P + R) * Rq);
+  expect("kv_b (head 1)", got.weights.kv_b, 5, (P + V) * L, (P + V) * L);
+  EXPECT_EQ(got.weights.k_scale, 0.375f);
+  EXPECT_EQ(got.weights.q_scale, 1.0f);
 }
 
 // A short libFuzzer run where the fuzz target has been built (clang; see fuzz/CMakeLists.txt).
