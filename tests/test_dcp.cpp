@@ -299,3 +299,88 @@ TEST(DcpStepAgreement, DisagreementOrALocalErrorThrowsOnEveryRank) {
 
 }  // namespace
 }  // namespace mla
+
+namespace mla {
+namespace {
+
+// gather_query and exchange_partials (core/dcp.cpp) on views the backends may hand them: a
+// head-padded query, merged or split partials, splits not evenly spaced (one collective per split).
+TEST(DcpCollectives, QueryGatherAndPartialExchangeOnStridedViews) {
+  LayerConfig cfg = LayerConfig::preset("kimi-k3");
+  cfg.total_heads = 2 * cfg.tp_size;  // N = 2
+  const int w = 4, n = 2, g = n * w, row = cfg.row_dim(), l = cfg.kv_lora_rank, s = 3, pad = 3;
+  for (int variant = 0; variant < 3; ++variant) {  // 0 merged, 1 split contiguous, 2 split padded
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    const int splits = variant == 0 ? 1 : 2;
+    const int64_t split_gap = variant == 2 ? 5 : 0;  // extra tokens' worth of space between splits
+    auto comms = make_thread_group(w);
+    std::vector<std::string> errors(w);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < w; ++r)
+      threads.emplace_back([&, r] {
+        errors[r] = [&]() -> std::string {
+          try {
+            const LayerOptions opts{.dcp = {.size = w, .rank = r, .interleave = 1}, .comm = comms[r].get()};
+            // Query [S, G + pad, 576] u8 (fp8 codes): this rank's heads hold r*16 + h.
+            std::vector<uint8_t> q(size_t(s) * (g + pad) * row, 0xEE);
+            for (int t = 0; t < s; ++t)
+              for (int h = r * n; h < (r + 1) * n; ++h)
+                for (int c = 0; c < row; ++c) q[(size_t(t) * (g + pad) + h) * row + c] = uint8_t(t * 50 + h * 5 + c % 7);
+            const TensorView qv = TensorView::strided(q.data(), DType::fp8_e4m3, {s, g, row}, {(g + pad) * row, row, 1});
+            detail::gather_query(cfg, opts, qv, nullptr);
+            for (int t = 0; t < s; ++t)
+              for (int h = 0; h < g + pad; ++h)
+                for (int c = 0; c < row; ++c) {
+                  const uint8_t want = h < g ? uint8_t(t * 50 + h * 5 + c % 7) : 0xEE;
+                  MLA_REQUIRE(q[(size_t(t) * (g + pad) + h) * row + c] == want, "query t ", t, " head ", h, " col ", c);
+                }
+            // Partials: o[c, t, h, :] = value(r, c, t, h), lse = the same value.
+            auto value = [](int rank, int c, int t, int h) { return float(rank * 1000 + c * 100 + t * 10 + h); };
+            const int64_t split_stride = (s + split_gap) * g * l;
+            std::vector<float> o(size_t(splits) * split_stride, NAN), lse(size_t(splits) * (s + split_gap) * g, NAN);
+            for (int c = 0; c < splits; ++c)
+              for (int t = 0; t < s; ++t)
+                for (int h = 0; h < g; ++h) {
+                  for (int k = 0; k < l; ++k) o[c * split_stride + (t * g + h) * l + k] = value(r, c, t, h) + k;
+                  lse[(c * (s + split_gap) + t) * g + h] = value(r, c, t, h);
+                }
+            AttendOutputs attn;
+            if (splits == 1) {
+              attn = {.o = TensorView::contiguous(o.data(), DType::f32, {s, g, l}),
+                      .lse = TensorView::contiguous(lse.data(), DType::f32, {s, g})};
+            } else {
+              attn = {.o = TensorView::strided(o.data(), DType::f32, {splits, s, g, l}, {split_stride, g * l, l, 1}),
+                      .lse = TensorView::strided(lse.data(), DType::f32, {splits, s, g}, {(s + split_gap) * g, g, 1})};
+            }
+            const auto o_shape = detail::exchanged_o_shape(cfg, opts, attn.o);
+            const auto lse_shape = detail::exchanged_lse_shape(cfg, opts, attn.o);
+            MLA_REQUIRE(o_shape == std::vector<int64_t>({w * splits, s, n, l}), "exchanged_o_shape");
+            std::vector<float> mo(size_t(w) * splits * s * n * l), ml(size_t(w) * splits * s * n);
+            detail::exchange_partials(cfg, opts, attn,
+                                      {.o = TensorView::contiguous(mo.data(), DType::f32, o_shape),
+                                       .lse = TensorView::contiguous(ml.data(), DType::f32, lse_shape)},
+                                      nullptr);
+            // Block q*splits + c holds rank q's split c of my heads r*N..(r+1)*N.
+            for (int qr = 0; qr < w; ++qr)
+              for (int c = 0; c < splits; ++c)
+                for (int t = 0; t < s; ++t)
+                  for (int h = 0; h < n; ++h) {
+                    const int64_t i = ((int64_t(qr) * splits + c) * s + t) * n + h;
+                    const float v = value(qr, c, t, r * n + h);
+                    MLA_REQUIRE(ml[i] == v, "lse block ", qr, " split ", c, " t ", t, " h ", h, ": ", ml[i], " != ", v);
+                    for (int k = 0; k < l; k += 97) MLA_REQUIRE(mo[i * l + k] == v + k, "o block ", qr, " k ", k);
+                  }
+            return "";
+          } catch (const std::exception& e) {
+            abort_thread_group(*comms[r]);
+            return e.what();
+          }
+        }();
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < w; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace mla

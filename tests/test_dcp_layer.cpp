@@ -126,9 +126,8 @@ std::vector<DcpCase> cases() {
     for (int b = 0; b < 3; ++b) {
       DcpCase c{.w = ws[a], .interleave = ils[b], .qlen = qlens[(a + b) % 3], .page_size = pages[(2 * a + b) % 3]};
       const int wi = c.w * c.interleave, q = c.qlen;
-      // Padding, the shortest request, shorter than W*I (ranks with nothing), a ragged tail, long.
-      c.seq_lens = {0, q, std::max(q, wi / 2 + 1), 2 * wi + 3 + q, std::min(3 * wi + 7, 700) + q};
-      if (q == 1) c.seq_lens.push_back(1);  // context length 1
+      // Padding, contexts 0 and 1, shorter than W*I (ranks with nothing), a ragged tail, long.
+      c.seq_lens = {0, q, q + 1, std::max(q, wi / 2 + 1), 2 * wi + 3 + q, std::min(3 * wi + 7, 700) + q};
       c.kv_dtype = (a + b) % 2 ? DType::bf16 : DType::fp8_e4m3;
       c.num_splits = 1 + (a * 3 + b) % 3;
       c.preset = b == 1 ? "deepseek-v3" : "kimi-k3";  // RoPE at global positions too
