@@ -34,6 +34,9 @@ namespace {
 constexpr int kBlock = 64;       // keys dequantized per block: 64 rows of 576 fp32 = 144 KiB (L2)
 constexpr int kMinChunk = 512;   // shortest chunk worth a work item of its own (rank-3 outputs)
 constexpr int kMaxAutoSplits = 64;
+// Below this much work (key rows x query rows, about 50 us on one core) the threads' wake-up and
+// barrier cost more than they save, and a loaded machine makes them cost far more: run on one.
+constexpr int64_t kMinParallelCost = int64_t(64) * 64 * 12;
 
 // ---- work items -------------------------------------------------------------------------------
 
@@ -300,7 +303,9 @@ void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 
   const AttendKernels& kern = attend_kernels();
-  const int team = int(std::min<size_t>(threads, std::max<size_t>(1, items.size())));
+  int64_t total_cost = 0;
+  for (const WorkItem& item : items) total_cost += item.cost;
+  const int team = total_cost < kMinParallelCost ? 1 : int(std::min<size_t>(threads, items.size()));
 #pragma omp parallel num_threads(team)
   {
     thread_local Scratch sc;
@@ -311,7 +316,7 @@ void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const
 
   if (part_begin[batch] == 0) return;
   // Merge the internal-split partials of each (request, row) in chunk order.
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (total_cost >= kMinParallelCost)
   for (int64_t br = 0; br < int64_t(batch) * geo.rows; ++br) {
     const int b = int(br / geo.rows), r = int(br % geo.rows);
     if (chunks[b] <= 1) continue;
