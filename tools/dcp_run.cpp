@@ -26,7 +26,9 @@ namespace {
 struct RankCheck {
   double vs_dcp1 = 0, vs_ref = 0;
   std::string why;
-  bool ok() const { return why.empty() && vs_dcp1 <= 1e-2 && vs_ref <= 5e-2; }
+  // vs DCP-1: SPEC.md's bf16 tolerance. vs float64: the fp8 query's end-to-end tolerance that
+  // `mla run` uses at W = 1 (tools/check.cpp), since the query is always fp8 at W > 1.
+  bool ok() const { return why.empty() && vs_dcp1 <= 1e-2 && vs_ref <= 1e-1; }
 };
 
 // The DCP-1 result of one rank's weights on the same step, on the same backend.
@@ -104,7 +106,7 @@ int dcp_run_command(const StepOptions& o, const DcpRunOptions& d, bool check, co
   std::snprintf(line, sizeof line, "W-rank step (threads, incl. scenario upload): %.1f us wall\n", wall_us);
   text << line;
   if (check) {
-    text << "rank   rel L2 vs DCP-1 (tol 1e-2)   rel L2 vs float64 (tol 5e-2)\n";
+    text << "rank   rel L2 vs DCP-1 (tol 1e-2)   rel L2 vs float64 (tol 1e-1)\n";
     for (int r = 0; r < w; ++r) {
       std::snprintf(line, sizeof line, "%4d   %24.3e   %28.3e   %s %s\n", r, checks[r].vs_dcp1, checks[r].vs_ref,
                     checks[r].ok() ? "ok" : "FAILED", checks[r].why.c_str());
