@@ -42,6 +42,31 @@ inline float fp8_decode(uint8_t b) {
   return (b & 0x80) ? -mag : mag;
 }
 
+// IEEE half, round to nearest even (finite inputs; the weights written are finite).
+inline uint16_t f16_encode(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000);
+  const uint32_t ax = x & 0x7FFFFFFF;
+  if (ax >= 0x477FF000) return sign | 0x7C00;  // rounds to infinity (65520 and up)
+  if (ax < 0x38800000) {                       // below 2^-14: a subnormal, in units of 2^-24
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return sign | uint16_t(std::nearbyint(a * 16777216.0f));
+  }
+  uint32_t h = (((ax >> 23) - 112) << 10) | ((ax & 0x7FFFFF) >> 13);
+  const uint32_t rest = ax & 0x1FFF;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;  // a carry into the exponent is right too
+  return uint16_t(sign | h);
+}
+
+inline float f16_decode(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  const float mag = e == 0 ? std::ldexp(float(m), -24) : e == 31 ? (m ? NAN : INFINITY)
+                                                                 : std::ldexp(1.0f + m / 1024.0f, e - 15);
+  return (h & 0x8000) ? -mag : mag;
+}
+
 inline nlohmann::json checkpoint_config_json(const CheckpointSpec& spec) {
   const LayerConfig& c = spec.cfg;
   nlohmann::json m = {{"model_type", c.name},
@@ -92,10 +117,10 @@ inline std::vector<uint16_t> add_weight(safetensors::Writer& wr, const std::stri
     for (int64_t i = 0; i < n; ++i) v[i] = bf16_to_float(bf16[i]);
     wr.add_bytes(name, dt, shape, v.data());
   } else if (dt == DType::f16) {
-    std::vector<_Float16> v(static_cast<size_t>(n));
+    std::vector<uint16_t> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
-      v[i] = _Float16(bf16_to_float(bf16[i]));
-      expect[i] = float_to_bf16(float(v[i]));
+      v[i] = f16_encode(bf16_to_float(bf16[i]));
+      expect[i] = float_to_bf16(f16_decode(v[i]));
     }
     wr.add_bytes(name, dt, shape, v.data());
   } else if (dt == DType::fp8_e4m3) {
