@@ -381,7 +381,8 @@ TEST(CpuAttend, Deterministic) {
 // Every kernel set this CPU runs (attend_kernels.hpp): AVX2 always, AVX-512 where present.
 std::vector<const cpu::AttendKernels*> kernel_sets() {
   std::vector<const cpu::AttendKernels*> sets{&cpu::attend_kernels_avx2()};
-  if (cpu::attend_kernels_avx512()) sets.push_back(cpu::attend_kernels_avx512());
+  for (const cpu::AttendKernels* k : {cpu::attend_kernels_avx512(), cpu::attend_kernels_avx512_bf16()})
+    if (k) sets.push_back(k);
   return sets;
 }
 
@@ -413,6 +414,21 @@ TEST(CpuAttend, KernelDequantizesEveryCode) {
       const float want = fp8e4m3_to_float(fp8[c]) * scale;
       if (std::isnan(want)) EXPECT_TRUE(std::isnan(got[c])) << k->name << " code " << int(fp8[c]);
       else EXPECT_EQ(got[c], want) << k->name << " code " << int(fp8[c]);
+    }
+    if (k->dequant_row_bf16) {
+      // The raw values in bf16 (exact) for the scores, the scaled values of the first 96 as fp32.
+      std::vector<uint16_t> raw(fp8.size());
+      std::fill(got.begin(), got.end(), -1.0f);
+      k->dequant_row_bf16(DType::fp8_e4m3, fp8.data(), 1, int(fp8.size()), 96, scale, got.data(), raw.data());
+      for (size_t c = 0; c < fp8.size(); ++c) {
+        const float value = fp8e4m3_to_float(fp8[c]);
+        if (std::isnan(value)) {
+          EXPECT_TRUE(std::isnan(bf16_to_float(raw[c]))) << k->name << " code " << int(fp8[c]);
+          continue;
+        }
+        EXPECT_EQ(bf16_to_float(raw[c]), value) << k->name << " raw code " << int(fp8[c]);
+        EXPECT_EQ(got[c], c < 96 ? value * scale : -1.0f) << k->name << " value code " << int(fp8[c]);
+      }
     }
     k->dequant_row(DType::bf16, bf16.data(), 1, int(bf16.size()), 1.0f, got.data());
     for (size_t c = 0; c < bf16.size(); ++c) {

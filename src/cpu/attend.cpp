@@ -17,6 +17,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -67,9 +68,12 @@ struct WorkItem {
 
 struct Scratch {
   std::vector<float> q, keys, s, acc, o_row;
+  std::vector<uint16_t> q16, keys16;  // raw bf16 values for the bf16 score kernels
   std::vector<SoftmaxState> state;
-  void reserve(const Geometry& geo) {
-    q.resize(size_t(geo.rows) * geo.row_dim);
+  void reserve(const Geometry& geo, bool bf16_scores) {
+    q.resize(bf16_scores ? 0 : size_t(geo.rows) * geo.row_dim);
+    q16.resize(bf16_scores ? size_t(geo.rows) * geo.row_dim : 0);
+    keys16.resize(bf16_scores ? size_t(kBlock) * geo.row_dim : 0);
     keys.resize(size_t(kBlock) * geo.row_dim);
     s.resize(size_t(geo.rows) * kBlock);
     acc.resize(size_t(geo.rows) * geo.width);
@@ -86,6 +90,7 @@ struct Inputs {
   const int32_t* kv_indices;
   float q_mul;    // sm_scale * q_scale (fp8 query) folded into the fp32 copy of q
   float k_scale;  // 1 for a bf16 cache
+  bool bf16_scores;  // kernels' scores_bf16 on raw values, scaled by q_mul * k_scale afterwards
 };
 
 void write_row(const Destination& d, int64_t s, int h, const float* o, int width, float lse) {
@@ -114,17 +119,19 @@ void run_item(const AttendKernels& kern, const Inputs& in, const Geometry& geo, 
 
   for (int r = 0; r < rows; ++r) sc.state[r] = SoftmaxState{};
   if (end > item.lo) {
-    // q rows of request b in fp32 with sm_scale (and q_scale) folded in.
+    // q rows of request b: fp32 with sm_scale (and q_scale) folded in, or the raw values in bf16
+    // (exact: an fp8 value has 4 significant bits) for the bf16 score kernels.
     const TensorView& q = in.q;
     const bool q_fp8 = q.dtype == DType::fp8_e4m3;
     for (int i = 0; i < geo.qlen; ++i)
       for (int h = 0; h < geo.g; ++h) {
         const int64_t base = (int64_t(b) * geo.qlen + i) * q.stride[0] + h * q.stride[1];
-        float* dst = &sc.q[size_t(i * geo.g + h) * row_dim];
+        const size_t row = size_t(i * geo.g + h) * row_dim;
         for (int c = 0; c < row_dim; ++c) {
           const int64_t at = base + c * q.stride[2];
           const float x = q_fp8 ? fp8e4m3_to_float(q.ptr<const uint8_t>()[at]) : bf16_to_float(q.ptr<const uint16_t>()[at]);
-          dst[c] = x * in.q_mul;
+          if (in.bf16_scores) sc.q16[row + c] = uint16_t(std::bit_cast<uint32_t>(x) >> 16);
+          else sc.q[row + c] = x * in.q_mul;
         }
       }
     std::fill(sc.acc.begin(), sc.acc.end(), 0.0f);
@@ -141,8 +148,13 @@ void run_item(const AttendKernels& kern, const Inputs& in, const Geometry& geo, 
   const int64_t row_bytes = int64_t(row_dim) * pages.stride[2] * int64_t(elem);
   for (int64_t k0 = item.lo; k0 < end; k0 += kBlock) {
     const int nkeys = int(std::min<int64_t>(kBlock, end - k0));
-    for (int k = 0; k < nkeys; ++k)
-      kern.dequant_row(pages.dtype, row_of(k0 + k), pages.stride[2], row_dim, in.k_scale, &sc.keys[size_t(k) * row_dim]);
+    for (int k = 0; k < nkeys; ++k) {
+      if (in.bf16_scores)
+        kern.dequant_row_bf16(pages.dtype, row_of(k0 + k), pages.stride[2], row_dim, width, in.k_scale,
+                              &sc.keys[size_t(k) * row_dim], &sc.keys16[size_t(k) * row_dim]);
+      else
+        kern.dequant_row(pages.dtype, row_of(k0 + k), pages.stride[2], row_dim, in.k_scale, &sc.keys[size_t(k) * row_dim]);
+    }
     // The next block's rows into L2 while this one is computed: the pages are scattered, so the
     // hardware prefetcher cannot run ahead across them, and the block's arithmetic hides the fetch.
     for (int64_t j = k0 + kBlock, stop = std::min(end, k0 + 2 * kBlock); j < stop; ++j) {
@@ -154,9 +166,14 @@ void run_item(const AttendKernels& kern, const Inputs& in, const Geometry& geo, 
       if (nv == 0) continue;
       const int r0 = i * geo.g;
       float* s = &sc.s[size_t(r0) * kBlock];
-      kern.scores(&sc.q[size_t(r0) * row_dim], row_dim, geo.g, sc.keys.data(), row_dim, nv, row_dim, s, kBlock);
+      if (in.bf16_scores)
+        kern.scores_bf16(&sc.q16[size_t(r0) * row_dim], row_dim, geo.g, sc.keys16.data(), row_dim, nv, row_dim, s, kBlock);
+      else
+        kern.scores(&sc.q[size_t(r0) * row_dim], row_dim, geo.g, sc.keys.data(), row_dim, nv, row_dim, s, kBlock);
       for (int h = 0; h < geo.g; ++h) {
         float* srow = s + size_t(h) * kBlock;
+        if (in.bf16_scores)
+          for (int k = 0; k < nv; ++k) srow[k] *= in.q_mul * in.k_scale;
         for (int k = nv; k < (nv + kScorePad - 1) / kScorePad * kScorePad; ++k) srow[k] = -INFINITY;
         kern.softmax_block(srow, nv, sc.state[r0 + h], &sc.acc[size_t(r0 + h) * width], width);
       }
@@ -187,7 +204,9 @@ std::vector<int32_t> host_ints(const TensorView& v) {
 
 const AttendKernels& attend_kernels() {
   if (forced_kernels) return *forced_kernels;
-  static const AttendKernels& best = attend_kernels_avx512() ? *attend_kernels_avx512() : attend_kernels_avx2();
+  static const AttendKernels& best = attend_kernels_avx512_bf16() ? *attend_kernels_avx512_bf16()
+                                     : attend_kernels_avx512()    ? *attend_kernels_avx512()
+                                                                  : attend_kernels_avx2();
   return best;
 }
 
@@ -226,6 +245,7 @@ void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const
     }
   }
 
+  const AttendKernels& kern = attend_kernels();
   const bool q_fp8 = q.dtype == DType::fp8_e4m3;
   const Inputs in{.q = q,
                   .pages = cache.pages,
@@ -233,7 +253,8 @@ void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const
                   .kv_indptr = kv_indptr.data(),
                   .kv_indices = kv_indices.data(),
                   .q_mul = float(cfg.sm_scale()) * (q_fp8 ? ctx.w.q_scale : 1.0f),
-                  .k_scale = cache.pages.dtype == DType::fp8_e4m3 ? ctx.w.k_scale : 1.0f};
+                  .k_scale = cache.pages.dtype == DType::fp8_e4m3 ? ctx.w.k_scale : 1.0f,
+                  .bf16_scores = kern.scores_bf16 != nullptr && geo.row_dim % 32 == 0};
 
   const TensorView& o = out.o;
   const TensorView& lse = out.lse;
@@ -302,14 +323,13 @@ void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const
   }
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 
-  const AttendKernels& kern = attend_kernels();
   int64_t total_cost = 0;
   for (const WorkItem& item : items) total_cost += item.cost;
   const int team = total_cost < kMinParallelCost ? 1 : int(std::min<size_t>(threads, items.size()));
 #pragma omp parallel num_threads(team)
   {
     thread_local Scratch sc;
-    sc.reserve(geo);
+    sc.reserve(geo, in.bf16_scores);
 #pragma omp for schedule(dynamic, 1)
     for (size_t t = 0; t < items.size(); ++t) run_item(kern, in, geo, items[t], sc);
   }

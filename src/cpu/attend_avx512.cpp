@@ -17,6 +17,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #define MLA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define MLA_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
 
 namespace mla::cpu {
 namespace {
@@ -183,17 +184,110 @@ MLA_AVX512 void softmax_block(float* s, int keys, SoftmaxState& st, float* acc, 
   st.add(_mm512_reduce_add_ps(sum));
 }
 
+// ---- bf16 scores (AVX512-BF16) ----------------------------------------------------------------
+
+MLA_AVX512_BF16 void dequant_row_bf16(DType dtype, const void* row, int64_t stride, int width, int value_width,
+                                      float scale, float* v, uint16_t* k) {
+  if (dtype == DType::fp8_e4m3) {
+    const uint8_t* src = static_cast<const uint8_t*>(row);
+    if (stride == 1 && width % 32 == 0) {
+      // dequant_fp8_32 at scale 1 gives the codes' exact values; bf16 holds them exactly too.
+      const __m512 one = _mm512_set1_ps(256.0f), sv = _mm512_set1_ps(scale);
+      alignas(64) float raw[32];
+      for (int c = 0; c < width; c += 32) {
+        dequant_fp8_32(src + c, one, raw);
+        const __m512 lo = _mm512_load_ps(raw), hi = _mm512_load_ps(raw + 16);
+        _mm512_storeu_si512(k + c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        if (c < value_width) {
+          _mm512_storeu_ps(v + c, _mm512_mul_ps(lo, sv));
+          _mm512_storeu_ps(v + c + 16, _mm512_mul_ps(hi, sv));
+        }
+      }
+      return;
+    }
+    for (int c = 0; c < width; ++c) {
+      const float x = fp8e4m3_to_float(src[c * stride]);
+      k[c] = uint16_t(__builtin_bit_cast(uint32_t, x) >> 16);  // exact: an fp8 value has 4 significant bits
+      if (c < value_width) v[c] = x * scale;
+    }
+    return;
+  }
+  const uint16_t* src = static_cast<const uint16_t*>(row);
+  for (int c = 0; c < width; ++c) k[c] = src[c * stride];
+  dequant_row(dtype, row, stride, value_width, scale, v);
+}
+
+template <int NR, int NK>
+MLA_AVX512_BF16 void score_tile_bf16(const uint16_t* q, int64_t q_ld, const uint16_t* key, int64_t k_ld, int n,
+                                     float* s, int64_t s_ld) {
+  __m512 acc[NR][NK];
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
+    for (int k = 0; k < NK; ++k) acc[r][k] = _mm512_setzero_ps();
+  for (int d = 0; d < n; d += 32) {
+    __m512bh kv[NK];
+#pragma GCC unroll 8
+    for (int k = 0; k < NK; ++k) kv[k] = (__m512bh)_mm512_loadu_si512(key + k * k_ld + d);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + r * q_ld + d);
+#pragma GCC unroll 8
+      for (int k = 0; k < NK; ++k) acc[r][k] = _mm512_dpbf16_ps(acc[r][k], qv, kv[k]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
+    for (int k = 0; k < NK; ++k) s[r * s_ld + k] = _mm512_reduce_add_ps(acc[r][k]);
+}
+
+using ScoreTileBf16 = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int, float*, int64_t);
+template <int NR>
+constexpr ScoreTileBf16 kScoreRowBf16[6] = {score_tile_bf16<NR, 1>, score_tile_bf16<NR, 2>, score_tile_bf16<NR, 3>,
+                                            score_tile_bf16<NR, 4>, score_tile_bf16<NR, 5>, score_tile_bf16<NR, 6>};
+constexpr const ScoreTileBf16* kScoreTilesBf16[4] = {kScoreRowBf16<1>, kScoreRowBf16<2>, kScoreRowBf16<3>,
+                                                     kScoreRowBf16<4>};
+
+void scores_bf16(const uint16_t* q, int64_t q_ld, int rows, const uint16_t* key, int64_t k_ld, int keys, int n,
+                 float* s, int64_t s_ld) {
+  for (int r = 0; r < rows; r += 4) {
+    const int nr = std::min(4, rows - r);
+    for (int k = 0; k < keys; k += 6) {
+      const int nk = std::min(6, keys - k);
+      kScoreTilesBf16[nr - 1][nk - 1](q + r * q_ld, q_ld, key + k * k_ld, k_ld, n, s + r * s_ld + k, s_ld);
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+bool has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return yes;
+}
 }  // namespace
 
 const AttendKernels* attend_kernels_avx512() {
-  static const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   static const AttendKernels k{.name = "avx512",
                                .dequant_row = dequant_row,
                                .scores = scores,
                                .softmax_block = softmax_block,
                                .pv = pv};
-  return supported ? &k : nullptr;
+  return has_avx512() ? &k : nullptr;
+}
+
+const AttendKernels* attend_kernels_avx512_bf16() {
+  static const AttendKernels k{.name = "avx512-bf16",
+                               .dequant_row = dequant_row,
+                               .scores = scores,
+                               .softmax_block = softmax_block,
+                               .pv = pv,
+                               .dequant_row_bf16 = dequant_row_bf16,
+                               .scores_bf16 = scores_bf16};
+  return has_avx512() && __builtin_cpu_supports("avx512bf16") ? &k : nullptr;
 }
 
 }  // namespace mla::cpu

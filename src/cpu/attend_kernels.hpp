@@ -27,11 +27,26 @@ struct AttendKernels {
   // acc[r][0, width) += sum_k p[r][k] * v[k][0, width), r < rows, k < keys (width % 64 == 0).
   void (*pv)(const float* p, int64_t p_ld, int rows, const float* v, int64_t v_ld, int keys, int width,
              float* acc, int64_t a_ld);
+
+  // Optional pair (null where the CPU lacks AVX512-BF16), used together in place of dequant_row
+  // and scores. fp8 codes and bf16 values are exact in bf16, so the scores can be taken on the
+  // raw values with bf16 dot products (fp32 accumulation, products exact) at twice the fp32 rate,
+  // and scaled afterwards:
+  //   dequant_row_bf16: row -> k [width] bf16 raw values (fp8: the code's value, unscaled) and
+  //                     v [value_width] fp32 times scale (the value part for pv; v may be
+  //                     written up to width);
+  //   scores_bf16:      s[r][k] = q[r] . key[k] on raw bf16 values (n % 32 == 0).
+  void (*dequant_row_bf16)(DType dtype, const void* row, int64_t stride, int width, int value_width, float scale,
+                           float* v, uint16_t* k) = nullptr;
+  void (*scores_bf16)(const uint16_t* q, int64_t q_ld, int rows, const uint16_t* key, int64_t k_ld, int keys,
+                      int n, float* s, int64_t s_ld) = nullptr;
 };
 
 const AttendKernels& attend_kernels_avx2();
-// Null where the CPU lacks AVX-512 F/BW/VL/DQ.
+// Null where the CPU lacks AVX-512 F/BW/VL/DQ (and AVX512-BF16 for the second, the set with the
+// bf16 score pair).
 const AttendKernels* attend_kernels_avx512();
+const AttendKernels* attend_kernels_avx512_bf16();
 // The widest set this CPU runs, unless a test forced one with set_attend_kernels_for_testing.
 const AttendKernels& attend_kernels();
 // Tests: run every later attend with `k` (null: back to the automatic choice). Not thread-safe.
