@@ -26,25 +26,23 @@ DenseWeights DenseWeights::from(const LayerConfig& cfg, const PreparedWeights& w
 void matmul_nt(const float* a, int64_t lda, int64_t m, int64_t k, const float* b, int64_t n, float* c,
                int64_t ldc, int threads) {
   if (m == 0 || n == 0) return;
-  // OpenBLAS runs single-threaded inside our OpenMP threads, each on its own block of weight
-  // rows: one thread pool only. With OpenBLAS's own pthreads, they and the OpenMP workers
-  // (spinning between regions) fought over the cores, and a third of the time went to spinning.
+  // OpenBLAS runs single-threaded inside our OpenMP threads, each on blocks of weight rows: one
+  // thread pool only. With OpenBLAS's own pthreads, they and the OpenMP workers (spinning
+  // between regions) fought over the cores, and a third of the time went to spinning.
   openblas_set_num_threads(1);
-  constexpr int64_t kAlign = 16;           // rows per thread a multiple of the sgemm kernel's tile
-  constexpr int64_t kGemvMaxRows = 8;      // up to this many rows of a, blocked sgemv (measured: at
-                                           // S = 1, 2, 4, 8 it ran 3x, 2x, 1.3x, 1x sgemm's rate)
-  constexpr int64_t kGemvBlockRows = 16;   // 16 rows of D = 7168 fp32: 458 KB, within L2
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t block = ((n + nt - 1) / nt + kAlign - 1) / kAlign * kAlign;
-    const int64_t n0 = std::min(n, t * block), n1 = std::min(n, n0 + block);
-    if (n1 <= n0) {
-      // no rows left for this thread
-    } else if (m <= kGemvMaxRows) {
-      // A few rows of a: sgemm would pack every weight row for a sliver of work (it ran at a
-      // third of the streaming rate here). sgemv streams the weights; per block of weight rows
-      // small enough to stay in L2, the first token reads them from memory, the rest from cache.
+  // Up to this many rows of a, blocked sgemv: sgemm packs every weight row for a sliver of work
+  // (measured: at S = 1, 2, 4, 8 sgemv ran 3x, 2x, 1.3x, 1x sgemm's rate). Per block of weight
+  // rows small enough to stay in L2, the first token reads them from memory, the others from L2.
+  constexpr int64_t kGemvMaxRows = 8;
+  constexpr int64_t kGemvBlockRows = 16;  // 16 rows of D = 7168 fp32: 458 KB
+  // Blocks handed out dynamically: a thread that is descheduled on a busy machine does not
+  // hold the others at the barrier. Results do not depend on which thread takes a block.
+  const int64_t chunk = m <= kGemvMaxRows ? 4 * kGemvBlockRows : 256;
+  const int64_t chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t ci = 0; ci < chunks; ++ci) {
+    const int64_t n0 = ci * chunk, n1 = std::min(n, n0 + chunk);
+    if (m <= kGemvMaxRows) {
       for (int64_t r0 = n0; r0 < n1; r0 += kGemvBlockRows) {
         const int64_t rows = std::min(kGemvBlockRows, n1 - r0);
         for (int64_t token = 0; token < m; ++token)

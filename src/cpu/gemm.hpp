@@ -18,8 +18,8 @@ struct DenseWeights {
 };
 
 // c[m, n] = a[m, k] @ b[n, k]^T, row-major with leading dimensions lda, ldb = k, ldc; fp32
-// accumulation. `threads` OpenMP threads each run a single-threaded OpenBLAS sgemm on a block of
-// b's rows (so this sets OpenBLAS's own thread count to 1). Call it outside OpenMP regions.
+// accumulation. `threads` OpenMP threads run single-threaded OpenBLAS calls on blocks of b's rows
+// (so this sets OpenBLAS's own thread count to 1). Call it outside OpenMP regions.
 void matmul_nt(const float* a, int64_t lda, int64_t m, int64_t k, const float* b, int64_t n, float* c,
                int64_t ldc, int threads);
 

@@ -71,7 +71,7 @@ void post(const Context& ctx, const AttendOutputs& attn, const TensorView& gate,
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> dots(S);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)  // dynamic: see matmul_nt
     for (int64_t r = 0; r < int64_t(N) * V; ++r) {
       const int64_t n = r / V;
       mxfp4_row_dots(&w_uv.codes[r * row_bytes], &w_uv.scales[r * row_scales], L, &om[n * L], int64_t(N) * L,

@@ -134,7 +134,7 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> dots(S);
-#pragma omp for schedule(static) nowait  // the q_pe loop below writes other columns
+#pragma omp for schedule(dynamic, 64) nowait  // the q_pe loop below writes other columns
     for (int64_t r = 0; r < int64_t(N) * L; ++r) {
       const int n = int(r / L), l = int(r % L);
       mxfp4_row_dots(&w.w_uk.codes[r * uk_row_bytes], &w.w_uk.scales[r * uk_row_scales], P, &q[n * H],
