@@ -70,7 +70,8 @@ struct PreRun {
 
 // The relative L2 bound of an output stored as dt, against the reference rounded to dt: the
 // reference mirrors the rounding points, so only the rare value that lands on the other side of a
-// rounding boundary differs, by one unit in the last place: 1/16 for fp8, 1/256 for bf16.
+// rounding boundary differs, by one unit in the last place: 1/16 to 1/8 for fp8, 1/256 for bf16
+// (measured: at most 2.6e-3 for fp8 over these cases, most cases 0).
 double tolerance(DType dt) { return dt == DType::fp8_e4m3 ? 1e-2 : 4e-3; }
 
 // Runs pre and checks every output against the reference.
