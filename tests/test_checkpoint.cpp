@@ -159,6 +159,17 @@ TEST(Checkpoint, OtherFloatDtypesAndMissingScales) {
   expect_same_weights(got.weights, written);
 }
 
+// compressed-tensors' fp8-block checkpoints call the block scales weight_scale.
+TEST(Checkpoint, Fp8BlockScalesNamedWeightScale) {
+  CheckpointSpec spec;
+  spec.cfg = tiny_model(2, RopeType::yarn, GateLayout::none);
+  spec.fp8 = true;
+  spec.scale_suffix = "_scale";
+  const std::string dir = testing::fresh_dir("fp8_weight_scale");
+  const CheckpointWeights written = testing::write_checkpoint(dir, spec, random_checkpoint_weights(spec.cfg, 55));
+  expect_same_weights(load_layer(dir, spec.layer, 2, 1).weights, testing::slice_heads(spec.cfg, written, 2, 1));
+}
+
 // A decode step on loaded weights equals one on the same weights built in memory: the loader's
 // config (rope, eps, gate, head count) and weights are the ones the model means.
 TEST(Checkpoint, StepOnLoadedWeightsEqualsInMemoryWeights) {

@@ -23,7 +23,8 @@
 //   q_a_proj.weight [Rq, D], kv_a_proj_with_mqa.weight [L+R, D] (kv_a rows, then k_pe rows),
 //   q_a_layernorm.weight [Rq], kv_a_layernorm.weight [L], q_b_proj.weight [Ht*(P+R), Rq],
 //   kv_b_proj.weight [Ht*(P+V), L], and with the gate g_proj.weight [Ht*V, D].
-//   Each BF16, F16 or F32, or F8_E4M3 with "<name>_scale_inv" F32 block scales
+//   Each BF16, F16 or F32, or F8_E4M3 with "<name>_scale_inv" (or compressed-tensors'
+//   "<name>_scale") F32 block scales
 //   [ceil(rows/128), ceil(cols/128)] (block size from quantization_config.weight_block_size):
 //   w = fp8 * scale_inv[row/128][col/128] in fp32, rounded to bf16 (what DeepSeek's
 //   fp8_cast_bf16 does). Optional scalar q_scale / k_scale (or kv_scale) tensors give

@@ -31,6 +31,7 @@ struct CheckpointSpec {
   std::string prefix = "model.";
   bool text_config = false;    // model fields inside "text_config" (multimodal checkpoints)
   bool write_scales = true;    // self_attn.q_scale / k_scale scalars
+  std::string scale_suffix = "_scale_inv";  // fp8 block scales: DeepSeek's; "_scale": compressed-tensors
   // Per-tensor dtype overrides by short name ("q_a_layernorm"): f32, f16, bf16 or fp8_e4m3.
   std::map<std::string, DType> dtype_of;
 };
@@ -107,7 +108,8 @@ inline nlohmann::json checkpoint_config_json(const CheckpointSpec& spec) {
 // One [rows, cols] (or [rows]) bf16 tensor stored as `dt`; returns the values load_layer must give.
 inline std::vector<uint16_t> add_weight(safetensors::Writer& wr, const std::string& name,
                                         const std::vector<int64_t>& shape, const uint16_t* bf16, DType dt,
-                                        int block_rows, int block_cols) {
+                                        int block_rows, int block_cols,
+                                        const std::string& scale_suffix = "_scale_inv") {
   const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1, n = rows * cols;
   std::vector<uint16_t> expect(bf16, bf16 + n);
   if (dt == DType::bf16) {
@@ -143,7 +145,7 @@ inline std::vector<uint16_t> add_weight(safetensors::Writer& wr, const std::stri
         expect[r * cols + c] = float_to_bf16(fp8_decode(q[r * cols + c]) * s);
       }
     wr.add_bytes(name, dt, shape, q.data());
-    wr.add_bytes(name + "_scale_inv", DType::f32, {nbr, nbc}, scale.data());
+    wr.add_bytes(name + scale_suffix, DType::f32, {nbr, nbc}, scale.data());
   } else {
     detail::fail("checkpoint_writer: unsupported dtype ", dtype_name(dt), " for ", name);
   }
@@ -175,7 +177,7 @@ inline CheckpointWeights write_checkpoint(const std::string& dir, const Checkpoi
       if (auto it = spec.dtype_of.find(shortname); it != spec.dtype_of.end()) dt = it->second;
       const std::string name =
           spec.prefix + "layers." + std::to_string(layer) + ".self_attn." + shortname + ".weight";
-      return add_weight(all, name, shape, v.data(), dt, spec.block_rows, spec.block_cols);
+      return add_weight(all, name, shape, v.data(), dt, spec.block_rows, spec.block_cols, spec.scale_suffix);
     };
     std::vector<uint16_t> q_a = put("q_a_proj", {Rq, D}, w.qkv_a.data(), true);
     std::vector<uint16_t> kv_a = put("kv_a_proj_with_mqa", {L + R, D}, w.qkv_a.data() + Rq * D, true);

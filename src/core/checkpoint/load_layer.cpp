@@ -95,9 +95,12 @@ struct LayerReader {
   // w = fp8 * scale_inv[row / block_rows][col / block_cols] in fp32, rounded to bf16.
   void read_fp8_rows(const TensorRef& t, const std::string& full, const std::vector<int64_t>& shape,
                      int64_t row0, int64_t nrows, uint16_t* dst) {
-    const std::string scale_name = full + "_scale_inv";
+    // DeepSeek names the block scales weight_scale_inv; compressed-tensors' fp8-block checkpoints
+    // name them weight_scale. Both multiply: w = fp8 * scale.
+    std::string scale_name = full + "_scale_inv";
+    if (!dir.contains(scale_name) && dir.contains(full + "_scale")) scale_name = full + "_scale";
     MLA_REQUIRE(dir.contains(scale_name), "checkpoint '", t.file->path(), "': fp8 tensor '", full,
-                "' has no block scales '", scale_name, "'");
+                "' has no block scales '", scale_name, "' (nor '", full, "_scale')");
     const TensorRef s = dir.get(scale_name);
     const int64_t rows = shape[0], cols = shape[1];
     const int64_t br = hf.block_rows, bc = hf.block_cols;
