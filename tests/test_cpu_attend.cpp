@@ -378,6 +378,33 @@ TEST(CpuAttend, Deterministic) {
   EXPECT_EQ(a.lse_buf, b.lse_buf);
 }
 
+TEST(CpuAttend, BadMetadataThrowsBeforeWriting) {
+  // The stage's own guard on what it reads (Layer validates first; this keeps direct callers from
+  // reading outside the cache): a page out of range, a page table too short, a seq_len below qlen.
+  const CaseSpec spec{.g = 8, .qlen = 2, .page_size = 16, .seq_lens = {40, 0, 17}, .seed = 51};
+  auto expect_rejected = [](Case& c, const char* what) {
+    const std::string err = testing::error_of([&] { c.run(); });
+    EXPECT_NE(err.find(what), std::string::npos) << err;
+    EXPECT_EQ(testing::count_poison(c.out.o), c.out.o.numel()) << "o written before the error";
+    EXPECT_EQ(testing::count_poison(c.out.lse), c.out.lse.numel()) << "lse written before the error";
+  };
+  {
+    Case c(spec);
+    c.kv_indices[c.kv_indptr[2] + 1] = int32_t(c.kv.num_pages());
+    expect_rejected(c, "kv_indices[");
+  }
+  {
+    Case c(spec);
+    c.kv_indptr[3] = c.kv_indptr[2] + 1;  // request 2 needs 2 pages for 17 rows
+    expect_rejected(c, "needs 2 pages");
+  }
+  {
+    Case c(spec);
+    c.seq_lens[2] = 1;
+    expect_rejected(c, "seq_lens[2]");
+  }
+}
+
 // Every kernel set this CPU runs (attend_kernels.hpp): AVX2 always, AVX-512 where present.
 std::vector<const cpu::AttendKernels*> kernel_sets() {
   std::vector<const cpu::AttendKernels*> sets{&cpu::attend_kernels_avx2()};

@@ -234,6 +234,11 @@ void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const
   // length needs exists in its page table and in the cache.
   std::vector<int64_t> local_len(batch);
   for (int b = 0; b < batch; ++b) {
+    MLA_REQUIRE(seq_lens[b] == 0 || seq_lens[b] >= geo.qlen, "attend: seq_lens[", b, "] = ", seq_lens[b],
+                ", expected 0 or >= qlen = ", geo.qlen);
+    MLA_REQUIRE(kv_indptr[b] >= 0 && kv_indptr[b] <= kv_indptr[b + 1] && kv_indptr[b + 1] <= int64_t(kv_indices.size()),
+                "attend: kv_indptr[", b, "..", b + 1, "] = ", kv_indptr[b], "..", kv_indptr[b + 1],
+                " is not a monotone range inside kv_indices [0, ", kv_indices.size(), "]");
     local_len[b] = dcp::local_length(geo.dcp, seq_lens[b]);
     const int64_t need = (local_len[b] + geo.page_size - 1) / geo.page_size;
     MLA_REQUIRE(kv_indptr[b + 1] - kv_indptr[b] >= need, "attend: request ", b, " needs ", need,
