@@ -52,7 +52,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return os.str();
 }
 
-// Element i of a BF16 / F16 / F32 tensor as float.
+// Element i of a BF16 / F16 / F32 tensor as float (for the few scale values).
 float float_at(const TensorRef& t, int64_t i) {
   const uint8_t* p = t.bytes().data();
   if (t.info->dtype == "BF16") return bf16_to_float(load<uint16_t>(p + 2 * i));
@@ -79,9 +79,14 @@ struct LayerReader {
     const std::string& dt = info.dtype;
     if (dt == "BF16") {
       std::memcpy(dst, t.bytes().data() + 2 * first, size_t(n) * 2);
-    } else if (dt == "F16" || dt == "F32") {
+    } else if (dt == "F16") {
+      const uint8_t* src = t.bytes().data() + 2 * first;
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(float_at(t, first + i));
+      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(f16_to_float(load<uint16_t>(src + 2 * i)));
+    } else if (dt == "F32") {
+      const uint8_t* src = t.bytes().data() + 4 * first;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(load<float>(src + 4 * i));
     } else if (dt == "F8_E4M3") {
       MLA_REQUIRE(shape.size() == 2, "checkpoint '", t.file->path(), "': tensor '", full,
                   "' is F8_E4M3, which is supported for matrices only");
