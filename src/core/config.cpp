@@ -2,21 +2,15 @@
 
 #include <cmath>
 
+#include "core/rope.hpp"
 #include "mla/error.hpp"
 
 namespace mla {
 
-namespace {
-// DeepSeek's yarn_get_mscale.
-double yarn_mscale(double factor, double mscale) {
-  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
-}
-}  // namespace
-
 double LayerConfig::sm_scale() const {
   double s = 1.0 / std::sqrt(double(qk_head_dim()));
   if (rope == RopeType::yarn) {
-    const double m = yarn_mscale(yarn.factor, yarn.mscale_all_dim);
+    const double m = rope::yarn_get_mscale(yarn.factor, yarn.mscale_all_dim);
     s *= m * m;
   }
   return s;
