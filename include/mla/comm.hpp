@@ -63,6 +63,9 @@ class Communicator {
   // sends `bytes` bytes and receives [W, bytes], rank q's at recv + q*bytes. The layer uses it to
   // check, before anything is written, that all ranks run the same step.
   virtual void all_gather_host(const void* send, void* recv, size_t bytes) = 0;
+  // Whether all_gather_host may run now: false while `stream` is being captured into a CUDA graph
+  // (a blocking host exchange has no place in a graph; the layer then skips its step check).
+  virtual bool can_block(void* stream) const { return true; }
 
  protected:
   virtual void do_all_gather_rows(const GatherRows& a, void* stream) = 0;
