@@ -448,6 +448,24 @@ TEST_F(CheckpointErrors, UnsupportedWeightDtype) {
   EXPECT_ERROR_HAS(msg, "has dtype U8, expected BF16, F16, F32 or F8_E4M3");
 }
 
+TEST(CheckpointErrorsMisc, NonFiniteWeights) {
+  CheckpointSpec spec;
+  spec.cfg = tiny_model(2, RopeType::yarn, GateLayout::none);
+  CheckpointWeights w = random_checkpoint_weights(spec.cfg, 12);
+  w.kv_b[1000] = 0x7FC0;  // NaN, in head 0
+  const std::string dir = testing::fresh_dir("non_finite");
+  testing::write_checkpoint(dir, spec, w);
+  EXPECT_ERROR_HAS(error_of([&] { load_layer(dir, 0, 1, 0); }),
+                   "'model.layers.0.self_attn.kv_b_proj.weight' element 1000 is nan, expected a finite weight");
+  EXPECT_EQ(error_of([&] { load_layer(dir, 0, 2, 1); }), "") << "head 1 does not read the NaN";
+  // The same check covers the bf16 tensors of an fp8 checkpoint (and fp8 NaN codes, decoded first).
+  spec.fp8 = true;
+  w.kv_b[1000] = 0x3F80;
+  w.q_a_norm[3] = 0x7F80;  // inf in a bf16 norm of an fp8 checkpoint
+  testing::write_checkpoint(dir, spec, w);
+  EXPECT_ERROR_HAS(error_of([&] { load_layer(dir, 0, 1, 0); }), "q_a_layernorm.weight' element 3 is inf");
+}
+
 TEST(CheckpointErrorsMisc, QProjInsteadOfQLoraIsNotSupportedYet) {
   const std::string dir = testing::fresh_dir("q_proj");
   safetensors::Writer wr;

@@ -95,6 +95,13 @@ struct LayerReader {
       detail::fail("checkpoint '", t.file->path(), "': tensor '", full, "' has dtype ", dt,
                    ", expected BF16, F16, F32 or F8_E4M3 (with weight_scale_inv)");
     }
+    // A NaN or inf weight (a corrupt file, an fp8 NaN code) would reach every output silently.
+    int64_t bad = n;
+#pragma omp parallel for reduction(min : bad) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      if ((dst[i] & 0x7F80) == 0x7F80) bad = std::min(bad, i);
+    MLA_REQUIRE(bad == n, "checkpoint '", t.file->path(), "': tensor '", full, "' element ", first + bad, " is ",
+                bf16_to_float(dst[bad]), ", expected a finite weight");
   }
 
   // w = fp8 * scale_inv[row / block_rows][col / block_cols] in fp32, rounded to bf16.
