@@ -30,7 +30,7 @@
 //   fp8_cast_bf16 does). Optional scalar q_scale / k_scale (or kv_scale) tensors give
 //   CheckpointWeights' q_scale / k_scale; without them both are 1.
 // The rank's heads are rank*N .. (rank+1)*N with N = Ht/tp: the matching rows of q_b_proj, kv_b_proj
-// and g_proj. Everything is checked (shapes against config.json, dtypes, finite block scales) and
+// and g_proj. Everything is checked (shapes against config.json, dtypes, finite block scales and weights) and
 // each problem is an mla::Error naming the file, the tensor and the expected and actual values.
 #include <string>
 #include <string_view>
