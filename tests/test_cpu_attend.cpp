@@ -378,6 +378,30 @@ TEST(CpuAttend, Deterministic) {
   EXPECT_EQ(a.lse_buf, b.lse_buf);
 }
 
+TEST(CpuAttend, InternalSplitMatchesUnsplit) {
+  // Contexts too long for the float64 reference at G*Q = 1024 rows, where the split plan must
+  // coarsen its chunks to bound the partials' memory: the split run against the unsplit one.
+  for (const CaseSpec& base : {CaseSpec{.preset = "deepseek-v3", .g = 128, .qlen = 8, .page_size = 64,
+                                        .seq_lens = {9000}, .threads = 8, .seed = 61},
+                               CaseSpec{.g = 12, .qlen = 1, .page_size = 16, .seq_lens = {7000, 0, 20},
+                                        .q_dtype = DType::bf16, .threads = 2, .seed = 62}}) {
+    CaseSpec split = base, whole = base;
+    split.num_splits = 0;
+    whole.num_splits = 1;
+    SCOPED_TRACE(split.describe());
+    Case a(split), b(whole);
+    a.run();
+    b.run();
+    EXPECT_EQ(testing::count_poison(a.out.o), 0);
+    EXPECT_EQ(testing::count_poison(a.out.lse), 0);
+    const std::vector<double> want_o = testing::to_doubles(b.out.o), want_lse = testing::to_doubles(b.out.lse);
+    const testing::Compare co = testing::compare(a.out.o, want_o.data());
+    EXPECT_TRUE(co.ok(1e-5)) << co.rel_l2 << " " << co.why;
+    const testing::Compare cl = testing::compare(a.out.lse, want_lse.data());
+    EXPECT_TRUE(cl.why.empty() && cl.max_abs < 1e-4) << cl.max_abs << " " << cl.why;
+  }
+}
+
 TEST(CpuAttend, BadMetadataThrowsBeforeWriting) {
   // The stage's own guard on what it reads (Layer validates first; this keeps direct callers from
   // reading outside the cache): a page out of range, a page table too short, a seq_len below qlen.

@@ -35,6 +35,9 @@ namespace {
 constexpr int kBlock = 64;       // keys dequantized per block: 64 rows of 576 fp32 = 144 KiB (L2)
 constexpr int kMinChunk = 512;   // shortest chunk worth a work item of its own (rank-3 outputs)
 constexpr int kMaxAutoSplits = 64;
+// Cap on the fp32 partials of an internal split ([parts, rows, 512]): at G*Q = 1024 query rows a
+// partial is 2 MiB, so the plan coarsens its chunks rather than allocate hundreds of MiB.
+constexpr int64_t kMaxPartialBytes = int64_t(32) << 20;
 // Below this much work (key rows x query rows, about 50 us on one core) the threads' wake-up and
 // barrier cost more than they save, and a loaded machine makes them cost far more: run on one.
 constexpr int64_t kMinParallelCost = int64_t(64) * 64 * 12;
@@ -285,17 +288,29 @@ void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const
   } else if (ctx.opts.num_splits == 0 && threads > 1) {
     int64_t total = 0;
     for (int64_t n : local_len) total += n;
-    const int64_t target = std::max<int64_t>(kMinChunk, (total + 4 * threads - 1) / (4 * threads));
-    for (int b = 0; b < batch; ++b)
-      chunks[b] = int(std::clamp<int64_t>((local_len[b] + target - 1) / target, 1, kMaxAutoSplits));
+    const int64_t max_parts = std::max<int64_t>(2, kMaxPartialBytes / (int64_t(geo.rows) * geo.width * 4));
+    for (int64_t target = std::max<int64_t>(kMinChunk, (total + 4 * threads - 1) / (4 * threads));; target *= 2) {
+      int64_t parts = 0;
+      for (int b = 0; b < batch; ++b) {
+        chunks[b] = int(std::clamp<int64_t>((local_len[b] + target - 1) / target, 1, kMaxAutoSplits));
+        parts += chunks[b] > 1 ? chunks[b] : 0;
+      }
+      if (parts <= max_parts) break;  // ends: once target exceeds every length, parts = 0
+    }
   }
 
   // Internal-split partials: [rows, width] + [rows] fp32 per chunk of a request split in more
   // than one chunk, merged into o/lse afterwards.
   std::vector<int64_t> part_begin(batch + 1, 0);
   for (int b = 0; b < batch; ++b) part_begin[b + 1] = part_begin[b] + (!split_out && chunks[b] > 1 ? chunks[b] : 0);
+  // Kept between calls (per calling thread): every partial is fully written before it is merged.
   const size_t parts = size_t(part_begin[batch]);
-  std::vector<float> part_o(parts * geo.rows * geo.width), part_lse(parts * geo.rows);
+  // (The OpenMP threads below must use these pointers, not the calling thread's thread_locals.)
+  thread_local std::vector<float> part_o_buf, part_lse_buf;
+  if (part_o_buf.size() < parts * geo.rows * geo.width) part_o_buf.resize(parts * geo.rows * geo.width);
+  if (part_lse_buf.size() < parts * geo.rows) part_lse_buf.resize(parts * geo.rows);
+  float* const part_o = part_o_buf.data();
+  float* const part_lse = part_lse_buf.data();
 
   std::vector<WorkItem> items;
   for (int b = 0; b < batch; ++b) {
@@ -314,12 +329,12 @@ void attend(const Context& ctx, const TensorView& q, const KVCache& cache, const
       } else if (chunks[b] > 1) {
         const int64_t p = part_begin[b] + c;
         item.token0 = 0;
-        item.dst = Destination{.o = part_o.data() + p * geo.rows * geo.width,
+        item.dst = Destination{.o = part_o + p * geo.rows * geo.width,
                                .o_dtype = DType::f32,
                                .o_s = int64_t(geo.g) * geo.width,
                                .o_h = geo.width,
                                .o_l = 1,
-                               .lse = part_lse.data() + p * geo.rows,
+                               .lse = part_lse + p * geo.rows,
                                .lse_s = geo.g,
                                .lse_h = 1};
       }
