@@ -164,23 +164,26 @@ void run_item(const AttendKernels& kern, const Inputs& in, const Geometry& geo, 
       const char* row = row_of(j);
       for (int64_t line = 0; line < row_bytes; line += 64) _mm_prefetch(row + line, _MM_HINT_T1);
     }
-    for (int i = 0; i < geo.qlen; ++i) {
+    // Queries that see the same keys of this block (all of them, but near the causal edge) share
+    // one call over their rows: taller tiles than G rows alone.
+    for (int i = 0, next; i < geo.qlen; i = next) {
       const int nv = int(std::clamp<int64_t>(visible[i] - k0, 0, nkeys));
+      for (next = i + 1; next < geo.qlen && std::clamp<int64_t>(visible[next] - k0, 0, nkeys) == nv;) ++next;
       if (nv == 0) continue;
-      const int r0 = i * geo.g;
+      const int r0 = i * geo.g, nrows = (next - i) * geo.g;
       float* s = &sc.s[size_t(r0) * kBlock];
       if (in.bf16_scores)
-        kern.scores_bf16(&sc.q16[size_t(r0) * row_dim], row_dim, geo.g, sc.keys16.data(), row_dim, nv, row_dim, s, kBlock);
+        kern.scores_bf16(&sc.q16[size_t(r0) * row_dim], row_dim, nrows, sc.keys16.data(), row_dim, nv, row_dim, s, kBlock);
       else
-        kern.scores(&sc.q[size_t(r0) * row_dim], row_dim, geo.g, sc.keys.data(), row_dim, nv, row_dim, s, kBlock);
-      for (int h = 0; h < geo.g; ++h) {
+        kern.scores(&sc.q[size_t(r0) * row_dim], row_dim, nrows, sc.keys.data(), row_dim, nv, row_dim, s, kBlock);
+      for (int h = 0; h < nrows; ++h) {
         float* srow = s + size_t(h) * kBlock;
         if (in.bf16_scores)
           for (int k = 0; k < nv; ++k) srow[k] *= in.q_mul * in.k_scale;
         for (int k = nv; k < (nv + kScorePad - 1) / kScorePad * kScorePad; ++k) srow[k] = -INFINITY;
         kern.softmax_block(srow, nv, sc.state[r0 + h], &sc.acc[size_t(r0 + h) * width], width);
       }
-      kern.pv(s, kBlock, geo.g, sc.keys.data(), row_dim, nv, width, &sc.acc[size_t(r0) * width], width);
+      kern.pv(s, kBlock, nrows, sc.keys.data(), row_dim, nv, width, &sc.acc[size_t(r0) * width], width);
     }
   }
 
