@@ -219,3 +219,64 @@ TEST(DcpLayerErrors, RanksDisagreeingOnTheStepWriteNothing) {
 
 }  // namespace
 }  // namespace mla
+
+namespace mla {
+namespace {
+
+// The three public stages called one by one at W > 1, with the caller's buffers: a head-padded
+// query (the gather writes through its row stride) and split partials [splits, S, G, L] that
+// post exchanges and merges with the ranks' partials in one merge.
+TEST(DcpLayer, StagesWithPaddedQueryAndSplitPartials) {
+  const int w = 4, splits = 3, pad = 5;
+  const LayerConfig cfg = testing::small_config("kimi-k3", GateLayout::merged, 3);
+  std::vector<PreparedWeights> weights;
+  for (const auto& ck : dcp::rank_checkpoints(cfg, 21, w)) weights.push_back(prepare_weights(cfg, ck));
+  const synth::ScenarioSpec spec{.cfg = cfg, .seq_lens = {70, 0, 2, 9}, .qlen = 2, .page_size = 16,
+                                 .dcp = {.size = w, .rank = 0, .interleave = 2}, .seed = 23};
+  auto comms = make_thread_group(w);
+  std::vector<Tensor> outs(w);
+  std::vector<std::string> errors(w);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w; ++r)
+    threads.emplace_back([&, r] {
+      errors[r] = testing::error_of([&] {
+        synth::ScenarioSpec rs = spec;
+        rs.dcp.rank = r;
+        const synth::Scenario sc = synth::make_scenario(rs, weights[r].k_scale);
+        Layer layer(cfg, weights[r], {.backend = Backend::cpu, .dcp = rs.dcp, .comm = comms[r].get(), .num_threads = 1});
+        const int64_t s = sc.tokens(), g = layer.query_heads(), l = cfg.kv_lora_rank;
+        Tensor q = Tensor::empty(DType::fp8_e4m3, {s, g + pad, cfg.row_dim()});
+        Tensor gate = Tensor::empty(DType::bf16, {s, cfg.gate_dim()});
+        Tensor o = Tensor::empty(DType::f32, {splits, s, g, l}), lse = Tensor::empty(DType::f32, {splits, s, g});
+        outs[r] = Tensor::empty(DType::bf16, {s, int64_t(cfg.heads()) * cfg.v_head_dim});
+        for (const Tensor* t : {&q, &gate, &o, &lse, &outs[r]}) testing::poison(*t);
+        layer.pre(sc.hidden, sc.meta(), sc.kv(), {.q = q.view(), .gate = gate.view()});
+        layer.attend(q.view(), sc.kv(), sc.meta(), {.o = o.view(), .lse = lse.view()});
+        layer.post({.o = o.view(), .lse = lse.view()}, gate.view(), sc.meta(), outs[r]);
+        // Every gathered head of the query was written; the pad heads were not.
+        int64_t poisoned_pad = 0;
+        for (int64_t t = 0; t < s; ++t)
+          for (int64_t h = 0; h < g + pad; ++h) {
+            const TensorView head = TensorView::contiguous(q.ptr<uint8_t>() + (t * (g + pad) + h) * cfg.row_dim(),
+                                                           DType::fp8_e4m3, {cfg.row_dim()});
+            const int64_t left = testing::count_poison(head);
+            MLA_REQUIRE(h >= g || left == 0, "query token ", t, " head ", h, " not written by the gather");
+            poisoned_pad += h >= g ? left : 0;
+          }
+        MLA_REQUIRE(poisoned_pad == s * pad * cfg.row_dim(), "the gather wrote into the head pad");
+      });
+      if (!errors[r].empty()) abort_thread_group(*comms[r]);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < w; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_FALSE(testing::has_poison(outs[r]));
+    const Tensor want = dcp1_out(cfg, weights[r], spec, splits, nullptr);
+    const std::vector<double> want_d = testing::to_doubles(want);
+    const testing::Compare c = testing::compare(outs[r], want_d.data());
+    EXPECT_TRUE(c.ok(1e-2)) << "rank " << r << ": rel_l2 " << c.rel_l2 << " " << c.why;
+  }
+}
+
+}  // namespace
+}  // namespace mla
