@@ -2,7 +2,7 @@
 # Installs everything mla-decode needs on a fresh Debian 12 machine. Idempotent.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ ccache pkg-config libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
-      libopenblas-dev libopenblas0-pthread python3 python3-pip)
+      libopenblas-dev libopenblas0-pthread libdnnl-dev python3 python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

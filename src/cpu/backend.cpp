@@ -61,7 +61,7 @@ class CpuBackend final : public BackendImpl {
 
   PreparedWeights w_;
   int threads_;
-  cpu::DenseWeights dense_;  // fp32 copies of qkv_a and q_b for sgemm, made once
+  cpu::DenseWeights dense_;  // qkv_a and q_b ready for the dense products (cpu/gemm.hpp), made once
   Tensor q_, gate_, o_, lse_;
 };
 

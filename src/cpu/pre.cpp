@@ -1,6 +1,7 @@
 // The CPU pre stage (SPEC.md pre, steps 1-7 and 9 at this rank): hidden -> [q_a | kv_a | k_pe |
-// gate] in one sgemm, the two RMSNorms, q_b, RoPE, the absorbed W_UK product (MXFP4), the query
-// written through the output view's strides, this step's cache rows, and the sigmoid gate.
+// gate] in one dense product (cpu/gemm.hpp), the two RMSNorms, q_b, RoPE, the absorbed W_UK
+// product (MXFP4), the query written through the output view's strides, this step's cache rows,
+// and the sigmoid gate.
 // Rounding points (project decisions): y, the normed q_c / kv_c, q and the rotated parts are bf16;
 // ql_nope is fp32-accumulated and rounded once into the query's format.
 #include <omp.h>
@@ -90,7 +91,7 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
 #pragma omp parallel for num_threads(threads) schedule(static) if (par_tokens)
   for (int64_t s = 0; s < S; ++s)
     for (int d = 0; d < D; ++d) x[s * D + d] = bf16_to_float(hid[s * hidden.stride[0] + d * hidden.stride[1]]);
-  matmul_nt(x.data(), D, S, D, dense->qkv_a.data(), rows, y.data(), rows, threads);
+  dense->qkv_a.multiply(x.data(), D, S, y.data(), rows, threads);
 
   // 2. the RMSNorms; 4 (k_pe) RoPE. One token per iteration: every step is row-local.
   const rope::RopeTable table = rope::make_table(cfg);
@@ -115,7 +116,7 @@ void pre(const Context& ctx, const TensorView& hidden, const StepMeta& meta, con
 
   // 3. q = q_c @ q_b^T, bf16, viewed [S, N, P+R]; 4. RoPE of q_pe.
   std::vector<float> q(S * N * H);
-  matmul_nt(y.data(), rows, S, Rq, dense->q_b.data(), int64_t(N) * H, q.data(), int64_t(N) * H, threads);
+  dense->q_b.multiply(y.data(), rows, S, q.data(), int64_t(N) * H, threads);
 #pragma omp parallel for num_threads(threads) schedule(static) if (par_tokens)
   for (int64_t s = 0; s < S; ++s) {
     for (int n = 0; n < N; ++n) {

@@ -16,8 +16,8 @@ struct Context {
   const LayerOptions& opts;
   const PreparedWeights& w;
   int threads;  // OpenMP threads to use
-  // fp32 copies of the bf16 weights for sgemm, built once by CpuBackend; null: pre widens them
-  // on every call (slow, for callers without a backend).
+  // qkv_a and q_b ready for the dense products (cpu/gemm.hpp), built once by CpuBackend; null:
+  // pre builds them on every call (slow, for callers without a backend).
   const DenseWeights* dense = nullptr;
 };
 
