@@ -305,4 +305,38 @@ TEST(Cli, DumpWritesLoadableSafetensors) {
   EXPECT_EQ(post["out"].at(2), "4x256");
 }
 
+TEST(Cli, BenchSweepRecordsCeilingsFormulasAndProvenance) {
+  TempDir dir("bench");
+  const fs::path file = dir.path / "bench.json";
+  const Proc p = run_shell(kMla + " bench --backend cpu --threads 1 --preset kimi-k3 --heads 2 --hidden 256 "
+                                  "--q-lora-rank 128 --sweep --batches 1,2 --contexts 100 --qlens 2 "
+                                  "--warmup 1 --iters 3 --json " + file.string());
+  ASSERT_EQ(p.code, 0) << p.err;
+  std::ifstream in(file);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_FALSE(j["device"].get<std::string>().empty());
+  EXPECT_GT(j["ceilings"]["copy_gbps"].get<double>(), 0.0);
+  EXPECT_GT(j["ceilings"]["matmul_tflops"].get<double>(), 0.0);
+  EXPECT_NE(j["command"].get<std::string>().find("--sweep"), std::string::npos);
+  EXPECT_FALSE(j["git_revision"].get<std::string>().empty());
+  EXPECT_FALSE(j["timestamp"].get<std::string>().empty());
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& r : j["results"])
+    for (const char* stage : {"pre", "attend", "post", "step"}) {
+      EXPECT_GT(r["stages"][stage]["us_median"].get<double>(), 0.0) << stage;
+      EXPECT_GT(r["stages"][stage]["bytes"].get<double>(), 0.0) << stage;
+      EXPECT_GT(r["stages"][stage]["flops"].get<double>(), 0.0) << stage;
+    }
+  // attend's formula for B = 2 requests of 100 + 2 tokens, Q = 2, G = 2 heads, fp8 cache and
+  // query, f32 o: every cached row once + the query + o and lse; 2*(576 + 512) FLOPs per visible
+  // key and head, query i seeing 101 + i keys.
+  const auto& attend = j["results"][1]["stages"]["attend"];
+  const double B = 2, len = 102, S = 4, G = 2, row = 576, L = 512;
+  EXPECT_EQ(attend["bytes"].get<double>(), B * len * row + S * G * row + S * G * (L * 4 + 4));
+  EXPECT_EQ(attend["flops"].get<double>(), B * (101 + 102) * G * 2 * (row + L));
+  const auto& st = j["results"][1]["stages"];
+  EXPECT_EQ(st["step"]["bytes"].get<double>(),
+            st["pre"]["bytes"].get<double>() + st["attend"]["bytes"].get<double>() + st["post"]["bytes"].get<double>());
+}
+
 }  // namespace
