@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <cstdlib>
 
 #include "core/softmax_state.hpp"
 #include "cuda/check.hpp"
@@ -43,15 +44,17 @@ struct Traits<false> {
   static constexpr int kQStride = kRow + 8;
 };
 
-template <bool kFp8>
+// kStages key tiles in shared memory: kStages - 1 loading while one is used.
+template <bool kFp8, int kStages>
 struct SharedPlan {
-  alignas(128) uint8_t kv[2][kTileKeys][Traits<kFp8>::kRowBytes];  // key rows, double-buffered
+  alignas(128) uint8_t kv[kStages][kTileKeys][Traits<kFp8>::kRowBytes];
   alignas(16) uint16_t q[kMTile][Traits<kFp8>::kQStride];          // query tile, f16 or bf16
   // Softmax weights of the tile as a sum hi + lo of two 16-bit values (see pv_tile).
   alignas(16) uint16_t p[2][kMTile][kPStride];
-  // Three tiles' key rows in flight: tile t in use, t+1 loading, t+2's page ids arriving.
-  const uint8_t* rows[3][kTileKeys];  // global address of each key row; null: masked, zero-filled
-  int32_t pos[3][kTileKeys];          // global position of each key; INT_MAX: masked
+  // kStages + 1 tiles' key rows: tile t in use, t+1 .. t+kStages-1 loading, t+kStages's page ids
+  // arriving.
+  const uint8_t* rows[kStages + 1][kTileKeys];  // global address of each key row; null: masked, zero-filled
+  int32_t pos[kStages + 1][kTileKeys];          // global position of each key; INT_MAX: masked
   float red_max[kWarps][kMTile];
   float red_sum[kWarps][kMTile];
 };
@@ -61,7 +64,8 @@ struct SharedPlan {
 // them as the k16 step's pairs (2c, 2c+1) and (2c+8, 2c+9). That permutes k inside each 16-dim
 // block, so the query's A fragment is read with the same permutation (dims 4c..4c+3 of its rows):
 // the dot product is unchanged.
-__device__ __forceinline__ void qk_tile(const SharedPlan<true>& sm, int buf, int warp, int lane, float (&s)[4]) {
+template <int S>
+__device__ __forceinline__ void qk_tile(const SharedPlan<true, S>& sm, int buf, int warp, int lane, float (&s)[4]) {
   const int g = lane / 4, c = lane % 4;
   const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
   const uint16_t* q0 = &sm.q[g][4 * c];
@@ -84,7 +88,8 @@ __device__ __forceinline__ void qk_tile(const SharedPlan<true>& sm, int buf, int
   for (int e = 0; e < 4; ++e) s[e] = s2[0][e] + s2[1][e];
 }
 
-__device__ __forceinline__ void qk_tile(const SharedPlan<false>& sm, int buf, int warp, int lane, float (&s)[4]) {
+template <int S>
+__device__ __forceinline__ void qk_tile(const SharedPlan<false, S>& sm, int buf, int warp, int lane, float (&s)[4]) {
   const int g = lane / 4, c = lane % 4;
   const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
   const uint16_t* q0 = &sm.q[g][2 * c];
@@ -110,7 +115,8 @@ __device__ __forceinline__ void qk_tile(const SharedPlan<false>& sm, int buf, in
 // fp8: ldmatrix.trans on the fp8 rows as b16 gives lane (g, c) the byte pairs of dims (2g, 2g+1)
 // at keys 2c and 2c+1; a byte permute splits them into an even-dim and an odd-dim B fragment, so
 // n-tile 2k covers the even dims of 16-dim chunk k and n-tile 2k+1 its odd dims (dim_of below).
-__device__ __forceinline__ void pv_tile(const SharedPlan<true>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+template <int S>
+__device__ __forceinline__ void pv_tile(const SharedPlan<true, S>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
   const int prow = (lane & 7) + ((lane >> 3) & 1) * 8;
   const uint32_t pbase = ptx::smem_addr(&sm.p[0][prow][(lane >> 4) * 8]);
   const uint32_t plo = ptx::smem_addr(&sm.p[1][prow][(lane >> 4) * 8]) - pbase;
@@ -142,7 +148,8 @@ __device__ __forceinline__ void pv_tile(const SharedPlan<true>& sm, int buf, int
   }
 }
 
-__device__ __forceinline__ void pv_tile(const SharedPlan<false>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+template <int S>
+__device__ __forceinline__ void pv_tile(const SharedPlan<false, S>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
   const int prow = (lane & 7) + ((lane >> 3) & 1) * 8;
   const uint32_t pbase = ptx::smem_addr(&sm.p[0][prow][(lane >> 4) * 8]);
   const uint32_t plo = ptx::smem_addr(&sm.p[1][prow][(lane >> 4) * 8]) - pbase;
@@ -194,10 +201,12 @@ __device__ __forceinline__ int dim_of(int warp, int j, int e, int c) {
   else return warp * 64 + (j / 2) * 16 + (j & 1) * 8 + 2 * c + (e & 1);
 }
 
-template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, kFp8 ? 2 : 1) attend_kernel(const __grid_constant__ AttendParams p) {
+template <bool kFp8, int kStages>
+__global__ void __launch_bounds__(kThreads, kFp8 && kStages == 2 ? 2 : 1)
+    attend_kernel(const __grid_constant__ AttendParams p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<SharedPlan<kFp8>*>(smem_raw);
+  auto& sm = *reinterpret_cast<SharedPlan<kFp8, kStages>*>(smem_raw);
+  constexpr int kSlots = kStages + 1;
   constexpr int kElemBytes = Traits<kFp8>::kElemBytes;
   constexpr int kQStride = Traits<kFp8>::kQStride;
 
@@ -308,10 +317,13 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 2 : 1) attend_kernel(const __
     ptx::cp_async_commit();
   };
 
-  if (n_tiles > 0) publish(page_of(0), 0);
-  if (n_tiles > 1) publish(page_of(1), 1);
-  __syncthreads();  // the query tile and the first two tiles' rows
-  if (n_tiles > 0) issue_tile(0, 0);
+  for (int t = 0; t < kStages && t < n_tiles; ++t) publish(page_of(t), t);
+  __syncthreads();  // the query tile and the first tiles' rows
+  // One cp.async group per tile slot, empty past the last tile, so that wait_group counts tiles.
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < n_tiles) issue_tile(t, t);
+    else ptx::cp_async_commit();
+  }
 
   SoftmaxState st0, st1;  // rows g and g+8; d holds this thread's share of the sum
   float acc[8][4];
@@ -319,14 +331,16 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 2 : 1) attend_kernel(const __
   for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
   for (int t = 0; t < n_tiles; ++t) {
-    const int buf = t & 1, slot = t % 3;
-    ptx::cp_async_wait_all();
-    // Tile t has landed for every thread, tile t+1's rows are published, and every warp has
-    // finished tile t-1 (its buffer is refilled next).
+    const int buf = t % kStages, slot = t % kSlots;
+    ptx::cp_async_wait_group<kStages - 2>();
+    // Tile t has landed for every thread, tile t+kStages-1's rows are published, and every warp
+    // has finished tile t-1 (its buffer is refilled next).
     __syncthreads();
-    if (t + 1 < n_tiles) issue_tile((t + 1) % 3, buf ^ 1);
-    // Tile t+2's page ids: loaded now, published after q.k (the load's latency hides behind it).
-    const KeyRow ahead = t + 2 < n_tiles ? page_of(t + 2) : KeyRow{};
+    const int next = t + kStages - 1;
+    if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
+    else ptx::cp_async_commit();
+    // The page ids of tile t+kStages: loaded now, published after q.k (the latency hides behind it).
+    const KeyRow ahead = t + kStages < n_tiles ? page_of(t + kStages) : KeyRow{};
 
     float s[4];
     qk_tile(sm, buf, warp, lane, s);
@@ -335,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 2 : 1) attend_kernel(const __
       const int32_t pos = sm.pos[slot][warp * 8 + 2 * c + (e & 1)];
       s[e] = pos <= (e < 2 ? limit0 : limit1) ? s[e] * p.score_scale : -INFINITY;
     }
-    if (t + 2 < n_tiles) publish(ahead, (t + 2) % 3);
+    if (t + kStages < n_tiles) publish(ahead, (t + kStages) % kSlots);
     float mx0 = fmaxf(s[0], s[1]), mx1 = fmaxf(s[2], s[3]);
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -417,26 +431,39 @@ __global__ void __launch_bounds__(kThreads, kFp8 ? 2 : 1) attend_kernel(const __
   }
 }
 
-template <bool kFp8>
+template <bool kFp8, int kStages>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(sizeof(SharedPlan<kFp8>))));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_kernel<kFp8, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(sizeof(SharedPlan<kFp8, kStages>))));
+}
+
+// fp8 cache: 2 stages at 2 CTAs an SM (default), or 4 stages at 1 CTA an SM (3 tiles in flight),
+// chosen with MLA_ATTEND_STAGES=4 for measurement (docs/attention.md).
+int fp8_stages() {
+  static const int stages = [] {
+    const char* env = std::getenv("MLA_ATTEND_STAGES");
+    return env && std::atoi(env) == 4 ? 4 : 2;
+  }();
+  return stages;
 }
 
 }  // namespace
 
 void prepare_attend_kernels() {
-  set_smem_limit<true>();
-  set_smem_limit<false>();
+  set_smem_limit<true, 2>();
+  set_smem_limit<true, 4>();
+  set_smem_limit<false, 2>();
 }
 
 void launch_attend(const AttendParams& p, cudaStream_t stream) {
   if (p.batch == 0) return;
   const dim3 grid(unsigned(p.batch) * unsigned(p.splits), unsigned((p.heads * p.qlen + kMTile - 1) / kMTile));
-  if (p.cache_fp8)
-    attend_kernel<true><<<grid, kThreads, sizeof(SharedPlan<true>), stream>>>(p);
+  if (!p.cache_fp8)
+    attend_kernel<false, 2><<<grid, kThreads, sizeof(SharedPlan<false, 2>), stream>>>(p);
+  else if (fp8_stages() == 4)
+    attend_kernel<true, 4><<<grid, kThreads, sizeof(SharedPlan<true, 4>), stream>>>(p);
   else
-    attend_kernel<false><<<grid, kThreads, sizeof(SharedPlan<false>), stream>>>(p);
+    attend_kernel<true, 2><<<grid, kThreads, sizeof(SharedPlan<true, 2>), stream>>>(p);
   MLA_CUDA_CHECK_LAUNCH();
 }
 
