@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "cuda/check.hpp"
 #include "cuda/handles.hpp"
@@ -149,7 +150,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclId& id, int rank,
                                                      size_t staging_bytes) {
   MLA_REQUIRE(size >= 1 && rank >= 0 && rank < size, "make_nccl_communicator: rank expected in [0, ", size,
               "), got ", rank);
-  setenv("NCCL_NVLS_ENABLE", "0", 1);  // never NVLink multicast (docs/dcp.md)
+  // Never NVLink multicast (docs/dcp.md). Once per process, before any rank's init reads the
+  // environment: setenv racing with another thread's getenv is undefined.
+  static std::once_flag nvls_off;
+  std::call_once(nvls_off, [] { setenv("NCCL_NVLS_ENABLE", "0", 1); });
   cuda::DeviceGuard guard(device);
   ncclUniqueId nid;
   std::memcpy(nid.internal, id.bytes, sizeof(nid.internal));
