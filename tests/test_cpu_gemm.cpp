@@ -2,7 +2,8 @@
 // OpenBLAS fallback, against a float64 product of the same bf16 values: odd shapes, strided
 // activations and outputs (the output's row pad must survive), every row count a step can have
 // at decode and prefill sizes, run-to-run bit identity, concurrent callers, and the
-// MLA_CPU_GEMM=openblas switch.
+// MLA_CPU_GEMM=openblas switch, and the pre stage giving the same outputs on either path (the
+// pre tests check the default path against float64).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,8 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "core/synthetic.hpp"
 #include "cpu/gemm.hpp"
 #include "mla/formats.hpp"
+#include "mla/mla.hpp"
+#include "support/testing.hpp"
 
 namespace mla {
 namespace {
@@ -231,6 +235,50 @@ TEST(CpuGemmPath, BothPathsAgreeOnADecodeProduct) {
     ref_sq += double(b[i]) * b[i];
   }
   EXPECT_LE(std::sqrt(diff_sq / ref_sq), 1e-6);
+}
+
+// pre through a layer built with MLA_CPU_GEMM=openblas and through the default layer: the same
+// query, gate and cache from the same step, up to the rare bf16 / fp8 rounding that the two
+// summation orders put on different sides of a boundary (the pre tests' tolerances).
+TEST(CpuGemmPath, PreAgreesOnBothPaths) {
+  if (cpu::choose_gemm_path() != GemmPath::onednn) GTEST_SKIP() << "no oneDNN bf16 matmul here";
+  const testing::RandomCaseLimits limits{.max_batch = 8, .max_context = 3000, .max_total_context = 6000};
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const testing::RandomCase rc = testing::random_case(3000 + seed, limits);
+    SCOPED_TRACE(rc.describe());
+    const LayerConfig& cfg = rc.spec.cfg;
+    const PreparedWeights w = prepare_weights(cfg, random_checkpoint_weights(cfg, seed * 31 + 5));
+    const int64_t S = int64_t(rc.spec.seq_lens.size()) * rc.spec.qlen;
+    const LayerOptions opts{.backend = Backend::cpu, .q_dtype = rc.q_dtype, .max_tokens = int(S)};
+    struct Outputs {
+      synth::Scenario sc;
+      Tensor q, gate;
+    };
+    auto run_pre = [&](Layer& layer) {
+      Outputs o{.sc = synth::make_scenario(rc.spec, w.k_scale),
+                .q = Tensor::empty(rc.q_dtype, {S, cfg.heads(), cfg.row_dim()}),
+                .gate = cfg.gate_dim() > 0 ? Tensor::empty(DType::bf16, {S, cfg.gate_dim()}) : Tensor()};
+      layer.pre(o.sc.hidden, o.sc.meta(), o.sc.kv(), {.q = o.q.view(), .gate = o.gate.view()});
+      return o;
+    };
+    Layer fast(cfg, w, opts);
+    std::optional<Layer> fallback;
+    {
+      const ScopedEnv env("MLA_CPU_GEMM", "openblas");
+      fallback.emplace(cfg, w, opts);
+    }
+    const Outputs a = run_pre(fast), b = run_pre(*fallback);
+    // fp8 views compare as raw codes: the same scale on both sides.
+    auto agree = [](const TensorView& got, const TensorView& other, const char* what) {
+      const double tolerance = got.dtype == DType::fp8_e4m3 ? 1e-2 : 4e-3;
+      const std::vector<double> ref = testing::to_doubles(other);
+      const testing::Compare c = testing::compare(got, ref.data());
+      EXPECT_TRUE(c.ok(tolerance)) << what << ": rel_l2 " << c.rel_l2 << " " << c.why;
+    };
+    agree(a.q.view(), b.q.view(), "query");
+    if (cfg.gate_dim() > 0) agree(a.gate.view(), b.gate.view(), "gate");
+    agree(a.sc.cache.view(), b.sc.cache.view(), "cache");  // NaN-filled tails: same places on both
+  }
 }
 
 }  // namespace
