@@ -99,13 +99,18 @@ struct DenseMatrix::OneDnn {
     const auto key = std::make_pair(m, threads);
     if (auto it = prepared.find(key); it != prepared.end()) return it->second;
     const OmpThreads omp(threads);
-    const auto pd = matmul_desc(m, n, k);
-    Prepared p{.primitive = dnnl::matmul(pd), .weights = weights_for(pd.weights_desc(), threads)};
-    prepared.emplace(key, p);
-    return p;
+    try {
+      const auto pd = matmul_desc(m, n, k);
+      Prepared p{.primitive = dnnl::matmul(pd), .weights = weights_for(pd.weights_desc())};
+      prepared.emplace(key, p);
+      return p;
+    } catch (const dnnl::error& e) {  // made for m = 1 already: not expected
+      detail::fail("DenseMatrix: oneDNN cannot make the bf16 matmul [", m, ", ", k, "] x [", k, ", ", n,
+                   "]: ", e.what());
+    }
   }
 
-  memory weights_for(const memory::desc& desc, int threads) {
+  memory weights_for(const memory::desc& desc) {
     if (desc == weights_desc) return weights;
     for (const auto& [d, mem] : other_layouts)
       if (d == desc) return mem;
