@@ -37,6 +37,7 @@ void add_run_command(CLI::App& app, RunOptions& o) {
 
 int run_command(const RunOptions& o) {
   if (o.dcp.size > 1) {
+    MLA_REQUIRE(o.step.checkpoint.empty(), "--checkpoint: not supported with --dcp ", o.dcp.size, " yet (only at --dcp 1)");
     MLA_REQUIRE(o.dump.empty(), "--dump: not supported with --dcp ", o.dcp.size, " yet (only at --dcp 1)");
     return dcp_run_command(o.step, o.dcp, o.check, o.json);
   }

@@ -2,14 +2,15 @@
 
 #include <sstream>
 
+#include "mla/checkpoint.hpp"
 #include "mla/error.hpp"
 
 namespace mla::cli {
 
 void add_step_options(CLI::App& app, StepOptions& o) {
-  app.add_option("--preset", o.preset, "Layer preset")
-      ->check(CLI::IsMember(LayerConfig::preset_names()))
-      ->capture_default_str();
+  CLI::Option* preset = app.add_option("--preset", o.preset, "Layer preset")
+                            ->check(CLI::IsMember(LayerConfig::preset_names()))
+                            ->capture_default_str();
   app.add_option("--batch", o.batch, "Requests in the step (default: one per --context entry)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--context", o.context,
@@ -34,10 +35,26 @@ void add_step_options(CLI::App& app, StepOptions& o) {
       ->capture_default_str();
   app.add_option("--heads", o.heads, "Override: this rank's heads N")->check(CLI::PositiveNumber);
   app.add_option("--hidden", o.hidden, "Override: hidden size D")->check(CLI::PositiveNumber);
-  app.add_option("--q-lora-rank", o.q_lora_rank, "Override: q LoRA rank Rq")->check(CLI::PositiveNumber);
+  CLI::Option* rq = app.add_option("--q-lora-rank", o.q_lora_rank, "Override: q LoRA rank Rq")->check(CLI::PositiveNumber);
+  // A real layer: its config.json decides the dimensions, so the preset and overrides do not apply.
+  app.add_option("--checkpoint", o.checkpoint,
+                 "Hugging Face checkpoint directory (config.json, *.safetensors): run --layer's real weights "
+                 "instead of --preset's synthetic ones")
+      ->check(CLI::ExistingDirectory)
+      ->excludes(preset)
+      ->excludes(app.get_option("--heads"))
+      ->excludes(app.get_option("--hidden"))
+      ->excludes(rq)
+      ->excludes(app.get_option("--gate-layout"));
+  app.add_option("--layer", o.layer, "With --checkpoint: the layer, 0-based")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--tp", o.tp, "With --checkpoint: tensor-parallel size T (this rank runs heads / T heads)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--rank", o.rank, "With --checkpoint: this rank of --tp")->check(CLI::NonNegativeNumber)->capture_default_str();
 }
 
 LayerConfig make_config(const StepOptions& o) {
+  if (!o.checkpoint.empty()) return load_layer_config(o.checkpoint, o.tp);
   LayerConfig cfg = LayerConfig::preset(o.preset);
   if (o.heads > 0) cfg.total_heads = o.heads * cfg.tp_size;
   if (o.hidden > 0) cfg.hidden = o.hidden;
@@ -78,8 +95,14 @@ std::vector<int32_t> make_seq_lens(const StepOptions& o) {
 
 Step make_step(const StepOptions& o) {
   Step st;
-  st.cfg = make_config(o);
-  st.weights = prepare_weights(st.cfg, random_checkpoint_weights(st.cfg, o.seed));
+  if (!o.checkpoint.empty()) {
+    const CheckpointLayer ck = load_layer(o.checkpoint, o.layer, o.tp, o.rank);
+    st.cfg = ck.config;
+    st.weights = prepare_weights(st.cfg, ck.weights);
+  } else {
+    st.cfg = make_config(o);
+    st.weights = prepare_weights(st.cfg, random_checkpoint_weights(st.cfg, o.seed));
+  }
   const std::vector<int32_t> seq_lens = make_seq_lens(o);
   const int64_t S = int64_t(seq_lens.size()) * o.qlen;
   const LayerOptions opts{.backend = parse_backend(o.backend),

@@ -30,6 +30,11 @@ struct StepOptions {
   int heads = 0;                     // N, this rank's heads (total_heads = N * tp_size)
   int hidden = 0;                    // D
   int q_lora_rank = 0;               // Rq
+  // A real layer instead of synthetic weights (mla/checkpoint.hpp): dimensions from its config.json.
+  std::string checkpoint;            // Hugging Face checkpoint directory; empty: --preset's synthetic weights
+  int layer = 0;                     // the checkpoint's layer, 0-based
+  int tp = 1;                        // tensor-parallel size: this rank runs num_attention_heads / tp heads
+  int rank = 0;                      // this rank: heads rank*N .. (rank+1)*N
 };
 
 // Registers the step flags on a (sub)command.
