@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <sys/wait.h>
 #include <filesystem>
 #include <fstream>
 
@@ -489,6 +490,37 @@ TEST(CheckpointErrorsMisc, DirectoryWithoutSafetensors) {
   spec.cfg = tiny_model(2, RopeType::yarn, GateLayout::none);
   std::ofstream(dir + "/config.json") << testing::checkpoint_config_json(spec).dump();
   EXPECT_ERROR_HAS(error_of([&] { load_layer(dir, 0); }), "neither model.safetensors.index.json nor any");
+}
+
+
+// --- mla run --checkpoint ---------------------------------------------------------------------
+
+// `mla run --checkpoint DIR --layer N --tp T --rank R --check` runs and checks a loaded layer; a
+// layer the checkpoint lacks is one clear error line, exit 2.
+TEST(CheckpointCli, RunChecksALoadedLayer) {
+  const std::string mla = std::string(MLA_BINARY_DIR) + "/mla";
+  if (!std::filesystem::exists(mla)) GTEST_SKIP() << "the mla command is not built at " << mla;
+  CheckpointSpec spec;
+  spec.cfg = tiny_model(4, RopeType::none, GateLayout::separate);
+  spec.fp8 = true;
+  spec.shards = 2;
+  const std::string dir = testing::fresh_dir("cli_run");
+  testing::write_checkpoint(dir, spec, random_checkpoint_weights(spec.cfg, 71));
+  const std::string run = "'" + mla + "' run --checkpoint '" + dir + "' --tp 2 --rank 1 --backend cpu --threads 1" +
+                          " --context 40,0,100 --qlen 2 --page-size 16 --check";
+  ASSERT_EQ(std::system((run + " --layer 0 --json '" + dir + "/run.json' > '" + dir + "/out.txt' 2>&1").c_str()), 0)
+      << "see " << dir << "/out.txt";
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/run.json"));
+  EXPECT_EQ(j["config"]["heads"], 2);
+  EXPECT_EQ(j["config"]["gate"], "separate");
+  EXPECT_EQ(j["config"]["rope"], "none");
+  EXPECT_EQ(j["check"]["ok"], true);
+
+  const int status = std::system((run + " --layer 3 > '" + dir + "/bad.txt' 2>&1").c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2);
+  std::ifstream in(dir + "/bad.txt");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("layer 3 is not an MLA layer"), std::string::npos) << text;
 }
 
 }  // namespace
