@@ -13,20 +13,22 @@
 namespace mla::cli {
 namespace {
 
-// SPEC.md, Tolerances. fp8 outputs (the query and the cache rows pre writes) are compared
-// dequantized with the unrounded reference: e4m3's own rounding is about 2.5% rel L2.
+// SPEC.md, Tolerances. fp8 outputs (the query and the cache rows pre writes) are compared with the
+// reference rounded to fp8 the same way (x / scale, RNE, saturated): what remains is the bf16
+// rounding upstream flipping a code now and then (~1e-3), so the bf16 tolerance applies.
 // End to end: SPEC.md's 5e-2 with a bf16 query; an fp8 query's own rounding (~2.7%), amplified by
 // the softmax, measures 2.5-6.5% on synthetic layers, so it gets 1e-1 (tests/test_end_to_end.cpp).
-constexpr double kTolBf16 = 1e-2, kTolF32 = 1e-4, kTolFp8 = 5e-2, kTolLse = 1e-3;
+constexpr double kTolBf16 = 1e-2, kTolF32 = 1e-4, kTolFp8 = 1e-2, kTolLse = 1e-3;
 constexpr double kTolEndToEnd = 5e-2, kTolEndToEndFp8Query = 1e-1;
 
 double tol_for(DType dt) { return dt == DType::fp8_e4m3 ? kTolFp8 : dt == DType::bf16 ? kTolBf16 : kTolF32; }
 
-// rel L2 of `a` against `ref`; fp8 views hold codes of x / scale, so the reference is scaled too.
+// rel L2 of `a` against `ref`; fp8 views hold codes of x / scale, so the reference is scaled and
+// rounded to fp8 too.
 CheckRow rel_l2_row(std::string stage, std::string tensor, const TensorView& a, std::vector<double> ref,
                     double fp8_scale, double tol) {
   if (a.dtype == DType::fp8_e4m3)
-    for (double& r : ref) r /= fp8_scale;
+    for (double& r : ref) r = fp8e4m3_to_float(float_to_fp8e4m3(float(r / fp8_scale)));
   const testing::Compare c = testing::compare(a, ref.data());
   return {std::move(stage), std::move(tensor), "rel_l2", c.rel_l2, tol, c.why};
 }
