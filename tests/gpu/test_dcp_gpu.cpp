@@ -121,6 +121,76 @@ TEST(DcpGpu, NcclOneRankPerGpu) {
   exercise(comms, devices);
 }
 
+// The NCCL collectives captured into a CUDA graph (issue 6 captures whole W > 1 steps): capture
+// succeeds only if nothing is allocated or synchronized; replays see new inputs; can_block() is
+// false while capturing (the layer then skips its blocking step check). One rank per GPU present.
+TEST(DcpGpu, NcclCollectivesCaptureIntoACudaGraph) {
+  MLA_REQUIRE_GPU();
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  const int w = std::min(count, 8);
+  NcclId id;
+  const std::string e = testing::error_of([&] { id = nccl_unique_id(); });
+  if (e.find("no NCCL") != std::string::npos) GTEST_SKIP() << e;
+  std::vector<std::string> errors(w);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w; ++r)
+    threads.emplace_back([&, r] {
+      errors[r] = testing::error_of([&] {
+        auto comm = make_nccl_communicator(id, r, w, r, 1 << 20);
+        MLA_REQUIRE(cudaSetDevice(r) == cudaSuccess, "cudaSetDevice");
+        const int rows = 5, chunk = 64, stride = w * chunk + 16;
+        cudaStream_t s;
+        MLA_REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+        void *d_q, *d_send, *d_recv;
+        MLA_REQUIRE(cudaMalloc(&d_q, rows * stride) == cudaSuccess && cudaMalloc(&d_send, rows * stride) == cudaSuccess &&
+                        cudaMalloc(&d_recv, w * rows * chunk) == cudaSuccess,
+                    "cudaMalloc");
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        MLA_REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin capture");
+        const bool blocked = comm->can_block(s);
+        // In place, like pre's query gather; then the combine's exchange.
+        comm->all_gather_rows({.send = static_cast<char*>(d_q) + r * chunk, .send_stride = stride, .recv = d_q,
+                               .recv_stride = stride, .rows = rows, .chunk_bytes = chunk},
+                              s);
+        comm->all_to_all_rows({.send = d_send, .send_stride = stride, .recv = d_recv, .recv_block_stride = rows * chunk,
+                               .recv_stride = chunk, .rows = rows, .chunk_bytes = chunk},
+                              s);
+        MLA_REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess, "end capture");
+        MLA_REQUIRE(!blocked, "can_block() is true while the stream is capturing");
+        MLA_REQUIRE(comm->can_block(s), "can_block() is false after the capture");
+        MLA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "instantiate");
+        for (int replay = 0; replay < 2; ++replay) {
+          std::vector<uint8_t> q(rows * stride, 0xEE), send(rows * stride);
+          for (int i = 0; i < rows; ++i)
+            for (int k = 0; k < chunk; ++k) q[i * stride + r * chunk + k] = pattern(r + replay, i, k);
+          for (int i = 0; i < rows; ++i)
+            for (int k = 0; k < w * chunk; ++k) send[i * stride + k] = pattern(r + 2 * replay, i, k);
+          cudaMemcpy(d_q, q.data(), q.size(), cudaMemcpyHostToDevice);
+          cudaMemcpy(d_send, send.data(), send.size(), cudaMemcpyHostToDevice);
+          MLA_REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess, "replay");
+          std::vector<uint8_t> blocks(w * rows * chunk);
+          cudaMemcpy(q.data(), d_q, q.size(), cudaMemcpyDeviceToHost);
+          cudaMemcpy(blocks.data(), d_recv, blocks.size(), cudaMemcpyDeviceToHost);
+          for (int i = 0; i < rows; ++i)
+            for (int p = 0; p < w; ++p)
+              for (int k = 0; k < chunk; ++k) {
+                MLA_REQUIRE(q[i * stride + p * chunk + k] == pattern(p + replay, i, k), "replay ", replay, ": gather");
+                MLA_REQUIRE(blocks[(p * rows + i) * chunk + k] == pattern(p + 2 * replay, i, r * chunk + k), "replay ",
+                            replay, ": all_to_all");
+              }
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaFree(d_q), cudaFree(d_send), cudaFree(d_recv);
+        cudaStreamDestroy(s);
+      });
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < w; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
 // The layer at W > 1 on one GPU (ranks as threads) against the CPU DCP-1 result of each rank's
 // weights on the same step.
 TEST(DcpGpu, LayerOnOneGpuMatchesCpuDcp1) {
