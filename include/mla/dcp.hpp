@@ -15,13 +15,7 @@
 
 #include "mla/config.hpp"
 
-#ifndef MLA_HD
-#if defined(__CUDACC__)
-#define MLA_HD __host__ __device__ __forceinline__
-#else
-#define MLA_HD inline
-#endif
-#endif
+#include "mla/host_device.hpp"
 
 namespace mla::dcp {
 

@@ -10,13 +10,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifndef MLA_HD
-#if defined(__CUDACC__)
-#define MLA_HD __host__ __device__ __forceinline__
-#else
-#define MLA_HD inline
-#endif
-#endif
+#include "mla/host_device.hpp"
 
 namespace mla {
 

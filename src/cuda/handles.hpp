@@ -79,4 +79,16 @@ class DeviceGuard {
   int prev_ = 0;
 };
 
+// False while `stream` is being captured into a CUDA graph: collectives then must not block on
+// the host. An error from the query (the legacy stream while another stream captures) also means
+// a capture is on.
+inline bool stream_can_block(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return status == cudaStreamCaptureStatusNone;
+}
+
 }  // namespace mla::cuda

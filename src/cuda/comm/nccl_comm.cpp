@@ -51,15 +51,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   Device device() const override { return Device::cuda; }
   int device_index() const override { return device_; }
-  bool can_block(void* stream) const override {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    // An error here (the legacy stream while another stream captures) means a capture is on.
-    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return status == cudaStreamCaptureStatusNone;
-  }
+  bool can_block(void* stream) const override { return cuda::stream_can_block(stream); }
 
   void all_gather_host(const void* send, void* recv, size_t bytes) override {
     MLA_REQUIRE(bytes <= kHostBytes, "all_gather_host: at most ", kHostBytes, " bytes, got ", bytes);

@@ -37,15 +37,7 @@ class CudaThreadCommunicator final : public Communicator, public GroupMember {
   int rank() const override { return rank_; }
   Device device() const override { return Device::cuda; }
   int device_index() const override { return device_; }
-  bool can_block(void* stream) const override {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    // An error here (the legacy stream while another stream captures) means a capture is on.
-    if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return status == cudaStreamCaptureStatusNone;
-  }
+  bool can_block(void* stream) const override { return cuda::stream_can_block(stream); }
   ThreadGroup& group() override { return *group_; }
 
   void all_gather_host(const void* send, void* recv, size_t bytes) override {
