@@ -7,6 +7,7 @@
 #include "core/dcp_runner.hpp"
 #include "mla/dcp.hpp"
 #include "reference/reference.hpp"
+#include "reference/tolerances.hpp"
 #include "report.hpp"
 #include "support/testing.hpp"
 
@@ -28,7 +29,9 @@ struct RankCheck {
   std::string why;
   // vs DCP-1: SPEC.md's bf16 tolerance. vs float64: the fp8 query's end-to-end tolerance that
   // `mla run` uses at W = 1 (tools/check.cpp), since the query is always fp8 at W > 1.
-  bool ok() const { return why.empty() && vs_dcp1 <= 1e-2 && vs_ref <= 1e-1; }
+  bool ok() const {
+    return why.empty() && vs_dcp1 <= ref::kTolDcpVsDcp1 && vs_ref <= ref::kTolEndToEndFp8Query;
+  }
 };
 
 // The DCP-1 result of one rank's weights on the same step, on the same backend.
