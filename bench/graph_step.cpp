@@ -3,7 +3,7 @@
 // the copy bandwidth measured in the same run. Complements `mla bench` (eager launches) for the
 // issue-4 targets: the whole kimi-k3 step at batch 1 in a graph, and attend at batch 64.
 //
-//   mla_graph_bench [--preset kimi-k3] [--iters 100] [--json FILE] B:CONTEXT:QLEN:PAGE:KV ...
+//   mla_graph_bench [--preset kimi-k3] [--iters 100] [--json FILE] B:CONTEXT:QLEN:PAGE:KV[:HEADS] ...
 //   e.g. mla_graph_bench 1:8192:1:64:fp8 64:8192:1:64:fp8 64:8192:1:1:fp8
 #include <cuda_runtime.h>
 
@@ -36,6 +36,7 @@ double median(std::vector<double> v) {
 struct Config {
   int batch = 1, context = 8192, qlen = 1, page = 64;
   std::string kv = "fp8";
+  int heads = 0;  // 0: the preset's
 };
 
 Config parse(const std::string& s) {
@@ -43,8 +44,8 @@ Config parse(const std::string& s) {
   std::vector<std::string> parts;
   std::stringstream ss(s);
   for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
-  if (parts.size() != 5) {
-    std::fprintf(stderr, "config '%s': expected B:CONTEXT:QLEN:PAGE:KV\n", s.c_str());
+  if (parts.size() != 5 && parts.size() != 6) {
+    std::fprintf(stderr, "config '%s': expected B:CONTEXT:QLEN:PAGE:KV[:HEADS]\n", s.c_str());
     std::exit(2);
   }
   c.batch = std::stoi(parts[0]);
@@ -52,6 +53,7 @@ Config parse(const std::string& s) {
   c.qlen = std::stoi(parts[2]);
   c.page = std::stoi(parts[3]);
   c.kv = parts[4];
+  if (parts.size() == 6) c.heads = std::stoi(parts[5]);
   return c;
 }
 
@@ -87,8 +89,7 @@ int main(int argc, char** argv) {
   }
   if (configs.empty()) configs.push_back(Config{});
   try {
-    const mla::LayerConfig cfg = mla::LayerConfig::preset(preset);
-    const mla::PreparedWeights w = mla::prepare_weights(cfg, mla::random_checkpoint_weights(cfg, 1));
+    const mla::LayerConfig base = mla::LayerConfig::preset(preset);
     cudaStream_t stream = nullptr;
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     mla::detail::Ceilings ceil;
@@ -96,6 +97,9 @@ int main(int argc, char** argv) {
     std::string json_rows;
     for (size_t k = 0; k < configs.size(); ++k) {
       const Config& c = configs[k];
+      mla::LayerConfig cfg = base;
+      if (c.heads > 0) cfg.total_heads = c.heads * cfg.tp_size;
+      const mla::PreparedWeights w = mla::prepare_weights(cfg, mla::random_checkpoint_weights(cfg, 1));
       mla::synth::ScenarioSpec spec{.cfg = cfg,
                                     .seq_lens = std::vector<int32_t>(size_t(c.batch), c.context),
                                     .qlen = c.qlen,
@@ -121,24 +125,27 @@ int main(int argc, char** argv) {
       const double kv_bytes = double(c.batch) * c.context * 576 * (c.kv == "bf16" ? 2 : 1);
       const double gbps = kv_bytes / (attend * 1e3);
       char line[320];
-      std::snprintf(line, sizeof line, "%5d %7d %4d %5d %5s %6d | %10.1f %10.1f | %10.1f %9.1f %6.1f%%\n", c.batch,
-                    c.context, c.qlen, c.page, c.kv.c_str(), splits, step_graph, step_eager, attend, gbps,
-                    100 * gbps / ceil.copy_gbps);
+      // Useful tensor work: q.k over 576 dims and p.v over 512, per visible (row, key).
+      const double flops = 2.0 * (576 + 512) * double(c.batch) * c.context * cfg.heads() * c.qlen;
+      const double tflops = flops / (attend * 1e6);
+      std::snprintf(line, sizeof line, "%5d %7d %4d %5d %5s %5d %6d | %10.1f %10.1f | %10.1f %9.1f %6.1f%% %8.1f\n",
+                    c.batch, c.context, c.qlen, c.page, c.kv.c_str(), cfg.heads(), splits, step_graph, step_eager,
+                    attend, gbps, 100 * gbps / ceil.copy_gbps, tflops);
       rows << line;
       std::fputs(line, stderr);
       std::ostringstream j;
       j << (json_rows.empty() ? "" : ",\n") << "    {\"batch\": " << c.batch << ", \"context\": " << c.context
-        << ", \"qlen\": " << c.qlen << ", \"page_size\": " << c.page << ", \"kv_dtype\": \"" << c.kv
+        << ", \"qlen\": " << c.qlen << ", \"heads\": " << cfg.heads() << ", \"page_size\": " << c.page << ", \"kv_dtype\": \"" << c.kv
         << "\", \"splits\": " << splits << ", \"step_graph_us\": " << step_graph << ", \"step_eager_us\": " << step_eager
         << ", \"attend_graph_us\": " << attend << ", \"attend_kv_gbps\": " << gbps
-        << ", \"attend_pct_copy\": " << 100 * gbps / ceil.copy_gbps << "}";
+        << ", \"attend_pct_copy\": " << 100 * gbps / ceil.copy_gbps << ", \"attend_tflops\": " << tflops << "}";
       json_rows += j.str();
     }
     std::printf("device: %s  copy %.0f GB/s  bf16 matmul %.0f TFLOP/s  fp8 matmul %.0f TFLOP/s  (%s, median of %d)\n",
                 ceil.device_name.c_str(), ceil.copy_gbps, ceil.matmul_tflops, ceil.fp8_matmul_tflops, preset.c_str(),
                 iters);
-    std::printf("%5s %7s %4s %5s %5s %6s | %10s %10s | %10s %9s %7s\n", "B", "ctx", "Q", "page", "kv", "splits",
-                "step(graph)", "step(eager)", "attend us", "KV GB/s", "%copy");
+    std::printf("%5s %7s %4s %5s %5s %5s %6s | %10s %10s | %10s %9s %7s %8s\n", "B", "ctx", "Q", "page", "kv", "heads",
+                "splits", "step(graph)", "step(eager)", "attend us", "KV GB/s", "%copy", "TFLOP/s");
     std::fputs(rows.str().c_str(), stdout);
     if (!json.empty()) {
       std::ofstream f(json);

@@ -1,8 +1,9 @@
-// attend on the GPU, first version (issue 4): one CTA per (request, split, 16-row query tile).
+// attend on the GPU (issue 4, v4): one CTA per (request, split, 16-row query tile).
 // The CTA holds up to 16 query rows (G heads x Q queries of one request) and streams the request's
-// cache rows through shared memory once, in tiles of 64 keys (cp.async, double-buffered), with
-// mma.sync tensor-core products for q.k and p.v. An fp8 cache stays fp8 in shared memory and is
-// widened to f16 in registers; docs/attention.md has the fragment layouts and the roofline.
+// cache rows through shared memory once, in tiles of 64 keys (cp.async, kStages deep), with
+// mma.sync tensor-core products for q.k and p.v. An fp8 cache stays fp8 in shared memory: with an
+// fp8 query q.k runs on the e4m3 tensor cores as is (m16n8k32); p.v (and q.k with a bf16 query)
+// widens it to f16 in registers. docs/attention.md has the fragment layouts and the roofline.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -44,13 +45,26 @@ struct Traits<false> {
   static constexpr int kQStride = kRow + 8;
 };
 
+// The kernel's compile-time shape: cache dtype, q.k on the e4m3 tensor cores (fp8 query and
+// cache), P kept as hi + lo (see store_p), pipeline depth.
+template <bool kFp8_, bool kQ8_, bool kSplitP_, int kStages_>
+struct Variant {
+  static constexpr bool kFp8 = kFp8_, kQ8 = kQ8_, kSplitP = kSplitP_;
+  static constexpr int kStages = kStages_;
+  static_assert(!kQ8 || kFp8, "e4m3 q.k needs an fp8 cache");
+  // Query row in shared memory: e4m3 bytes (padded to 592: the 8 rows an ldmatrix reads fall on
+  // distinct banks) or f16/bf16 halves.
+  static constexpr int kQRowBytes = kQ8 ? kRow + 16 : 2 * Traits<kFp8>::kQStride;
+};
+
 // kStages key tiles in shared memory: kStages - 1 loading while one is used.
-template <bool kFp8, int kStages>
+template <class V>
 struct SharedPlan {
-  alignas(128) uint8_t kv[kStages][kTileKeys][Traits<kFp8>::kRowBytes];
-  alignas(16) uint16_t q[kMTile][Traits<kFp8>::kQStride];          // query tile, f16 or bf16
-  // Softmax weights of the tile as a sum hi + lo of two 16-bit values (see pv_tile).
-  alignas(16) uint16_t p[2][kMTile][kPStride];
+  static constexpr int kStages = V::kStages;
+  alignas(128) uint8_t kv[kStages][kTileKeys][Traits<V::kFp8>::kRowBytes];
+  alignas(16) uint8_t q[kMTile][V::kQRowBytes];  // query tile: e4m3, f16 or bf16
+  // Softmax weights of the tile in 16 bits; with kSplitP as a sum hi + lo (see store_p).
+  alignas(16) uint16_t p[V::kSplitP ? 2 : 1][kMTile][kPStride];
   // kStages + 1 tiles' key rows: tile t in use, t+1 .. t+kStages-1 loading, t+kStages's page ids
   // arriving.
   const uint8_t* rows[kStages + 1][kTileKeys];  // global address of each key row; null: masked, zero-filled
@@ -64,12 +78,12 @@ struct SharedPlan {
 // them as the k16 step's pairs (2c, 2c+1) and (2c+8, 2c+9). That permutes k inside each 16-dim
 // block, so the query's A fragment is read with the same permutation (dims 4c..4c+3 of its rows):
 // the dot product is unchanged.
-template <int S>
-__device__ __forceinline__ void qk_tile(const SharedPlan<true, S>& sm, int buf, int warp, int lane, float (&s)[4]) {
+template <class V>
+__device__ __forceinline__ void qk_tile_f16(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&s)[4]) {
   const int g = lane / 4, c = lane % 4;
   const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
-  const uint16_t* q0 = &sm.q[g][4 * c];
-  const uint16_t* q1 = &sm.q[g + 8][4 * c];
+  const uint16_t* q0 = reinterpret_cast<const uint16_t*>(sm.q[g]) + 4 * c;
+  const uint16_t* q1 = reinterpret_cast<const uint16_t*>(sm.q[g + 8]) + 4 * c;
   // Two accumulators halve the chain of dependent mma (36 k-steps).
   float s2[2][4] = {};
 #pragma unroll
@@ -88,12 +102,12 @@ __device__ __forceinline__ void qk_tile(const SharedPlan<true, S>& sm, int buf, 
   for (int e = 0; e < 4; ++e) s[e] = s2[0][e] + s2[1][e];
 }
 
-template <int S>
-__device__ __forceinline__ void qk_tile(const SharedPlan<false, S>& sm, int buf, int warp, int lane, float (&s)[4]) {
+template <class V>
+__device__ __forceinline__ void qk_tile_bf16(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&s)[4]) {
   const int g = lane / 4, c = lane % 4;
   const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
-  const uint16_t* q0 = &sm.q[g][2 * c];
-  const uint16_t* q1 = &sm.q[g + 8][2 * c];
+  const uint16_t* q0 = reinterpret_cast<const uint16_t*>(sm.q[g]) + 2 * c;
+  const uint16_t* q1 = reinterpret_cast<const uint16_t*>(sm.q[g + 8]) + 2 * c;
   float s2[2][4] = {};
 #pragma unroll 6
   for (int kb = 0; kb < kRow / 32; ++kb) {
@@ -111,22 +125,53 @@ __device__ __forceinline__ void qk_tile(const SharedPlan<false, S>& sm, int buf,
   for (int e = 0; e < 4; ++e) s[e] = s2[0][e] + s2[1][e];
 }
 
+// fp8 query and cache: q.k on the e4m3 tensor cores, no widening. An ldmatrix of 8 key rows x 16
+// bytes gives lane (g, c) bytes 4c..4c+3 of key g: exactly m16n8k32's B fragment (b0: k 4c..4c+3,
+// b1: k 16+4c..); one of the query rows gives its A fragment the same way. Products of two e4m3
+// values are exact in the fp32 accumulator: only the summation order differs from the f16 path.
+template <class V>
+__device__ __forceinline__ void qk_tile_e4m3(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&s)[4]) {
+  const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
+  const uint32_t qbase = ptx::smem_addr(&sm.q[(lane & 7) + ((lane >> 3) & 1) * 8][(lane >> 4) * 16]);
+  float s2[2][4] = {};
+  // Unrolled by 3 (of 9): a full unroll hoists every fragment load and spills at 2 CTAs an SM.
+#pragma unroll 3
+  for (int kb = 0; kb < kRow / 64; ++kb) {
+    uint32_t r[4], a0[4], a1[4];
+    ptx::ldmatrix_x4(r, kbase + kb * 64);
+    ptx::ldmatrix_x4(a0, qbase + kb * 64);
+    ptx::ldmatrix_x4(a1, qbase + kb * 64 + 32);
+    ptx::mma_e4m3(s2[0], a0, r[0], r[1]);
+    ptx::mma_e4m3(s2[1], a1, r[2], r[3]);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) s[e] = s2[0][e] + s2[1][e];
+}
+
+template <class V>
+__device__ __forceinline__ void qk_tile(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&s)[4]) {
+  if constexpr (V::kQ8) qk_tile_e4m3(sm, buf, warp, lane, s);
+  else if constexpr (V::kFp8) qk_tile_f16(sm, buf, warp, lane, s);
+  else qk_tile_bf16(sm, buf, warp, lane, s);
+}
+
 // p.v for this warp's 64 latent dims: acc = 16 rows x 8 n-tiles of 8.
 // fp8: ldmatrix.trans on the fp8 rows as b16 gives lane (g, c) the byte pairs of dims (2g, 2g+1)
 // at keys 2c and 2c+1; a byte permute splits them into an even-dim and an odd-dim B fragment, so
 // n-tile 2k covers the even dims of 16-dim chunk k and n-tile 2k+1 its odd dims (dim_of below).
-template <int S>
-__device__ __forceinline__ void pv_tile(const SharedPlan<true, S>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+template <class V>
+__device__ __forceinline__ void pv_tile_fp8(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+  constexpr bool kLo = V::kSplitP;
   const int prow = (lane & 7) + ((lane >> 3) & 1) * 8;
   const uint32_t pbase = ptx::smem_addr(&sm.p[0][prow][(lane >> 4) * 8]);
-  const uint32_t plo = ptx::smem_addr(&sm.p[1][prow][(lane >> 4) * 8]) - pbase;
+  const uint32_t plo = ptx::smem_addr(&sm.p[kLo ? 1 : 0][prow][(lane >> 4) * 8]) - pbase;
   const uint32_t vbase = ptx::smem_addr(&sm.kv[buf][prow][warp * 64 + (lane >> 4) * 16]);
   constexpr int kRowBytes = Traits<true>::kRowBytes;
 #pragma unroll
   for (int ks = 0; ks < kTileKeys / 16; ++ks) {
     uint32_t a[4], b[4];
     ptx::ldmatrix_x4(a, pbase + ks * 32);
-    ptx::ldmatrix_x4(b, pbase + plo + ks * 32);
+    if constexpr (kLo) ptx::ldmatrix_x4(b, pbase + plo + ks * 32);
 #pragma unroll
     for (int cp = 0; cp < 2; ++cp) {
       uint32_t r[4];
@@ -140,46 +185,59 @@ __device__ __forceinline__ void pv_tile(const SharedPlan<true, S>& sm, int buf, 
         const uint32_t odd0 = ptx::fp8x2_to_f16x2(__byte_perm(lo, 0, 0x31));
         const uint32_t odd1 = ptx::fp8x2_to_f16x2(__byte_perm(hi, 0, 0x31));
         ptx::mma_f16(acc[2 * chunk], a[0], a[1], a[2], a[3], even0, even1);
-        ptx::mma_f16(acc[2 * chunk], b[0], b[1], b[2], b[3], even0, even1);
         ptx::mma_f16(acc[2 * chunk + 1], a[0], a[1], a[2], a[3], odd0, odd1);
-        ptx::mma_f16(acc[2 * chunk + 1], b[0], b[1], b[2], b[3], odd0, odd1);
+        if constexpr (kLo) {
+          ptx::mma_f16(acc[2 * chunk], b[0], b[1], b[2], b[3], even0, even1);
+          ptx::mma_f16(acc[2 * chunk + 1], b[0], b[1], b[2], b[3], odd0, odd1);
+        }
       }
     }
   }
 }
 
-template <int S>
-__device__ __forceinline__ void pv_tile(const SharedPlan<false, S>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+template <class V>
+__device__ __forceinline__ void pv_tile_bf16(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+  constexpr bool kLo = V::kSplitP;
   const int prow = (lane & 7) + ((lane >> 3) & 1) * 8;
   const uint32_t pbase = ptx::smem_addr(&sm.p[0][prow][(lane >> 4) * 8]);
-  const uint32_t plo = ptx::smem_addr(&sm.p[1][prow][(lane >> 4) * 8]) - pbase;
+  const uint32_t plo = ptx::smem_addr(&sm.p[kLo ? 1 : 0][prow][(lane >> 4) * 8]) - pbase;
   const uint32_t vbase = ptx::smem_addr(&sm.kv[buf][prow][(warp * 64 + (lane >> 4) * 8) * 2]);
   constexpr int kRowBytes = Traits<false>::kRowBytes;
 #pragma unroll
   for (int ks = 0; ks < kTileKeys / 16; ++ks) {
     uint32_t a[4], b[4];
     ptx::ldmatrix_x4(a, pbase + ks * 32);
-    ptx::ldmatrix_x4(b, pbase + plo + ks * 32);
+    if constexpr (kLo) ptx::ldmatrix_x4(b, pbase + plo + ks * 32);
 #pragma unroll
     for (int pair = 0; pair < 4; ++pair) {
       uint32_t r[4];
       ptx::ldmatrix_x4_trans(r, vbase + ks * 16 * kRowBytes + pair * 32);
       ptx::mma_bf16(acc[2 * pair], a[0], a[1], a[2], a[3], r[0], r[1]);
-      ptx::mma_bf16(acc[2 * pair], b[0], b[1], b[2], b[3], r[0], r[1]);
       ptx::mma_bf16(acc[2 * pair + 1], a[0], a[1], a[2], a[3], r[2], r[3]);
-      ptx::mma_bf16(acc[2 * pair + 1], b[0], b[1], b[2], b[3], r[2], r[3]);
+      if constexpr (kLo) {
+        ptx::mma_bf16(acc[2 * pair], b[0], b[1], b[2], b[3], r[0], r[1]);
+        ptx::mma_bf16(acc[2 * pair + 1], b[0], b[1], b[2], b[3], r[2], r[3]);
+      }
     }
   }
 }
 
-// Stores the weights (a, b) at P[row][col..col+1] as hi + lo: hi = their 16-bit rounding, lo = the
-// rounding of what hi missed. p.v then costs two mma per fragment but keeps the weights to ~2^-20
-// (f16) / 2^-16 (bf16) instead of 2^-11 / 2^-8: one rounded P alone gives o a relative error of
-// about 3e-4 (f16) and 2e-3 (bf16), over SPEC.md's 1e-4 for f32 outputs.
-template <bool kFp8>
-__device__ __forceinline__ void store_split(uint16_t (&p)[2][kMTile][kPStride], int row, int col, float a, float b) {
+template <class V>
+__device__ __forceinline__ void pv_tile(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+  if constexpr (V::kFp8) pv_tile_fp8(sm, buf, warp, lane, acc);
+  else pv_tile_bf16(sm, buf, warp, lane, acc);
+}
+
+// Stores the weights (a, b) at P[row][col..col+1] in 16 bits (f16 with an fp8 cache, bf16 with a
+// bf16 one). With kSplitP as hi + lo: hi = their 16-bit rounding, lo = the rounding of what hi
+// missed; p.v then costs two mma per fragment but keeps the weights to ~2^-20 (f16) / 2^-16
+// (bf16) instead of 2^-11 / 2^-8. One rounded P alone gives o a relative error of about 3e-4
+// (f16) and 2e-3 (bf16): over SPEC.md's 1e-4 for an f32 o, far under the 1e-2 of a bf16 o or of
+// the step's bf16 output, so only an attend() into an f32 o pays for hi + lo (AttendParams.exact_p).
+template <class V>
+__device__ __forceinline__ void store_p(SharedPlan<V>& sm, int row, int col, float a, float b) {
   uint32_t hi, lo;
-  if constexpr (kFp8) {
+  if constexpr (V::kFp8) {
     const __half2 h = __floats2half2_rn(a, b);
     const float2 back = __half22float2(h);
     hi = *reinterpret_cast<const uint32_t*>(&h);
@@ -190,8 +248,8 @@ __device__ __forceinline__ void store_split(uint16_t (&p)[2][kMTile][kPStride], 
     hi = *reinterpret_cast<const uint32_t*>(&h);
     lo = ptx::pack_bf16x2(a - back.x, b - back.y);
   }
-  *reinterpret_cast<uint32_t*>(&p[0][row][col]) = hi;
-  *reinterpret_cast<uint32_t*>(&p[1][row][col]) = lo;
+  *reinterpret_cast<uint32_t*>(&sm.p[0][row][col]) = hi;
+  if constexpr (V::kSplitP) *reinterpret_cast<uint32_t*>(&sm.p[V::kSplitP ? 1 : 0][row][col]) = lo;
 }
 
 // Latent dim of accumulator element e (0..3) of n-tile j for lane quad index c.
@@ -201,21 +259,26 @@ __device__ __forceinline__ int dim_of(int warp, int j, int e, int c) {
   else return warp * 64 + (j / 2) * 16 + (j & 1) * 8 + 2 * c + (e & 1);
 }
 
-template <bool kFp8, int kStages>
-__global__ void __launch_bounds__(kThreads, kFp8 && kStages == 2 ? 2 : 1)
+template <class V>
+__global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
     attend_kernel(const __grid_constant__ AttendParams p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<SharedPlan<kFp8, kStages>*>(smem_raw);
+  auto& sm = *reinterpret_cast<SharedPlan<V>*>(smem_raw);
+  constexpr bool kFp8 = V::kFp8;
+  constexpr int kStages = V::kStages;
   constexpr int kSlots = kStages + 1;
   constexpr int kElemBytes = Traits<kFp8>::kElemBytes;
-  constexpr int kQStride = Traits<kFp8>::kQStride;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  const int b = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
-  const int m_base = blockIdx.y * kMTile;
+  // The query tiles of one (request, split) are adjacent in the grid, so the CTAs that read the
+  // same keys run together and all but the first find them in L2.
   const int rows_total = p.heads * p.qlen;
-  const bool reporter = tid == 0 && split == 0 && blockIdx.y == 0;  // reports request-level errors once
+  const int m_tiles = (rows_total + kMTile - 1) / kMTile;
+  const int m_tile = blockIdx.x % m_tiles, work = blockIdx.x / m_tiles;
+  const int b = work / p.splits, split = work % p.splits;
+  const int m_base = m_tile * kMTile;
+  const bool reporter = tid == 0 && split == 0 && m_tile == 0;  // reports request-level errors once
 
   // The request's local keys and this split's chunk of them (SPEC.md: chunk c covers
   // [c*ceil(n/splits), min(n, (c+1)*ceil(n/splits)))).
@@ -238,27 +301,43 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kStages == 2 ? 2 : 1)
   const int last_row = min(rows_total, m_base + kMTile) - 1;
   const int32_t tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
 
-  // Query tile -> shared memory in the mma type.
-  for (int i = tid; i < kMTile * (kRow / 2); i += kThreads) {
-    const int r = i / (kRow / 2), d = (i % (kRow / 2)) * 2;
-    const int m = m_base + r;
-    float x0 = 0.0f, x1 = 0.0f;
-    if (m < rows_total) {
-      const int64_t s = int64_t(b) * p.qlen + m / p.heads;
-      const int64_t off = s * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
-      if (p.q_fp8) {
-        const uint8_t* q = static_cast<const uint8_t*>(p.q) + off;
-        x0 = fp8_to_float(q[0]);
-        x1 = fp8_to_float(q[1]);
-      } else {
-        const uint16_t* q = static_cast<const uint16_t*>(p.q) + off;
-        x0 = bf16_to_float(q[0]);
-        x1 = bf16_to_float(q[1]);
+  // Query tile -> shared memory in the mma type; rows past the tile's last row are zero.
+  if constexpr (V::kQ8) {
+    // e4m3 bytes as they are, 4 at a time where the view allows it.
+    const bool words = (reinterpret_cast<uintptr_t>(p.q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 4 == 0;
+    for (int i = tid; i < kMTile * (kRow / 4); i += kThreads) {
+      const int r = i / (kRow / 4), d = (i % (kRow / 4)) * 4;
+      const int m = m_base + r;
+      uint32_t v = 0;
+      if (m < rows_total) {
+        const int64_t s = int64_t(b) * p.qlen + m / p.heads;
+        const uint8_t* q = static_cast<const uint8_t*>(p.q) + s * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
+        v = words ? *reinterpret_cast<const uint32_t*>(q)
+                  : uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
       }
+      *reinterpret_cast<uint32_t*>(&sm.q[r][d]) = v;
     }
-    *reinterpret_cast<uint32_t*>(&sm.q[r][d]) = kFp8 ? ptx::pack_f16x2(x0, x1) : ptx::pack_bf16x2(x0, x1);
+  } else {
+    for (int i = tid; i < kMTile * (kRow / 2); i += kThreads) {
+      const int r = i / (kRow / 2), d = (i % (kRow / 2)) * 2;
+      const int m = m_base + r;
+      float x0 = 0.0f, x1 = 0.0f;
+      if (m < rows_total) {
+        const int64_t s = int64_t(b) * p.qlen + m / p.heads;
+        const int64_t off = s * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
+        if (p.q_fp8) {
+          const uint8_t* q = static_cast<const uint8_t*>(p.q) + off;
+          x0 = fp8_to_float(q[0]);
+          x1 = fp8_to_float(q[1]);
+        } else {
+          const uint16_t* q = static_cast<const uint16_t*>(p.q) + off;
+          x0 = bf16_to_float(q[0]);
+          x1 = bf16_to_float(q[1]);
+        }
+      }
+      *reinterpret_cast<uint32_t*>(&sm.q[r][2 * d]) = kFp8 ? ptx::pack_f16x2(x0, x1) : ptx::pack_bf16x2(x0, x1);
+    }
   }
-  static_assert(kQStride % 2 == 0);
 
   const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
   const int n_keys = int(k_end - k_begin);
@@ -372,8 +451,8 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kStages == 2 ? 2 : 1)
     const float p2 = st1.weight(s[2]), p3 = st1.weight(s[3]);
     st0.add(p0 + p1);
     st1.add(p2 + p3);
-    store_split<kFp8>(sm.p, g, warp * 8 + 2 * c, p0, p1);
-    store_split<kFp8>(sm.p, g + 8, warp * 8 + 2 * c, p2, p3);
+    store_p(sm, g, warp * 8 + 2 * c, p0, p1);
+    store_p(sm, g + 8, warp * 8 + 2 * c, p2, p3);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       acc[j][0] *= alpha0;
@@ -431,14 +510,20 @@ __global__ void __launch_bounds__(kThreads, kFp8 && kStages == 2 ? 2 : 1)
   }
 }
 
-template <bool kFp8, int kStages>
+template <class V>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_kernel<kFp8, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(sizeof(SharedPlan<kFp8, kStages>))));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(sizeof(SharedPlan<V>))));
 }
 
-// fp8 cache: 2 stages at 2 CTAs an SM (default), or 4 stages at 1 CTA an SM (3 tiles in flight),
-// chosen with MLA_ATTEND_STAGES=4 for measurement (docs/attention.md).
+template <class V>
+void launch(const AttendParams& p, dim3 grid, cudaStream_t stream) {
+  attend_kernel<V><<<grid, kThreads, sizeof(SharedPlan<V>), stream>>>(p);
+}
+
+// The fp8 cache with an fp8 query and one-rounded P (the step's path): 2 stages at 2 CTAs an SM
+// (default), or 4 stages at 1 CTA an SM (3 tiles in flight), chosen with MLA_ATTEND_STAGES=4 for
+// measurement (docs/attention.md).
 int fp8_stages() {
   static const int stages = [] {
     const char* env = std::getenv("MLA_ATTEND_STAGES");
@@ -447,23 +532,44 @@ int fp8_stages() {
   return stages;
 }
 
+// Every variant a launch can pick: {fp8, bf16} cache x {e4m3, f16/bf16} q.k x {hi + lo, one} P.
+using Fp8Q8 = Variant<true, true, false, 2>;
+using Fp8Q8Deep = Variant<true, true, false, 4>;
+using Fp8Q8Exact = Variant<true, true, true, 2>;
+using Fp8 = Variant<true, false, false, 2>;
+using Fp8Exact = Variant<true, false, true, 2>;
+using Bf16 = Variant<false, false, false, 2>;
+using Bf16Exact = Variant<false, false, true, 2>;
+
 }  // namespace
 
 void prepare_attend_kernels() {
-  set_smem_limit<true, 2>();
-  set_smem_limit<true, 4>();
-  set_smem_limit<false, 2>();
+  set_smem_limit<Fp8Q8>();
+  set_smem_limit<Fp8Q8Deep>();
+  set_smem_limit<Fp8Q8Exact>();
+  set_smem_limit<Fp8>();
+  set_smem_limit<Fp8Exact>();
+  set_smem_limit<Bf16>();
+  set_smem_limit<Bf16Exact>();
 }
 
 void launch_attend(const AttendParams& p, cudaStream_t stream) {
   if (p.batch == 0) return;
-  const dim3 grid(unsigned(p.batch) * unsigned(p.splits), unsigned((p.heads * p.qlen + kMTile - 1) / kMTile));
-  if (!p.cache_fp8)
-    attend_kernel<false, 2><<<grid, kThreads, sizeof(SharedPlan<false, 2>), stream>>>(p);
-  else if (fp8_stages() == 4)
-    attend_kernel<true, 4><<<grid, kThreads, sizeof(SharedPlan<true, 4>), stream>>>(p);
-  else
-    attend_kernel<true, 2><<<grid, kThreads, sizeof(SharedPlan<true, 2>), stream>>>(p);
+  const int m_tiles = (p.heads * p.qlen + kMTile - 1) / kMTile;
+  const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
+  if (!p.cache_fp8) {
+    if (p.exact_p) launch<Bf16Exact>(p, grid, stream);
+    else launch<Bf16>(p, grid, stream);
+  } else if (!p.q_fp8) {
+    if (p.exact_p) launch<Fp8Exact>(p, grid, stream);
+    else launch<Fp8>(p, grid, stream);
+  } else if (p.exact_p) {
+    launch<Fp8Q8Exact>(p, grid, stream);
+  } else if (fp8_stages() == 4) {
+    launch<Fp8Q8Deep>(p, grid, stream);
+  } else {
+    launch<Fp8Q8>(p, grid, stream);
+  }
   MLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -111,6 +111,9 @@ struct AttendParams {
   const int32_t* kv_indices;  // [kv_indptr[B]]
   void* o;  // [splits, S, G, 512] f32 or bf16 (splits == 1: [S, G, 512]), strides below, 1
   bool o_bf16;
+  // P kept to ~2^-20 for p.v (two mma a fragment), as an f32 o held to SPEC.md's 1e-4 needs;
+  // false: P rounded once to 16 bits (o ~3e-4), enough for a bf16 o and for the step's bf16 out.
+  bool exact_p;
   int64_t o_split_stride, o_s_stride, o_h_stride;
   float* lse;  // [splits, S, G] (splits == 1: [S, G])
   int64_t lse_split_stride, lse_s_stride, lse_h_stride;
