@@ -29,6 +29,11 @@
 //   w = fp8 * scale_inv[row/128][col/128] in fp32, rounded to bf16 (what DeepSeek's
 //   fp8_cast_bf16 does). Optional scalar q_scale / k_scale (or kv_scale) tensors give
 //   CheckpointWeights' q_scale / k_scale; without them both are 1.
+//   kv_b may instead be MXFP4 as gpt-oss checkpoints store it (the layout transformers reads):
+//   kv_b_proj.weight_blocks U8 [Ht*(P+V), L/32, 16] (two E2M1 codes a byte, the first in the low
+//   nibble) and kv_b_proj.weight_scales U8 [Ht*(P+V), L/32] (E8M0, at most 252). It is kept as
+//   it is in CheckpointWeights::kv_b_mxfp4 (kv_b empty): W_UV's codes and scales reach the prepared
+//   weights bit for bit; W_UK is dequantized exactly and re-packed along P (its reduced dimension).
 // The rank's heads are rank*N .. (rank+1)*N with N = Ht/tp: the matching rows of q_b_proj, kv_b_proj
 // and g_proj. Everything is checked (shapes against config.json, dtypes, finite block scales and weights) and
 // each problem is an mla::Error naming the file, the tensor and the expected and actual values.
@@ -42,7 +47,7 @@ namespace mla {
 
 struct CheckpointLayer {
   LayerConfig config;         // tp_size = tp: config.heads() is this rank's N
-  CheckpointWeights weights;  // this rank's heads, bf16
+  CheckpointWeights weights;  // this rank's heads, bf16 (kv_b in MXFP4 where the checkpoint has it so)
 };
 
 // config.json's text (the layer's dimensions) with tp_size = tp. `what` names it in errors.

@@ -2,22 +2,12 @@
 // Layer weights: the checkpoint's form (bf16 bits, row-major [out, in]) and the prepared form the
 // backends run on (gate merged into one qkv_a GEMM, kv_b absorbed into W_UK / W_UV as MXFP4).
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "mla/config.hpp"
 
 namespace mla {
-
-struct CheckpointWeights {
-  std::vector<uint16_t> qkv_a;      // [Rq + L + R (+ N*V if gate == merged), D] bf16
-  std::vector<uint16_t> g_proj;     // [N*V, D] bf16, only if gate == separate
-  std::vector<uint16_t> q_a_norm;   // [Rq] bf16
-  std::vector<uint16_t> kv_a_norm;  // [L] bf16
-  std::vector<uint16_t> q_b;        // [N*(P+R), Rq] bf16
-  std::vector<uint16_t> kv_b;       // [N*(P+V), L] bf16
-  float q_scale = 1.0f;             // fp8 query: stored value = q / q_scale
-  float k_scale = 1.0f;             // fp8 cache: stored value = row / k_scale
-};
 
 // [batch, rows, cols] matrix in MXFP4, blocks of 32 along cols (the reduced dimension).
 struct MxFp4Matrix {
@@ -25,6 +15,21 @@ struct MxFp4Matrix {
   std::vector<uint8_t> codes;   // [batch, rows, cols/2], first element in the low nibble
   std::vector<uint8_t> scales;  // [batch, rows, cols/32] E8M0
   float at(int b, int r, int c) const;  // dequantized element
+};
+
+struct CheckpointWeights {
+  std::vector<uint16_t> qkv_a;      // [Rq + L + R (+ N*V if gate == merged), D] bf16
+  std::vector<uint16_t> g_proj;     // [N*V, D] bf16, only if gate == separate
+  std::vector<uint16_t> q_a_norm;   // [Rq] bf16
+  std::vector<uint16_t> kv_a_norm;  // [L] bf16
+  std::vector<uint16_t> q_b;        // [N*(P+R), Rq] bf16
+  std::vector<uint16_t> kv_b;       // [N*(P+V), L] bf16; empty when kv_b_mxfp4 holds kv_b
+  // kv_b as a checkpoint already holds it in MXFP4 (blocks of 32 along L): [1, N*(P+V), L]. Then
+  // prepare_weights takes W_UV's codes and scales as they are (its blocks already run along L) and
+  // re-packs W_UK along P from the exactly dequantized values (one more rounding, see weights.cpp).
+  std::optional<MxFp4Matrix> kv_b_mxfp4;
+  float q_scale = 1.0f;             // fp8 query: stored value = q / q_scale
+  float k_scale = 1.0f;             // fp8 cache: stored value = row / k_scale
 };
 
 struct PreparedWeights {
@@ -39,8 +44,9 @@ struct PreparedWeights {
 };
 
 // Checks shapes and scales against cfg (mla::Error names the tensor, the expected and the actual
-// element counts), absorbs and packs. Also rejected: a g_proj when cfg.gate != separate, and a
-// non-finite kv_b entry (MXFP4 would hide it in a NaN block).
+// element counts), absorbs and packs. Also rejected: a g_proj when cfg.gate != separate, a
+// non-finite kv_b entry (MXFP4 would hide it in a NaN block), a kv_b_mxfp4 scale above 252 (overflow, NaN),
+// and kv_b and kv_b_mxfp4 both given.
 PreparedWeights prepare_weights(const LayerConfig& cfg, const CheckpointWeights& ckpt);
 
 // Synthetic weights from a seed, scaled like a trained layer's (unit-variance activations):

@@ -31,6 +31,26 @@ void require_scale(const char* name, float s) {
   MLA_REQUIRE(std::isfinite(s) && s > 0, "prepare_weights: ", name, ": expected a finite scale > 0, got ", s);
 }
 
+// A pre-quantized kv_b: [1, rows, L] with consistent buffers, no bf16 kv_b, and scales <= 252, the
+// largest the project's packer makes: 6 * 2^(253-127) overflows float (0xFF is NaN).
+void require_mxfp4_kv_b(const MxFp4Matrix& m, size_t bf16_size, int64_t rows, int64_t L) {
+  MLA_REQUIRE(bf16_size == 0, "prepare_weights: kv_b: expected no bf16 tensor when kv_b_mxfp4 is given, got ",
+              bf16_size, " elements");
+  MLA_REQUIRE(m.batch == 1 && m.rows == rows && m.cols == L,
+              "prepare_weights: kv_b_mxfp4: expected [1, N*(P+V), L] = [1, ", rows, ", ", L, "], got [", m.batch,
+              ", ", m.rows, ", ", m.cols, "]");
+  MLA_REQUIRE(int64_t(m.codes.size()) == rows * L / 2, "prepare_weights: kv_b_mxfp4.codes: expected [",
+              rows, ", ", L / 2, "] = ", rows * L / 2, " bytes, got ", m.codes.size());
+  MLA_REQUIRE(int64_t(m.scales.size()) == rows * L / kMxBlock, "prepare_weights: kv_b_mxfp4.scales: expected [",
+              rows, ", ", L / kMxBlock, "] = ", rows * L / kMxBlock, " bytes, got ", m.scales.size());
+  const int64_t blocks = L / kMxBlock;
+  for (size_t i = 0; i < m.scales.size(); ++i) {
+    MLA_REQUIRE(m.scales[i] <= 252, "prepare_weights: kv_b_mxfp4.scales[", int64_t(i) / blocks, ", ",
+                int64_t(i) % blocks, "]: expected an E8M0 scale <= 252 (larger ones overflow float, 255 is NaN), got ",
+                int(m.scales[i]));
+  }
+}
+
 // Packs `batch` matrices [rows, cols] of MXFP4 whose element (b, r, c) is value(b, r, c); blocks of
 // 32 run along cols, the dimension the product reduces over.
 template <class Value>
@@ -86,7 +106,11 @@ PreparedWeights prepare_weights(const LayerConfig& cfg, const CheckpointWeights&
   require_size("q_a_norm", ckpt.q_a_norm.size(), 1, Rq, "[Rq]");
   require_size("kv_a_norm", ckpt.kv_a_norm.size(), 1, L, "[L]");
   require_size("q_b", ckpt.q_b.size(), N * (P + R), Rq, "[N*(P+R), Rq]");
-  require_size("kv_b", ckpt.kv_b.size(), N * (P + V), L, "[N*(P+V), L]");
+  if (ckpt.kv_b_mxfp4) {
+    require_mxfp4_kv_b(*ckpt.kv_b_mxfp4, ckpt.kv_b.size(), N * (P + V), L);
+  } else {
+    require_size("kv_b", ckpt.kv_b.size(), N * (P + V), L, "[N*(P+V), L]");
+  }
   require_scale("q_scale", ckpt.q_scale);
   require_scale("k_scale", ckpt.k_scale);
   // MXFP4 would turn inf into a NaN block silently far from its source: name it here instead.
@@ -106,12 +130,33 @@ PreparedWeights prepare_weights(const LayerConfig& cfg, const CheckpointWeights&
   w.q_b = ckpt.q_b;
 
   // kv_b head n: rows n*(P+V) .. +P are W_UK[n] [P, L], the next V rows W_UV[n] [V, L].
-  const uint16_t* kv_b = ckpt.kv_b.data();
-  auto kv_b_at = [=](int64_t row, int64_t col) { return bf16_to_float(kv_b[row * L + col]); };
-  // W_UK stored transposed, [N, L, P], so that its blocks run along P (ql_nope reduces over P).
-  w.w_uk = pack_mxfp4(int(N), int(L), int(P), [&](int n, int l, int p) { return kv_b_at(n * (P + V) + p, l); });
-  w.w_uv = pack_mxfp4(int(N), int(V), int(L),
-                      [&](int n, int v, int l) { return kv_b_at(n * (P + V) + P + v, l); });
+  if (ckpt.kv_b_mxfp4) {
+    // A checkpoint's MXFP4 kv_b has its blocks along L. W_UV reduces over L: its codes and scales
+    // are taken as they are, bit for bit. W_UK reduces over P (SPEC.md: blocks along the reduced
+    // dimension), so its blocks must be re-formed along P: the checkpoint's values are dequantized
+    // exactly (E2M1 times a power of two is exact in float) and packed again, the one rounding of
+    // an MXFP4 kv_b (a value whose new block has a larger amax can lose low bits or flush to 0).
+    const MxFp4Matrix& kv_b = *ckpt.kv_b_mxfp4;
+    w.w_uk = pack_mxfp4(int(N), int(L), int(P),
+                        [&](int n, int l, int p) { return kv_b.at(0, int(n * (P + V) + p), l); });
+    w.w_uv = MxFp4Matrix{.batch = int(N), .rows = int(V), .cols = int(L), .codes = {}, .scales = {}};
+    w.w_uv.codes.reserve(size_t(N * V * L / 2));
+    w.w_uv.scales.reserve(size_t(N * V * L / kMxBlock));
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t row = n * (P + V) + P;  // W_UV[n]'s first row: V rows of L/2 codes, L/32 scales
+      w.w_uv.codes.insert(w.w_uv.codes.end(), kv_b.codes.begin() + row * L / 2,
+                          kv_b.codes.begin() + (row + V) * L / 2);
+      w.w_uv.scales.insert(w.w_uv.scales.end(), kv_b.scales.begin() + row * (L / kMxBlock),
+                           kv_b.scales.begin() + (row + V) * (L / kMxBlock));
+    }
+  } else {
+    const uint16_t* kv_b = ckpt.kv_b.data();
+    auto kv_b_at = [=](int64_t row, int64_t col) { return bf16_to_float(kv_b[row * L + col]); };
+    // W_UK stored transposed, [N, L, P], so that its blocks run along P (ql_nope reduces over P).
+    w.w_uk = pack_mxfp4(int(N), int(L), int(P), [&](int n, int l, int p) { return kv_b_at(n * (P + V) + p, l); });
+    w.w_uv = pack_mxfp4(int(N), int(V), int(L),
+                        [&](int n, int v, int l) { return kv_b_at(n * (P + V) + P + v, l); });
+  }
   w.q_scale = ckpt.q_scale;
   w.k_scale = ckpt.k_scale;
   return w;

@@ -1,4 +1,5 @@
-// mla::load_layer: one MLA layer's weights, this rank's heads, as bf16 CheckpointWeights.
+// mla::load_layer: one MLA layer's weights, this rank's heads, as bf16 CheckpointWeights (kv_b kept in
+// MXFP4 where the checkpoint holds it so).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -144,6 +145,43 @@ struct LayerReader {
     }
   }
 
+  // Rows [row0, row0 + nrows) of an MXFP4 matrix [rows, cols] stored as gpt-oss checkpoints do (the
+  // layout Hugging Face transformers reads): prefix+name+"_blocks" U8 [rows, cols/32, 16] (two E2M1
+  // codes a byte, the first in the low nibble) and prefix+name+"_scales" U8 [rows, cols/32] (E8M0).
+  // Codes and scales are copied as they are.
+  MxFp4Matrix read_mxfp4_rows(const std::string& name, int64_t rows, int64_t cols, int64_t row0, int64_t nrows) {
+    const std::string blocks_name = prefix + name + "_blocks", scales_name = prefix + name + "_scales";
+    MLA_REQUIRE(dir.contains(scales_name), "checkpoint '", dir.dir(), "': MXFP4 tensor '", blocks_name,
+                "' has no scales '", scales_name, "'");
+    MLA_REQUIRE(dir.contains(blocks_name), "checkpoint '", dir.dir(), "': MXFP4 scales '", scales_name,
+                "' have no blocks '", blocks_name, "'");
+    const int64_t nb = cols / kMxBlock;  // cols = L: LayerConfig::validate made it a multiple of 32
+    const TensorRef b = dir.get(blocks_name), s = dir.get(scales_name);
+    MLA_REQUIRE(b.info->dtype == "U8", "checkpoint '", b.file->path(), "': MXFP4 blocks '", blocks_name,
+                "' have dtype ", b.info->dtype, ", expected U8 (two E2M1 codes a byte)");
+    MLA_REQUIRE(s.info->dtype == "U8", "checkpoint '", s.file->path(), "': MXFP4 scales '", scales_name,
+                "' have dtype ", s.info->dtype, ", expected U8 (E8M0)");
+    const std::vector<int64_t> bshape{rows, nb, kMxBlock / 2}, sshape{rows, nb};
+    MLA_REQUIRE(b.info->shape == bshape, "checkpoint '", b.file->path(), "': MXFP4 blocks '", blocks_name,
+                "' have shape ", b.info->shape_str(), ", expected ", shape_str(bshape), " ([rows, cols/32, 16] of [",
+                rows, ", ", cols, "] from config.json)");
+    MLA_REQUIRE(s.info->shape == sshape, "checkpoint '", s.file->path(), "': MXFP4 scales '", scales_name,
+                "' have shape ", s.info->shape_str(), ", expected ", shape_str(sshape), " ([rows, cols/32] of [",
+                rows, ", ", cols, "] from config.json)");
+    MxFp4Matrix m{.batch = 1, .rows = int(nrows), .cols = int(cols), .codes = {}, .scales = {}};
+    const uint8_t* codes = b.bytes().data() + row0 * (cols / 2);
+    const uint8_t* scales = s.bytes().data() + row0 * nb;
+    m.codes.assign(codes, codes + nrows * (cols / 2));
+    m.scales.assign(scales, scales + nrows * nb);
+    // 255 is E8M0's NaN and 6 * 2^(253-127) overflows float: either would reach every output as
+    // inf/NaN. 252 is the largest scale MXFP4 packing of finite floats gives.
+    for (int64_t i = 0; i < nrows * nb; ++i)
+      MLA_REQUIRE(m.scales[size_t(i)] <= 252, "checkpoint '", s.file->path(), "': MXFP4 scales '", scales_name,
+                  "' element [", row0 + i / nb, ", ", i % nb, "] is ", int(m.scales[size_t(i)]),
+                  m.scales[size_t(i)] == 0xFF ? " (NaN)" : "", ", expected an E8M0 scale <= 252 (larger ones overflow float)");
+    return m;
+  }
+
   // An optional scalar (q_scale, k_scale): `fallback` when absent.
   float scalar_or(std::initializer_list<const char*> names, float fallback) {
     for (const char* name : names) {
@@ -230,8 +268,17 @@ CheckpointLayer load_layer(const std::string& dir_path, int layer, int tp, int r
   // This rank's heads: rows rank*N*(head rows) .. (rank+1)*N*(head rows) of the per-head weights.
   w.q_b.resize(size_t(N * (P + R) * Rq));
   rd.read_rows("q_b_proj.weight", {Ht * (P + R), Rq}, rank * N * (P + R), N * (P + R), w.q_b.data());
-  w.kv_b.resize(size_t(N * (P + V) * L));
-  rd.read_rows("kv_b_proj.weight", {Ht * (P + V), L}, rank * N * (P + V), N * (P + V), w.kv_b.data());
+  const bool kv_b_mxfp4 = dir.contains(rd.prefix + "kv_b_proj.weight_blocks") ||
+                          dir.contains(rd.prefix + "kv_b_proj.weight_scales");
+  if (kv_b_mxfp4) {  // kept in MXFP4 as the checkpoint holds it; prepare_weights re-packs W_UK only
+    MLA_REQUIRE(!dir.contains(rd.prefix + "kv_b_proj.weight"), "checkpoint '", dir_path, "': layer ", layer,
+                " has both '", rd.prefix, "kv_b_proj.weight' and MXFP4 '", rd.prefix,
+                "kv_b_proj.weight_blocks/_scales', expected one form of kv_b");
+    w.kv_b_mxfp4 = rd.read_mxfp4_rows("kv_b_proj.weight", Ht * (P + V), L, rank * N * (P + V), N * (P + V));
+  } else {
+    w.kv_b.resize(size_t(N * (P + V) * L));
+    rd.read_rows("kv_b_proj.weight", {Ht * (P + V), L}, rank * N * (P + V), N * (P + V), w.kv_b.data());
+  }
   if (cfg.gate == GateLayout::separate) {
     w.g_proj.resize(size_t(N * V * D));
     rd.read_rows("g_proj.weight", {Ht * V, D}, rank * N * V, N * V, w.g_proj.data());
