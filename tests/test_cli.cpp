@@ -317,6 +317,8 @@ TEST(Cli, BenchSweepRecordsCeilingsFormulasAndProvenance) {
   EXPECT_FALSE(j["device"].get<std::string>().empty());
   EXPECT_GT(j["ceilings"]["copy_gbps"].get<double>(), 0.0);
   EXPECT_GT(j["ceilings"]["matmul_tflops"].get<double>(), 0.0);
+  EXPECT_GT(j["ceilings"]["fp32_fma_gflops"].get<double>(), 0.0);
+  EXPECT_GE(j["ceilings"]["bf16_dot_gflops"].get<double>(), 0.0);  // 0 without AVX512-BF16
   EXPECT_NE(j["command"].get<std::string>().find("--sweep"), std::string::npos);
   EXPECT_FALSE(j["git_revision"].get<std::string>().empty());
   EXPECT_FALSE(j["timestamp"].get<std::string>().empty());
@@ -334,6 +336,14 @@ TEST(Cli, BenchSweepRecordsCeilingsFormulasAndProvenance) {
   const double B = 2, len = 102, S = 4, G = 2, row = 576, L = 512;
   EXPECT_EQ(attend["bytes"].get<double>(), B * len * row + S * G * row + S * G * (L * 4 + 4));
   EXPECT_EQ(attend["flops"].get<double>(), B * (101 + 102) * G * 2 * (row + L));
+  // The compute roof: the scores at the bf16 dot rate (fp32 FMA without it), P.V at the FMA rate.
+  const double fma = j["ceilings"]["fp32_fma_gflops"], dot = j["ceilings"]["bf16_dot_gflops"];
+  const double qk = B * (101 + 102) * G * 2 * row, pv = B * (101 + 102) * G * 2 * L;
+  EXPECT_EQ(attend["qk_flops"].get<double>(), qk);
+  EXPECT_EQ(attend["pv_flops"].get<double>(), pv);
+  const double roof_us = (qk / (dot > 0 ? dot : fma) + pv / fma) * 1e-3;
+  EXPECT_NEAR(attend["compute_roof_us"].get<double>(), roof_us, 1e-9 * roof_us);
+  EXPECT_NEAR(attend["pct_compute_roof"].get<double>(), 100 * roof_us / attend["us_median"].get<double>(), 1e-9);
   const auto& st = j["results"][1]["stages"];
   EXPECT_EQ(st["step"]["bytes"].get<double>(),
             st["pre"]["bytes"].get<double>() + st["attend"]["bytes"].get<double>() + st["post"]["bytes"].get<double>());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <string>
 
 #include "core/backend.hpp"
 #include "report.hpp"
@@ -48,12 +49,23 @@ StepWork step_work(const Step& st) {
   // attend: every cached row read once (shared by the heads and the Q queries of a request),
   // the query in, o and lse out; per visible key and head a 576-long score and a 512-long update.
   w.attend.bytes = double(cached_rows) * row * kvsize + S * G * row * qsize + splits * S * G * (L * osize + 4);
-  w.attend.flops = double(visible_keys) * G * 2 * (row + L);
+  w.attend_qk_flops = double(visible_keys) * G * 2 * row;
+  w.attend_pv_flops = double(visible_keys) * G * 2 * L;
+  w.attend.flops = w.attend_qk_flops + w.attend_pv_flops;
   // post: W_UV in MXFP4, o and lse in (every split), gate in, out.
   w.post.bytes = mxfp4_bytes(N * V * L) + splits * S * G * (L * osize + 4) + S * gate * 2 + S * N * V * 2;
   w.post.flops = 2 * S * N * V * L;
   w.step = {w.pre.bytes + w.attend.bytes + w.post.bytes, w.pre.flops + w.attend.flops + w.post.flops};
   return w;
+}
+
+// The shortest time attend's arithmetic can take on this machine: the scores at the bf16 dot rate
+// (the fp32 FMA rate where the CPU has none) plus P.V at the fp32 FMA rate, each at its measured
+// peak on all threads. Dequantization, softmax and memory are not in it. 0: rates not measured.
+double attend_roof_us(const StepWork& w, const detail::Ceilings& c) {
+  if (c.fp32_fma_gflops <= 0) return 0;
+  const double qk_rate = c.bf16_dot_gflops > 0 ? c.bf16_dot_gflops : c.fp32_fma_gflops;
+  return (w.attend_qk_flops / qk_rate + w.attend_pv_flops / c.fp32_fma_gflops) * 1e-3;
 }
 
 void add_bench_command(CLI::App& app, BenchOptions& o) {
@@ -101,7 +113,13 @@ int bench_command(const BenchOptions& o) {
       char line[256];
       std::snprintf(line, sizeof line, "device: %s   copy %.1f GB/s   matmul %.2f TFLOP/s   fp8 matmul %.2f TFLOP/s\n",
                     ceil.device_name.c_str(), ceil.copy_gbps, ceil.matmul_tflops, ceil.fp8_matmul_tflops);
-      text << line << "stage         us(med)     us(min)      GB/s   %copy    TFLOP/s  %matmul\n";
+      text << line;
+      if (ceil.fp32_fma_gflops > 0) {
+        std::snprintf(line, sizeof line, "attend's instructions: fp32 FMA %.1f GFLOP/s   bf16 dot %.1f GFLOP/s\n",
+                      ceil.fp32_fma_gflops, ceil.bf16_dot_gflops);
+        text << line;
+      }
+      text << "stage         us(med)     us(min)      GB/s   %copy    TFLOP/s  %matmul\n";
     }
     st.run_pre();  // the cache holds this step's rows before attend is timed alone
     const StepWork work = step_work(st);
@@ -128,6 +146,24 @@ int bench_command(const BenchOptions& o) {
       stage_json[s.name] = {{"us_median", t.median}, {"us_min", t.min},   {"us_max", t.max},
                             {"bytes", s.work.bytes}, {"flops", s.work.flops}, {"gbps", gbps},
                             {"tflops", tflops},      {"pct_copy_bw", pct_bw}, {"pct_matmul", pct_mm}};
+      const double roof_us = std::string(s.name) == "attend" ? attend_roof_us(work, ceil) : 0;
+      if (roof_us > 0) {
+        // The compute roof: how close attend is to it, and the cache bandwidth it allows.
+        const double pct_roof = 100 * roof_us / t.median, roof_gbps = s.work.bytes / (roof_us * 1e3);
+        const double roof_pct_copy = ceil.copy_gbps > 0 ? 100 * roof_gbps / ceil.copy_gbps : 0;
+        std::snprintf(line, sizeof line,
+                      "  attend compute roof %.1f us (QK %.2f GFLOP at %s, PV %.2f GFLOP at fp32 FMA): "
+                      "%.1f%% of roof; the roof allows %.1f GB/s = %.1f%% of copy\n",
+                      roof_us, work.attend_qk_flops * 1e-9, ceil.bf16_dot_gflops > 0 ? "bf16 dot" : "fp32 FMA",
+                      work.attend_pv_flops * 1e-9, pct_roof, roof_gbps, roof_pct_copy);
+        text << line;
+        stage_json[s.name]["qk_flops"] = work.attend_qk_flops;
+        stage_json[s.name]["pv_flops"] = work.attend_pv_flops;
+        stage_json[s.name]["compute_roof_us"] = roof_us;
+        stage_json[s.name]["pct_compute_roof"] = pct_roof;
+        stage_json[s.name]["compute_roof_gbps"] = roof_gbps;
+        stage_json[s.name]["compute_roof_pct_copy_bw"] = roof_pct_copy;
+      }
     }
     text.flush();
     results.push_back({{"config", config_json(st.cfg)},
@@ -149,13 +185,18 @@ int bench_command(const BenchOptions& o) {
     j["device"] = ceil.device_name;
     j["ceilings"] = {{"copy_gbps", ceil.copy_gbps},
                      {"matmul_tflops", ceil.matmul_tflops},
-                     {"fp8_matmul_tflops", ceil.fp8_matmul_tflops}};
+                     {"fp8_matmul_tflops", ceil.fp8_matmul_tflops},
+                     {"fp32_fma_gflops", ceil.fp32_fma_gflops},
+                     {"bf16_dot_gflops", ceil.bf16_dot_gflops}};
     j["warmup"] = o.warmup;
     j["iters"] = o.iters;
     j["formulas"] = {
         {"pre", "bytes: qkv_a + q_b (bf16) + norms + W_UK (MXFP4) + hidden + q + gate + written cache rows; "
                 "flops: 2*S*(qkv_a_rows*D + N*(P+R)*Rq + N*P*L)"},
         {"attend", "bytes: every cached row once + q + o + lse (per split); flops: visible keys * G * 2*(576 + L)"},
+        {"attend_compute_roof",
+         "us: QK (visible keys * G * 2*576) / bf16 dot rate (fp32 FMA rate without bf16) + PV (visible keys * G * "
+         "2*L) / fp32 FMA rate; rates from register-only loops on all threads; pct_compute_roof = roof / median"},
         {"post", "bytes: W_UV (MXFP4) + o + lse (per split) + gate + out; flops: 2*S*N*V*L"},
         {"step", "sum of the three"}};
     j["results"] = results;

@@ -31,6 +31,9 @@ struct Work {
 };
 struct StepWork {
   Work pre, attend, post, step;
+  // attend.flops by instruction: the 576-long scores (bf16 dot products where the CPU has them)
+  // and the 512-long P.V updates (fp32 FMA), for the compute roof.
+  double attend_qk_flops = 0, attend_pv_flops = 0;
 };
 StepWork step_work(const Step& st);
 

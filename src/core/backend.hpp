@@ -23,6 +23,9 @@ struct Ceilings {
   double copy_gbps = 0;            // device (or host memory) copy: bytes read + bytes written per s
   double matmul_tflops = 0;        // dense bf16 matmul, fp32 accumulation (CPU: sgemm)
   double fp8_matmul_tflops = 0;    // dense fp8 matmul where the device has one (0 otherwise)
+  // CPU: peak rates of the instructions attend runs on, all threads (register-only loops; 0: not measured)
+  double fp32_fma_gflops = 0;      // fp32 FMA, widest vectors the attend kernels use
+  double bf16_dot_gflops = 0;      // vdpbf16ps (AVX512-BF16; 0 without), 4 FLOPs per fp32 lane
 };
 
 class BackendImpl {

@@ -1,7 +1,9 @@
 // Benchmark support for the CPU backend: steady_clock timing with the last-level cache flushed
-// before every run, and the roofline ceilings of this machine (memory copy bandwidth, sgemm rate)
-// measured in the same process as the benchmark they are compared with.
+// before every run, and the roofline ceilings of this machine (memory copy bandwidth, sgemm rate,
+// the peak rates of the two instructions attend's arithmetic runs on) measured in the same process
+// as the benchmark they are compared with.
 #include <cblas.h>
+#include <immintrin.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -154,6 +156,93 @@ double sgemm_tflops(int threads) {
   return median(tflops);
 }
 
+// ---- peak instruction rates: register-only loops of independent accumulators ---------------------
+// Each loop runs kChains independent dependency chains (more than latency x pipes on any current
+// x86 core: 4-6 cycles x 2 pipes), no loads or stores inside, so it runs at the issue rate of the
+// instruction alone. The values stay normal (acc * 0.999 + 1e-3 converges to 1; the dot products
+// add 2^-20 a step), so no denormal slow path. Each returns the FLOPs it did.
+
+constexpr int kChains = 24;      // zmm: 24 accumulators + 2 operands of 32 registers
+constexpr int kChainsYmm = 12;   // ymm: 12 + 2 of 16
+
+__attribute__((target("avx512f"))) double fma_zmm(int64_t iters) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(float(c));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 24
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  volatile float sink = lanes[0] + lanes[15];  // keeps the chains alive
+  (void)sink;
+  return double(iters) * kChains * 16 * 2;  // 16 lanes, multiply + add
+}
+
+__attribute__((target("avx2,fma"))) double fma_ymm(int64_t iters) {
+  __m256 acc[kChainsYmm];
+  for (int c = 0; c < kChainsYmm; ++c) acc[c] = _mm256_set1_ps(float(c));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChainsYmm; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  }
+  __m256 sum = acc[0];
+  for (int c = 1; c < kChainsYmm; ++c) sum = _mm256_add_ps(sum, acc[c]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  volatile float sink = lanes[0] + lanes[7];
+  (void)sink;
+  return double(iters) * kChainsYmm * 8 * 2;
+}
+
+// vdpbf16ps zmm: per fp32 lane acc += x[2l] y[2l] + x[2l+1] y[2l+1]: 64 FLOPs an instruction, the
+// way attend's FLOP formula counts its score dot products (2 per multiply-add of a pair).
+__attribute__((target("avx512f,avx512bf16"))) double bf16_dot_zmm(int64_t iters) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(float(c));
+  const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3F80);  // 1.0
+  const __m512bh y = (__m512bh)_mm512_set1_epi16(0x3580);  // 2^-20
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 24
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], x, y);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  volatile float sink = lanes[0] + lanes[15];  // keeps the chains alive
+  (void)sink;
+  return double(iters) * kChains * 16 * 4;  // 16 lanes, two multiply-adds each
+}
+
+// GFLOP/s of `kernel` on every thread at once: each thread runs it in short bursts for 10 ms of
+// its own clock and its rate is its FLOPs over its own elapsed time (so a thread that wakes late
+// does not dilute the others'); the machine's rate is the sum. The median of 5 such runs (~50 ms).
+double peak_gflops(double (*kernel)(int64_t), int threads) {
+  constexpr int64_t kBurst = 4096;  // a few microseconds at any rate
+  auto run = [&](double us_per_thread) {
+    double gflops = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : gflops)
+    {
+      double flops = 0, us = 0;
+      const auto t0 = Clock::now();
+      do {
+        flops += kernel(kBurst);
+      } while ((us = since_us(t0)) < us_per_thread);
+      gflops += flops / (us * 1e3);
+    }
+    return gflops;
+  };
+  run(2000);  // wakes the threads and the vector units' full width
+  std::vector<double> gflops;
+  for (int rep = 0; rep < 5; ++rep) gflops.push_back(run(10000));
+  return median(gflops);
+}
+
 }  // namespace
 
 std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters, int threads) {
@@ -179,6 +268,12 @@ detail::Ceilings measure_ceilings(int threads) {
   c.copy_gbps = copy_gbps(threads);
   c.matmul_tflops = sgemm_tflops(threads);
   c.fp8_matmul_tflops = 0;  // no fp8 matmul on the CPU
+  // The instructions attend's arithmetic runs on (attend_kernels.hpp): fp32 FMA at the widest
+  // vector width the kernels use, bf16 dot products where the CPU has AVX512-BF16.
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  c.fp32_fma_gflops = peak_gflops(avx512 ? fma_zmm : fma_ymm, threads);
+  c.bf16_dot_gflops = avx512 && __builtin_cpu_supports("avx512bf16") ? peak_gflops(bf16_dot_zmm, threads) : 0;
   return c;
 }
 
