@@ -343,6 +343,8 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
   const int n_keys = int(k_end - k_begin);
   const int n_tiles = (n_keys + kTileKeys - 1) / kTileKeys;
   const int page_size = p.page_size;
+  // Power-of-two pages (1, 16, 64, ...) divide by a shift: no integer division in the tile loop.
+  const int page_shift = __popc(page_size) == 1 ? __ffs(page_size) - 1 : -1;
   const bool plain_positions = p.dcp_size == 1;  // W = 1: a key's local index is its position
 
   // Row addresses and positions of tile `tile` (threads 0..63), in two halves so that the
@@ -361,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
     if (tid < kTileKeys && j < k_end) {
       const int32_t pos = plain_positions ? int32_t(j) : int32_t(dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave));
       if (pos <= tile_limit) {
-        const int32_t page_index = int32_t(j) / page_size;
+        const int32_t page_index = page_shift >= 0 ? int32_t(j) >> page_shift : int32_t(j) / page_size;
         if (page_index < pages_avail) {
           k.j = int32_t(j);
           k.pos = pos;
@@ -377,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
     int32_t pos = INT_MAX;
     if (k.j >= 0) {
       if (k.page >= 0 && k.page < p.num_pages) {
-        row = cache + (int64_t(k.page) * p.page_stride + int64_t(k.j % page_size) * p.row_stride) * kElemBytes;
+        row = cache + (int64_t(k.page) * p.page_stride + int64_t(page_shift >= 0 ? k.j & (page_size - 1) : k.j % page_size) * p.row_stride) * kElemBytes;
         pos = k.pos;
       } else {
         atomicOr(p.error, kBadPage);
@@ -386,13 +388,17 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
     sm.rows[slot][tid] = row;
     sm.pos[slot][tid] = pos;
   };
+  // Each thread copies 16-byte chunks q, q+4, q+8, ... of one key row (4 threads a row): one row
+  // address a tile, constant offsets after it, and a warp's 8 rows x 64 bytes per instruction.
+  static_assert(kThreads == 4 * kTileKeys);
   auto issue_tile = [&](int slot, int buf) {
     constexpr int kChunks = kRow * kElemBytes / 16;
-    for (int i = tid; i < kTileKeys * kChunks; i += kThreads) {
-      const int r = i / kChunks, q = i % kChunks;
-      const uint8_t* row = sm.rows[slot][r];
-      ptx::cp_async_16(ptx::smem_addr(&sm.kv[buf][r][q * 16]), row ? row + q * 16 : cache, row != nullptr);
-    }
+    const int r = tid / 4, q0 = tid % 4;
+    const uint8_t* row = sm.rows[slot][r];
+    const uint32_t dst = ptx::smem_addr(&sm.kv[buf][r][q0 * 16]);
+    const uint8_t* src = row ? row + q0 * 16 : cache;
+#pragma unroll
+    for (int q = 0; q < kChunks / 4; ++q) ptx::cp_async_16(dst + q * 64, src + (row ? q * 64 : 0), row != nullptr);
     ptx::cp_async_commit();
   };
 
