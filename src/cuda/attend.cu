@@ -95,7 +95,9 @@ __device__ __forceinline__ void qk_tile_f16(const SharedPlan<V>& sm, int buf, in
       const int d = kb * 64 + j * 16;
       const uint2 qa = *reinterpret_cast<const uint2*>(q0 + d);
       const uint2 qb = *reinterpret_cast<const uint2*>(q1 + d);
-      ptx::mma_f16(s2[j & 1], qa.x, qb.x, qa.y, qb.y, ptx::fp8x2_to_f16x2(r[j]), ptx::fp8x2_to_f16x2(r[j] >> 16));
+      uint32_t k0, k1;
+      ptx::fp8x4_to_f16x2x2(r[j], k0, k1);
+      ptx::mma_f16(s2[j & 1], qa.x, qb.x, qa.y, qb.y, k0, k1);
     }
   }
 #pragma unroll
@@ -180,10 +182,10 @@ __device__ __forceinline__ void pv_tile_fp8(const SharedPlan<V>& sm, int buf, in
       for (int h = 0; h < 2; ++h) {
         const uint32_t lo = r[2 * h], hi = r[2 * h + 1];
         const int chunk = 2 * cp + h;
-        const uint32_t even0 = ptx::fp8x2_to_f16x2(__byte_perm(lo, 0, 0x20));
-        const uint32_t even1 = ptx::fp8x2_to_f16x2(__byte_perm(hi, 0, 0x20));
-        const uint32_t odd0 = ptx::fp8x2_to_f16x2(__byte_perm(lo, 0, 0x31));
-        const uint32_t odd1 = ptx::fp8x2_to_f16x2(__byte_perm(hi, 0, 0x31));
+        // One byte permute puts the even dims' bytes in the low half, the odd dims' in the high.
+        uint32_t even0, odd0, even1, odd1;
+        ptx::fp8x4_to_f16x2x2(__byte_perm(lo, 0, 0x3120), even0, odd0);
+        ptx::fp8x4_to_f16x2x2(__byte_perm(hi, 0, 0x3120), even1, odd1);
         ptx::mma_f16(acc[2 * chunk], a[0], a[1], a[2], a[3], even0, even1);
         ptx::mma_f16(acc[2 * chunk + 1], a[0], a[1], a[2], a[3], odd0, odd1);
         if constexpr (kLo) {
