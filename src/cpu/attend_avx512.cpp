@@ -1,12 +1,15 @@
 // The AVX-512 kernels of the CPU attend stage (attend_kernels.hpp), for CPUs that have
 // AVX-512 F/BW/VL/DQ (chosen at run time; the rest of the library stays at the AVX2 floor, so
 // every function here carries the target attribute instead of the file being compiled with it).
-// fp32 throughout, like the AVX2 set; 32 zmm registers allow wider tiles: 4 query rows x 6 keys
-// for the scores (24 accumulators), 6 rows x 64 columns for P.V (24 accumulators).
+// fp32 arithmetic, like the AVX2 set; 32 zmm registers allow wider tiles: 4 query rows x 6 keys
+// for the scores (24 accumulators), 6 rows x 64 columns for P.V (24 accumulators). With
+// AVX512-BF16 the keys stay raw bf16 values (exact for fp8 and bf16 caches): the scores take them
+// with vdpbf16ps, P.V widens them to fp32 in registers (fp32 FMAs, as without BF16).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "cpu/attend_kernels.hpp"
 #include "mla/formats.hpp"
@@ -186,35 +189,82 @@ MLA_AVX512 void softmax_block(float* s, int keys, SoftmaxState& st, float* acc, 
 
 // ---- bf16 scores (AVX512-BF16) ----------------------------------------------------------------
 
-MLA_AVX512_BF16 void dequant_row_bf16(DType dtype, const void* row, int64_t stride, int width, int value_width,
-                                      float scale, float* v, uint16_t* k) {
+// fp8 e4m3fn -> bf16 for 32 codes, exact, in integer arithmetic: a normal code's exponent and
+// mantissa (bits 6..0) shifted into bf16's places with the bias moved from 7 to 127; the zero and
+// subnormal codes (magnitude < 8, m * 2^-9) from a table; NaN codes to a NaN; then the sign.
+MLA_AVX512_BF16 inline __m512i fp8_to_bf16_32(const uint8_t* src) {
+  alignas(64) static const uint16_t kSubnormal[32] = {0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60};
+  const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7F));
+  __m512i h = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+  h = _mm512_mask_permutexvar_epi16(h, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag,
+                                    _mm512_load_si512(kSubnormal));
+  h = _mm512_mask_mov_epi16(h, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F)), _mm512_set1_epi16(0x7FC0));
+  // h | (v << 8 & 0x8000): the code's sign bit to bit 15.
+  return _mm512_ternarylogic_epi32(h, _mm512_slli_epi16(v, 8), _mm512_set1_epi16(int16_t(0x8000)), 0xF8);
+}
+
+MLA_AVX512_BF16 void bf16_row(DType dtype, const void* row, int64_t stride, int width, uint16_t* k) {
   if (dtype == DType::fp8_e4m3) {
     const uint8_t* src = static_cast<const uint8_t*>(row);
     if (stride == 1 && width % 32 == 0) {
-      // dequant_fp8_32 at scale 1 gives the codes' exact values; bf16 holds them exactly too.
-      const __m512 one = _mm512_set1_ps(256.0f), sv = _mm512_set1_ps(scale);
-      alignas(64) float raw[32];
-      for (int c = 0; c < width; c += 32) {
-        dequant_fp8_32(src + c, one, raw);
-        const __m512 lo = _mm512_load_ps(raw), hi = _mm512_load_ps(raw + 16);
-        _mm512_storeu_si512(k + c, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        if (c < value_width) {
-          _mm512_storeu_ps(v + c, _mm512_mul_ps(lo, sv));
-          _mm512_storeu_ps(v + c + 16, _mm512_mul_ps(hi, sv));
-        }
-      }
+      for (int c = 0; c < width; c += 32) _mm512_storeu_si512(k + c, fp8_to_bf16_32(src + c));
       return;
     }
     for (int c = 0; c < width; ++c) {
       const float x = fp8e4m3_to_float(src[c * stride]);
       k[c] = uint16_t(__builtin_bit_cast(uint32_t, x) >> 16);  // exact: an fp8 value has 4 significant bits
-      if (c < value_width) v[c] = x * scale;
     }
     return;
   }
   const uint16_t* src = static_cast<const uint16_t*>(row);
-  for (int c = 0; c < width; ++c) k[c] = src[c * stride];
-  dequant_row(dtype, row, stride, value_width, scale, v);
+  if (stride == 1) std::memcpy(k, src, sizeof(uint16_t) * size_t(width));
+  else for (int c = 0; c < width; ++c) k[c] = src[c * stride];
+}
+
+// acc[r][0, 16*NV) += sum_k p[r][k] * v[k][0, 16*NV) for NR rows, v in bf16 (widened exactly).
+template <int NR, int NV>
+MLA_AVX512 void pv_tile_bf16(const float* p, int64_t p_ld, const uint16_t* v, int64_t v_ld, int keys, float* acc,
+                             int64_t a_ld) {
+  __m512 a[NR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) a[r][j] = _mm512_loadu_ps(acc + r * a_ld + 16 * j);
+  for (int k = 0; k < keys; ++k) {
+    __m512 vv[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j)
+      vv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + k * v_ld + 16 * j))), 16));
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * p_ld + k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) a[r][j] = _mm512_fmadd_ps(pr, vv[j], a[r][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(acc + r * a_ld + 16 * j, a[r][j]);
+}
+
+using PvTileBf16 = void (*)(const float*, int64_t, const uint16_t*, int64_t, int, float*, int64_t);
+constexpr PvTileBf16 kPvWideBf16[6] = {pv_tile_bf16<1, 4>, pv_tile_bf16<2, 4>, pv_tile_bf16<3, 4>,
+                                       pv_tile_bf16<4, 4>, pv_tile_bf16<5, 4>, pv_tile_bf16<6, 4>};
+constexpr PvTileBf16 kPvNarrowBf16[6] = {pv_tile_bf16<1, 1>, pv_tile_bf16<2, 1>, pv_tile_bf16<3, 1>,
+                                         pv_tile_bf16<4, 1>, pv_tile_bf16<5, 1>, pv_tile_bf16<6, 1>};
+
+void pv_bf16(const float* p, int64_t p_ld, int rows, const uint16_t* v, int64_t v_ld, int keys, int width, float* acc,
+             int64_t a_ld) {
+  for (int r = 0; r < rows; r += 6) {
+    const int nr = std::min(6, rows - r);
+    int c = 0;
+    for (; c + 64 <= width; c += 64)
+      kPvWideBf16[nr - 1](p + r * p_ld, p_ld, v + c, v_ld, keys, acc + r * a_ld + c, a_ld);
+    for (; c < width; c += 16) kPvNarrowBf16[nr - 1](p + r * p_ld, p_ld, v + c, v_ld, keys, acc + r * a_ld + c, a_ld);
+  }
 }
 
 template <int NR, int NK>
@@ -251,11 +301,19 @@ constexpr const ScoreTileBf16* kScoreTilesBf16[4] = {kScoreRowBf16<1>, kScoreRow
 
 void scores_bf16(const uint16_t* q, int64_t q_ld, int rows, const uint16_t* key, int64_t k_ld, int keys, int n,
                  float* s, int64_t s_ld) {
-  for (int r = 0; r < rows; r += 4) {
-    const int nr = std::min(4, rows - r);
-    for (int k = 0; k < keys; k += 6) {
-      const int nk = std::min(6, keys - k);
-      kScoreTilesBf16[nr - 1][nk - 1](q + r * q_ld, q_ld, key + k * k_ld, k_ld, n, s + r * s_ld + k, s_ld);
+  // Keys in chunks of 16 (18 KiB of bf16 at n = 576) that every row tile takes from L1, rather
+  // than each row tile streaming the whole block from L2.
+  // Keys in chunks of 18 (three tiles, 20 KiB of bf16 at n = 576) that every row tile takes from
+  // L1, rather than each row tile streaming the whole block from L2.
+  constexpr int kChunk = 18;
+  for (int k0 = 0; k0 < keys; k0 += kChunk) {
+    const int kend = std::min(keys, k0 + kChunk);
+    for (int r = 0; r < rows; r += 4) {
+      const int nr = std::min(4, rows - r);
+      for (int k = k0; k < kend; k += 6) {
+        const int nk = std::min(6, kend - k);
+        kScoreTilesBf16[nr - 1][nk - 1](q + r * q_ld, q_ld, key + k * k_ld, k_ld, n, s + r * s_ld + k, s_ld);
+      }
     }
   }
 }
@@ -285,8 +343,9 @@ const AttendKernels* attend_kernels_avx512_bf16() {
                                .scores = scores,
                                .softmax_block = softmax_block,
                                .pv = pv,
-                               .dequant_row_bf16 = dequant_row_bf16,
-                               .scores_bf16 = scores_bf16};
+                               .bf16_row = bf16_row,
+                               .scores_bf16 = scores_bf16,
+                               .pv_bf16 = pv_bf16};
   return has_avx512() && __builtin_cpu_supports("avx512bf16") ? &k : nullptr;
 }
 

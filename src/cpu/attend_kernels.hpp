@@ -28,18 +28,19 @@ struct AttendKernels {
   void (*pv)(const float* p, int64_t p_ld, int rows, const float* v, int64_t v_ld, int keys, int width,
              float* acc, int64_t a_ld);
 
-  // Optional pair (null where the CPU lacks AVX512-BF16), used together in place of dequant_row
-  // and scores. fp8 codes and bf16 values are exact in bf16, so the scores can be taken on the
-  // raw values with bf16 dot products (fp32 accumulation, products exact) at twice the fp32 rate,
-  // and scaled afterwards:
-  //   dequant_row_bf16: row -> k [width] bf16 raw values (fp8: the code's value, unscaled) and
-  //                     v [value_width] fp32 times scale (the value part for pv; v may be
-  //                     written up to width);
-  //   scores_bf16:      s[r][k] = q[r] . key[k] on raw bf16 values (n % 32 == 0).
-  void (*dequant_row_bf16)(DType dtype, const void* row, int64_t stride, int width, int value_width, float scale,
-                           float* v, uint16_t* k) = nullptr;
+  // Optional trio (null where the CPU lacks AVX512-BF16), used together in place of dequant_row,
+  // scores and pv. fp8 codes and bf16 values are exact in bf16, so a block of keys is kept once as
+  // raw bf16 values (fp8: the code's value, unscaled): the scores take them with bf16 dot products
+  // (fp32 accumulation, products exact) at twice the fp32 rate, P.V widens them to fp32 exactly,
+  // and the caller applies the scales afterwards (scores: q_mul * k_scale; o: k_scale):
+  //   bf16_row:    row -> k [width] raw bf16 values;
+  //   scores_bf16: s[r][k] = q[r] . key[k] on raw bf16 values (n % 32 == 0);
+  //   pv_bf16:     as pv, v in raw bf16 values.
+  void (*bf16_row)(DType dtype, const void* row, int64_t stride, int width, uint16_t* k) = nullptr;
   void (*scores_bf16)(const uint16_t* q, int64_t q_ld, int rows, const uint16_t* key, int64_t k_ld, int keys,
                       int n, float* s, int64_t s_ld) = nullptr;
+  void (*pv_bf16)(const float* p, int64_t p_ld, int rows, const uint16_t* v, int64_t v_ld, int keys, int width,
+                  float* acc, int64_t a_ld) = nullptr;
 };
 
 const AttendKernels& attend_kernels_avx2();
