@@ -189,17 +189,21 @@ MLA_AVX512 void softmax_block(float* s, int keys, SoftmaxState& st, float* acc, 
 
 // ---- bf16 scores (AVX512-BF16) ----------------------------------------------------------------
 
-// fp8 e4m3fn -> bf16 for 32 codes, exact, in integer arithmetic: a normal code's exponent and
-// mantissa (bits 6..0) shifted into bf16's places with the bias moved from 7 to 127; the zero and
-// subnormal codes (magnitude < 8, m * 2^-9) from a table; NaN codes to a NaN; then the sign.
-MLA_AVX512_BF16 inline __m512i fp8_to_bf16_32(const uint8_t* src) {
-  alignas(64) static const uint16_t kSubnormal[32] = {0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60};
+// fp8 e4m3fn -> bf16 for 32 codes, exact: the 128 magnitudes' bf16 bits (NaN for 0x7F) from a
+// table in four registers, two 64-entry vpermt2w selected by bit 6, then the code's sign to bit 15.
+struct Fp8Bf16Table {
+  alignas(64) uint16_t bits[128];
+  Fp8Bf16Table() {
+    for (int c = 0; c < 128; ++c) bits[c] = uint16_t(__builtin_bit_cast(uint32_t, fp8e4m3_to_float(uint8_t(c))) >> 16);
+  }
+};
+const Fp8Bf16Table kFp8Bf16;
+
+MLA_AVX512_BF16 inline __m512i fp8_to_bf16_32(const uint8_t* src, const __m512i t[4]) {
   const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7F));
-  __m512i h = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-  h = _mm512_mask_permutexvar_epi16(h, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag,
-                                    _mm512_load_si512(kSubnormal));
-  h = _mm512_mask_mov_epi16(h, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F)), _mm512_set1_epi16(0x7FC0));
+  const __m512i lo = _mm512_permutex2var_epi16(t[0], v, t[1]);  // index bits 5..0
+  const __m512i hi = _mm512_permutex2var_epi16(t[2], v, t[3]);
+  const __m512i h = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(v, _mm512_set1_epi16(0x40)), lo, hi);
   // h | (v << 8 & 0x8000): the code's sign bit to bit 15.
   return _mm512_ternarylogic_epi32(h, _mm512_slli_epi16(v, 8), _mm512_set1_epi16(int16_t(0x8000)), 0xF8);
 }
@@ -208,7 +212,9 @@ MLA_AVX512_BF16 void bf16_row(DType dtype, const void* row, int64_t stride, int 
   if (dtype == DType::fp8_e4m3) {
     const uint8_t* src = static_cast<const uint8_t*>(row);
     if (stride == 1 && width % 32 == 0) {
-      for (int c = 0; c < width; c += 32) _mm512_storeu_si512(k + c, fp8_to_bf16_32(src + c));
+      const __m512i t[4] = {_mm512_load_si512(kFp8Bf16.bits), _mm512_load_si512(kFp8Bf16.bits + 32),
+                            _mm512_load_si512(kFp8Bf16.bits + 64), _mm512_load_si512(kFp8Bf16.bits + 96)};
+      for (int c = 0; c < width; c += 32) _mm512_storeu_si512(k + c, fp8_to_bf16_32(src + c, t));
       return;
     }
     for (int c = 0; c < width; ++c) {
