@@ -1,9 +1,10 @@
 // attend on the GPU (issue 4, v4): one CTA per (request, split, 16-row query tile).
 // The CTA holds up to 16 query rows (G heads x Q queries of one request) and streams the request's
 // cache rows through shared memory once, in tiles of 64 keys (cp.async, kStages deep), with
-// mma.sync tensor-core products for q.k and p.v. An fp8 cache stays fp8 in shared memory: with an
-// fp8 query q.k runs on the e4m3 tensor cores as is (m16n8k32); p.v (and q.k with a bf16 query)
-// widens it to f16 in registers. docs/attention.md has the fragment layouts and the roofline.
+// mma.sync tensor-core products for q.k and p.v. An fp8 cache stays fp8 in shared memory and is
+// widened to f16 in registers (mma.sync with e4m3 operands exists on sm_90 but is emulated: the
+// compiler widens both operands and issues two f16 mma, measured in docs/attention.md).
+// docs/attention.md has the fragment layouts and the roofline.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -29,13 +30,13 @@ template <bool kFp8>
 struct Traits;
 // fp8 cache: rows of 576 bytes padded to 592 (148 words: the 8 rows an ldmatrix reads start 20
 // words apart, on distinct banks); f16 math (e4m3 -> f16 is exact). The query row is padded to
-// 592 halves (296 words = 8 mod 32) so that the 8-byte A-fragment loads of a half-warp hit 32
-// distinct banks.
+// 608 halves (304 words = 16 mod 32) so that the 16-byte A-fragment loads of each 8 lanes (two
+// rows x four quads) hit 32 distinct banks; its dims are stored permuted (q_slot).
 template <>
 struct Traits<true> {
   static constexpr int kElemBytes = 1;
   static constexpr int kRowBytes = kRow + 16;
-  static constexpr int kQStride = kRow + 16;
+  static constexpr int kQStride = kRow + 32;
 };
 // bf16 cache: rows of 1152 bytes padded to 1168 (292 words = 4 mod 32); bf16 math.
 template <>
@@ -45,16 +46,12 @@ struct Traits<false> {
   static constexpr int kQStride = kRow + 8;
 };
 
-// The kernel's compile-time shape: cache dtype, q.k on the e4m3 tensor cores (fp8 query and
-// cache), P kept as hi + lo (see store_p), pipeline depth.
-template <bool kFp8_, bool kQ8_, bool kSplitP_, int kStages_>
+// The kernel's compile-time shape: cache dtype, P kept as hi + lo (see store_p), pipeline depth.
+template <bool kFp8_, bool kSplitP_, int kStages_>
 struct Variant {
-  static constexpr bool kFp8 = kFp8_, kQ8 = kQ8_, kSplitP = kSplitP_;
+  static constexpr bool kFp8 = kFp8_, kSplitP = kSplitP_;
   static constexpr int kStages = kStages_;
-  static_assert(!kQ8 || kFp8, "e4m3 q.k needs an fp8 cache");
-  // Query row in shared memory: e4m3 bytes (padded to 592: the 8 rows an ldmatrix reads fall on
-  // distinct banks) or f16/bf16 halves.
-  static constexpr int kQRowBytes = kQ8 ? kRow + 16 : 2 * Traits<kFp8>::kQStride;
+  static constexpr int kQRowBytes = 2 * Traits<kFp8>::kQStride;  // f16 or bf16 halves
 };
 
 // kStages key tiles in shared memory: kStages - 1 loading while one is used.
@@ -62,7 +59,7 @@ template <class V>
 struct SharedPlan {
   static constexpr int kStages = V::kStages;
   alignas(128) uint8_t kv[kStages][kTileKeys][Traits<V::kFp8>::kRowBytes];
-  alignas(16) uint8_t q[kMTile][V::kQRowBytes];  // query tile: e4m3, f16 or bf16
+  alignas(16) uint8_t q[kMTile][V::kQRowBytes];  // query tile: f16 (dims permuted, q_slot) or bf16
   // Softmax weights of the tile in 16 bits; with kSplitP as a sum hi + lo (see store_p).
   alignas(16) uint16_t p[V::kSplitP ? 2 : 1][kMTile][kPStride];
   // kStages + 1 tiles' key rows: tile t in use, t+1 .. t+kStages-1 loading, t+kStages's page ids
@@ -76,32 +73,39 @@ struct SharedPlan {
 // q.k for this warp's 8 keys of the tile: s = 16 rows x 8 keys (mma C fragment).
 // fp8: one ldmatrix row segment holds 16 dims of a key; lane (g, c) gets dims 4c..4c+3 and uses
 // them as the k16 step's pairs (2c, 2c+1) and (2c+8, 2c+9). That permutes k inside each 16-dim
-// block, so the query's A fragment is read with the same permutation (dims 4c..4c+3 of its rows):
-// the dot product is unchanged.
+// block, so the query's A fragment must hold the same dims 4c..4c+3 of its rows: the dot product
+// is unchanged. The query row is stored so that the dims a lane needs for two consecutive k16
+// steps are 8 adjacent halves (q_slot): one 16-byte load per row and step pair.
+__device__ __forceinline__ int q_slot(int d) {
+  const int kb = d / 64, j = (d / 16) % 4, c = (d / 4) % 4, e = d % 4;
+  return kb * 64 + (j / 2) * 32 + c * 8 + (j % 2) * 4 + e;
+}
+
 template <class V>
 __device__ __forceinline__ void qk_tile_f16(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&s)[4]) {
   const int g = lane / 4, c = lane % 4;
   const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
-  const uint16_t* q0 = reinterpret_cast<const uint16_t*>(sm.q[g]) + 4 * c;
-  const uint16_t* q1 = reinterpret_cast<const uint16_t*>(sm.q[g + 8]) + 4 * c;
-  // Two accumulators halve the chain of dependent mma (36 k-steps).
-  float s2[2][4] = {};
-#pragma unroll
+  const uint16_t* q0 = reinterpret_cast<const uint16_t*>(sm.q[g]) + 8 * c;
+  const uint16_t* q1 = reinterpret_cast<const uint16_t*>(sm.q[g + 8]) + 8 * c;
+  // Four accumulators: chains of 9 dependent mma instead of 36.
+  float s4[4][4] = {};
+#pragma unroll 3
   for (int kb = 0; kb < kRow / 64; ++kb) {
     uint32_t r[4];
     ptx::ldmatrix_x4(r, kbase + kb * 64);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int d = kb * 64 + j * 16;
-      const uint2 qa = *reinterpret_cast<const uint2*>(q0 + d);
-      const uint2 qb = *reinterpret_cast<const uint2*>(q1 + d);
-      uint32_t k0, k1;
-      ptx::fp8x4_to_f16x2x2(r[j], k0, k1);
-      ptx::mma_f16(s2[j & 1], qa.x, qb.x, qa.y, qb.y, k0, k1);
+    for (int jp = 0; jp < 2; ++jp) {
+      const uint4 qa = *reinterpret_cast<const uint4*>(q0 + kb * 64 + jp * 32);
+      const uint4 qb = *reinterpret_cast<const uint4*>(q1 + kb * 64 + jp * 32);
+      uint32_t k0, k1, k2, k3;
+      ptx::fp8x4_to_f16x2x2(r[2 * jp], k0, k1);
+      ptx::fp8x4_to_f16x2x2(r[2 * jp + 1], k2, k3);
+      ptx::mma_f16(s4[2 * jp], qa.x, qb.x, qa.y, qb.y, k0, k1);
+      ptx::mma_f16(s4[2 * jp + 1], qa.z, qb.z, qa.w, qb.w, k2, k3);
     }
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) s[e] = s2[0][e] + s2[1][e];
+  for (int e = 0; e < 4; ++e) s[e] = (s4[0][e] + s4[1][e]) + (s4[2][e] + s4[3][e]);
 }
 
 template <class V>
@@ -127,33 +131,9 @@ __device__ __forceinline__ void qk_tile_bf16(const SharedPlan<V>& sm, int buf, i
   for (int e = 0; e < 4; ++e) s[e] = s2[0][e] + s2[1][e];
 }
 
-// fp8 query and cache: q.k on the e4m3 tensor cores, no widening. An ldmatrix of 8 key rows x 16
-// bytes gives lane (g, c) bytes 4c..4c+3 of key g: exactly m16n8k32's B fragment (b0: k 4c..4c+3,
-// b1: k 16+4c..); one of the query rows gives its A fragment the same way. Products of two e4m3
-// values are exact in the fp32 accumulator: only the summation order differs from the f16 path.
-template <class V>
-__device__ __forceinline__ void qk_tile_e4m3(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&s)[4]) {
-  const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
-  const uint32_t qbase = ptx::smem_addr(&sm.q[(lane & 7) + ((lane >> 3) & 1) * 8][(lane >> 4) * 16]);
-  float s2[2][4] = {};
-  // Unrolled by 3 (of 9): a full unroll hoists every fragment load and spills at 2 CTAs an SM.
-#pragma unroll 3
-  for (int kb = 0; kb < kRow / 64; ++kb) {
-    uint32_t r[4], a0[4], a1[4];
-    ptx::ldmatrix_x4(r, kbase + kb * 64);
-    ptx::ldmatrix_x4(a0, qbase + kb * 64);
-    ptx::ldmatrix_x4(a1, qbase + kb * 64 + 32);
-    ptx::mma_e4m3(s2[0], a0, r[0], r[1]);
-    ptx::mma_e4m3(s2[1], a1, r[2], r[3]);
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) s[e] = s2[0][e] + s2[1][e];
-}
-
 template <class V>
 __device__ __forceinline__ void qk_tile(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&s)[4]) {
-  if constexpr (V::kQ8) qk_tile_e4m3(sm, buf, warp, lane, s);
-  else if constexpr (V::kFp8) qk_tile_f16(sm, buf, warp, lane, s);
+  if constexpr (V::kFp8) qk_tile_f16(sm, buf, warp, lane, s);
   else qk_tile_bf16(sm, buf, warp, lane, s);
 }
 
@@ -304,22 +284,7 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
   const int32_t tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
 
   // Query tile -> shared memory in the mma type; rows past the tile's last row are zero.
-  if constexpr (V::kQ8) {
-    // e4m3 bytes as they are, 4 at a time where the view allows it.
-    const bool words = (reinterpret_cast<uintptr_t>(p.q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 4 == 0;
-    for (int i = tid; i < kMTile * (kRow / 4); i += kThreads) {
-      const int r = i / (kRow / 4), d = (i % (kRow / 4)) * 4;
-      const int m = m_base + r;
-      uint32_t v = 0;
-      if (m < rows_total) {
-        const int64_t s = int64_t(b) * p.qlen + m / p.heads;
-        const uint8_t* q = static_cast<const uint8_t*>(p.q) + s * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
-        v = words ? *reinterpret_cast<const uint32_t*>(q)
-                  : uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
-      }
-      *reinterpret_cast<uint32_t*>(&sm.q[r][d]) = v;
-    }
-  } else {
+  {
     for (int i = tid; i < kMTile * (kRow / 2); i += kThreads) {
       const int r = i / (kRow / 2), d = (i % (kRow / 2)) * 2;
       const int m = m_base + r;
@@ -337,7 +302,9 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
           x1 = bf16_to_float(q[1]);
         }
       }
-      *reinterpret_cast<uint32_t*>(&sm.q[r][2 * d]) = kFp8 ? ptx::pack_f16x2(x0, x1) : ptx::pack_bf16x2(x0, x1);
+      // f16 dims d, d+1 stay adjacent under q_slot (d is even).
+      *reinterpret_cast<uint32_t*>(&sm.q[r][2 * (kFp8 ? q_slot(d) : d)]) =
+          kFp8 ? ptx::pack_f16x2(x0, x1) : ptx::pack_bf16x2(x0, x1);
     }
   }
 
@@ -529,7 +496,7 @@ void launch(const AttendParams& p, dim3 grid, cudaStream_t stream) {
   attend_kernel<V><<<grid, kThreads, sizeof(SharedPlan<V>), stream>>>(p);
 }
 
-// The fp8 cache with an fp8 query and one-rounded P (the step's path): 2 stages at 2 CTAs an SM
+// The fp8 cache with one-rounded P (the step's path): 2 stages at 2 CTAs an SM
 // (default), or 4 stages at 1 CTA an SM (3 tiles in flight), chosen with MLA_ATTEND_STAGES=4 for
 // measurement (docs/attention.md).
 int fp8_stages() {
@@ -540,22 +507,18 @@ int fp8_stages() {
   return stages;
 }
 
-// Every variant a launch can pick: {fp8, bf16} cache x {e4m3, f16/bf16} q.k x {hi + lo, one} P.
-using Fp8Q8 = Variant<true, true, false, 2>;
-using Fp8Q8Deep = Variant<true, true, false, 4>;
-using Fp8Q8Exact = Variant<true, true, true, 2>;
-using Fp8 = Variant<true, false, false, 2>;
-using Fp8Exact = Variant<true, false, true, 2>;
-using Bf16 = Variant<false, false, false, 2>;
-using Bf16Exact = Variant<false, false, true, 2>;
+// Every variant a launch can pick: {fp8, bf16} cache x {one, hi + lo} P (+ the deep fp8 one).
+using Fp8 = Variant<true, false, 2>;
+using Fp8Deep = Variant<true, false, 4>;
+using Fp8Exact = Variant<true, true, 2>;
+using Bf16 = Variant<false, false, 2>;
+using Bf16Exact = Variant<false, true, 2>;
 
 }  // namespace
 
 void prepare_attend_kernels() {
-  set_smem_limit<Fp8Q8>();
-  set_smem_limit<Fp8Q8Deep>();
-  set_smem_limit<Fp8Q8Exact>();
   set_smem_limit<Fp8>();
+  set_smem_limit<Fp8Deep>();
   set_smem_limit<Fp8Exact>();
   set_smem_limit<Bf16>();
   set_smem_limit<Bf16Exact>();
@@ -568,15 +531,12 @@ void launch_attend(const AttendParams& p, cudaStream_t stream) {
   if (!p.cache_fp8) {
     if (p.exact_p) launch<Bf16Exact>(p, grid, stream);
     else launch<Bf16>(p, grid, stream);
-  } else if (!p.q_fp8) {
-    if (p.exact_p) launch<Fp8Exact>(p, grid, stream);
-    else launch<Fp8>(p, grid, stream);
   } else if (p.exact_p) {
-    launch<Fp8Q8Exact>(p, grid, stream);
+    launch<Fp8Exact>(p, grid, stream);
   } else if (fp8_stages() == 4) {
-    launch<Fp8Q8Deep>(p, grid, stream);
+    launch<Fp8Deep>(p, grid, stream);
   } else {
-    launch<Fp8Q8>(p, grid, stream);
+    launch<Fp8>(p, grid, stream);
   }
   MLA_CUDA_CHECK_LAUNCH();
 }

@@ -55,17 +55,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// D += A * B, m16n8k32 with e4m3 operands (sm_89+), fp32 accumulation. a: 4 regs of 4 bytes
-// (a0 row g k 4c..4c+3, a1 row g+8, a2 row g k 16+4c.., a3 row g+8), b: 2 regs (b0 k 4c..4c+3 of
-// column g, b1 k 16+4c..).
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Four e4m3 values -> two f16x2 (bytes 0, 1 -> lo; bytes 2, 3 -> hi), exactly: two F2FP that read
 // the halves of v directly (the cuda_fp8.h path masks, converts and repacks each pair: ~5 ALU ops).
 __device__ __forceinline__ void fp8x4_to_f16x2x2(uint32_t v, uint32_t& lo, uint32_t& hi) {
