@@ -159,13 +159,16 @@ void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCa
   const int64_t num_slots = cache.num_pages() * cache.page_size();
   auto* error = error_.get<uint32_t>();
 
-  launch_meta_check({.seq_lens = meta.seq_lens.ptr<int32_t>(),
-                     .slot_mapping = meta.slot_mapping.ptr<int64_t>(),
-                     .batch = meta.batch(),
-                     .qlen = meta.qlen,
-                     .num_slots = num_slots,
-                     .error = error},
-                    stream_);
+  // At decode sizes pre_norm checks the metadata itself (one launch less on the step's path).
+  const bool check_in_pre_norm = pre_norm_checks_meta(s);
+  if (!check_in_pre_norm)
+    launch_meta_check({.seq_lens = meta.seq_lens.ptr<int32_t>(),
+                       .slot_mapping = meta.slot_mapping.ptr<int64_t>(),
+                       .batch = meta.batch(),
+                       .qlen = meta.qlen,
+                       .num_slots = num_slots,
+                       .error = error},
+                      stream_);
   // Both projections: the weight-streaming kernel at decode batch sizes, cuBLASLt above.
   auto project = [&](Gemm& gemm, const void* x, int64_t ldx, const DeviceBuffer& w, void* y, int n_out, int k) {
     if (skinny_gemm_applies(int(s), k, ldx) && reinterpret_cast<uintptr_t>(x) % 16 == 0)
@@ -193,9 +196,11 @@ void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCa
                    .num_slots = num_slots,
                    .slot_mapping = meta.slot_mapping.ptr<int64_t>(),
                    .seq_lens = meta.seq_lens.ptr<int32_t>(),
+                   .batch = meta.batch(),
                    .qlen = meta.qlen,
                    .tokens = int(s),
                    .rq = cfg.q_lora_rank,
+                   .check_meta = check_in_pre_norm,
                    .rms_eps = float(cfg.rms_eps),
                    .k_scale = k_scale_,
                    .inv_freq = inv_freq_.get<double>(),

@@ -1,79 +1,61 @@
 // post on the GPU (SPEC.md post): the merge of split partials (core/softmax_state.hpp, the same
 // code as the CPU's merge and the DCP combine), then out = (o @ W_UV^T) * gate with W_UV in MXFP4
 // dequantized in registers, bf16 out. One CTA per (head, 32 value rows, 8 tokens): each W_UV row
-// is decoded once for the 8 tokens.
+// is decoded once for the 8 tokens; every CTA of a head merges that head's partials itself.
 #include "core/softmax_state.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/stages.hpp"
 
 namespace mla::cuda {
 namespace {
 
-constexpr int kPostThreads = 128;
+constexpr int kPostThreads = 512;
+constexpr int kPostGroups = 4;                              // thread groups splitting a token's partials
+constexpr int kPostGroupThreads = kPostThreads / kPostGroups;  // 4 latent dims a thread
+constexpr int kPostBatch = 8;      // partial rows a thread loads before it uses any
 constexpr int kPostTokens = 8;     // tokens sharing each decoded W_UV row
-constexpr int kPostRows = 32;      // W_UV rows (v) a CTA: 8 a warp
+constexpr int kPostRows = 32;      // W_UV rows (v) a CTA: 2 a warp
 constexpr int kMaxPartials = 512;  // splits (x DCP ranks) the merge weights hold in shared memory
+constexpr int kLsePerLane = kMaxPartials / 32;
+constexpr int kWarpRows = kPostRows / (kPostThreads / 32);
+static_assert(kPostGroupThreads * 4 == kLatent, "post: a group covers the latent row, 4 dims a thread");
 
-// grid (N, ceil(V/32), ceil(S/8)). At small S the kernel is latency-bound, so every phase issues
-// its loads before it uses them: the partials' lse, then their o rows, then all 8 W_UV rows of a
-// warp, each as one batch.
+// 4 consecutive elements of a partial o row as floats; vec: 16-byte (f32) or 8-byte (bf16) aligned.
+__device__ __forceinline__ float4 load_partial(const PostParams& p, int64_t off, bool vec) {
+  if (p.o_bf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(p.o) + off;
+    if (vec) {
+      const uint2 v = *reinterpret_cast<const uint2*>(src);
+      return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xFFFF0000u), __uint_as_float(v.y << 16),
+                         __uint_as_float(v.y & 0xFFFF0000u));
+    }
+    return make_float4(bf16_to_float(src[0]), bf16_to_float(src[1]), bf16_to_float(src[2]), bf16_to_float(src[3]));
+  }
+  const float* src = static_cast<const float*>(p.o) + off;
+  if (vec) return *reinterpret_cast<const float4*>(src);
+  return make_float4(src[0], src[1], src[2], src[3]);
+}
+
+// grid (N, ceil(V/32), ceil(S/8)). At small S the kernel is latency-bound (B = 1 with 64 splits:
+// 48 CTAs, each merging 64 partial rows of 2 KB per head), so loads come in as few round trips as
+// possible: step 3's W_UV rows first (constant: loaded before waiting for attend, cuda/pdl.cuh),
+// then the gate values, the first batch of partial o rows and the partials' lse; then the merge
+// with the partials split over 4 thread groups, 8 rows in flight a thread.
 __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constant__ PostParams p) {
   __shared__ __align__(16) float o[kPostTokens][kLatent];
   __shared__ float weight[kPostTokens][kMaxPartials];
+  __shared__ __align__(16) float group_sum[kPostGroups - 1][kLatent];
   const int n = blockIdx.x, h = p.head_offset + n;
   const int v0 = blockIdx.y * kPostRows;
   const int64_t s0 = int64_t(blockIdx.z) * kPostTokens;
   const int tokens = int(min(int64_t(kPostTokens), int64_t(p.tokens) - s0));
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = tid / kPostGroupThreads, q = tid % kPostGroupThreads;  // q: latent dims 4q .. 4q+3
 
-  // 1. Merge weights exp(lse_c - lse) of every partial (core/softmax_state.hpp's merge_weight:
-  //    exactly 0 for an empty partial; all empty: lse = -inf and every weight 0). A warp a token.
-  for (int t = warp; t < tokens; t += kPostThreads / 32) {
-    const float* lse = p.lse + (s0 + t) * p.lse_s_stride + int64_t(h) * p.lse_h_stride;
-    float m = -INFINITY;
-    for (int c = lane; c < p.splits; c += 32) m = fmaxf(m, lse[c * p.lse_split_stride]);
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    float sum = 0.0f;
-    for (int c = lane; c < p.splits; c += 32) sum += merge_weight(lse[c * p.lse_split_stride], m);
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float total = m == -INFINITY ? -INFINITY : m + logf(sum);
-    for (int c = lane; c < p.splits; c += 32) weight[t][c] = merge_weight(lse[c * p.lse_split_stride], total);
-  }
-  __syncthreads();
-
-  // 2. Merged o: thread tid owns latent dims 4*tid .. 4*tid+3 of each token. The o of a partial
-  //    with weight 0 is loaded but never used (it may hold anything, NaN included).
-  for (int t = 0; t < kPostTokens; ++t) {
-    float4 merged = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (t < tokens) {
-      const int64_t base = (s0 + t) * p.o_s_stride + int64_t(h) * p.o_h_stride + 4 * tid;
-#pragma unroll 4
-      for (int c = 0; c < p.splits; ++c) {
-        const int64_t off = base + c * p.o_split_stride;
-        float4 x;
-        if (p.o_bf16) {
-          const uint16_t* src = static_cast<const uint16_t*>(p.o) + off;
-          x = make_float4(bf16_to_float(src[0]), bf16_to_float(src[1]), bf16_to_float(src[2]), bf16_to_float(src[3]));
-        } else {
-          const float* src = static_cast<const float*>(p.o) + off;
-          x = make_float4(src[0], src[1], src[2], src[3]);
-        }
-        const float w = weight[t][c];
-        if (w != 0.0f) {
-          merged.x += w * x.x;
-          merged.y += w * x.y;
-          merged.z += w * x.z;
-          merged.w += w * x.w;
-        }
-      }
-    }
-    *reinterpret_cast<float4*>(&o[t][4 * tid]) = merged;
-  }
-  __syncthreads();
-
-  // 3. out[s, n*V + v] for this warp's 8 rows; lane owns latent dims 8*lane + 256*k + e.
-  constexpr int kRowBytes = kLatent / 2, kRowScales = kLatent / 32, kWarpRows = kPostRows / (kPostThreads / 32);
+  // 0. Step 3's W_UV rows (lane owns latent dims 8*lane + 256*k + e), then its gate values.
+  constexpr int kRowBytes = kLatent / 2, kRowScales = kLatent / 32;
   const int vw = v0 + warp * kWarpRows;
   uint32_t words[kWarpRows][2];
   uint32_t scale_bits[kWarpRows][2];
@@ -87,6 +69,94 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
       scale_bits[r][k] = p.w_scales[row * kRowScales + lane / 4 + 8 * k];
     }
   }
+  allow_dependents();
+  wait_for_prior_grids();  // o and lse come from attend (or the DCP exchange), the gate from pre
+  float gate[kWarpRows];
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r) {
+    gate[r] = p.gate && lane < tokens && vw + r < p.v_dim
+                  ? bf16_to_float(p.gate[(s0 + lane) * p.gate_stride + n * p.v_dim + vw + r])
+                  : 1.0f;
+  }
+
+  // This group's partials [c_begin, c_end) and the first batch of their o rows (token 0).
+  const int per_group = (p.splits + kPostGroups - 1) / kPostGroups;
+  const int c_begin = min(g * per_group, p.splits), c_end = min(c_begin + per_group, p.splits);
+  const bool vec = reinterpret_cast<uintptr_t>(p.o) % (p.o_bf16 ? 8 : 16) == 0 && p.o_split_stride % 4 == 0 &&
+                   p.o_s_stride % 4 == 0 && p.o_h_stride % 4 == 0;
+  float4 x[kPostBatch];
+  auto load_batch = [&](int t, int c) {
+    const int64_t base = (s0 + t) * p.o_s_stride + int64_t(h) * p.o_h_stride + 4 * q;
+#pragma unroll
+    for (int i = 0; i < kPostBatch; ++i)
+      if (c + i < c_end) x[i] = load_partial(p, base + (c + i) * p.o_split_stride, vec);
+  };
+  load_batch(0, c_begin);
+
+  // 1. Merge weights exp(lse_c - lse) of every partial (core/softmax_state.hpp's merge_weight:
+  //    exactly 0 for an empty partial; all empty: lse = -inf and every weight 0). A warp a token.
+  for (int t = warp; t < tokens; t += kPostThreads / 32) {
+    const float* lse = p.lse + (s0 + t) * p.lse_s_stride + int64_t(h) * p.lse_h_stride;
+    float l[kLsePerLane];
+#pragma unroll
+    for (int i = 0; i < kLsePerLane; ++i) {
+      const int c = lane + 32 * i;
+      l[i] = c < p.splits ? lse[c * p.lse_split_stride] : -INFINITY;
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kLsePerLane; ++i) m = fmaxf(m, l[i]);
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kLsePerLane; ++i)
+      if (lane + 32 * i < p.splits) sum += merge_weight(l[i], m);
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float total = m == -INFINITY ? -INFINITY : m + logf(sum);
+#pragma unroll
+    for (int i = 0; i < kLsePerLane; ++i)
+      if (lane + 32 * i < p.splits) weight[t][lane + 32 * i] = merge_weight(l[i], total);
+  }
+  __syncthreads();
+
+  // 2. Merged o of each token: every group sums its partials, group 0 adds the others' sums. The
+  //    o of a partial with weight 0 is loaded but never used (it may hold anything, NaN included).
+  for (int t = 0; t < tokens; ++t) {
+    float4 merged = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int c = c_begin; c < c_end; c += kPostBatch) {
+      if (t > 0 || c > c_begin) load_batch(t, c);
+#pragma unroll
+      for (int i = 0; i < kPostBatch; ++i) {
+        if (c + i >= c_end) break;
+        const float w = weight[t][c + i];
+        if (w != 0.0f) {
+          merged.x += w * x[i].x;
+          merged.y += w * x[i].y;
+          merged.z += w * x[i].z;
+          merged.w += w * x[i].w;
+        }
+      }
+    }
+    if (g > 0) *reinterpret_cast<float4*>(&group_sum[g - 1][4 * q]) = merged;
+    __syncthreads();
+    if (g == 0) {
+#pragma unroll
+      for (int k = 0; k < kPostGroups - 1; ++k) {
+        const float4 other = *reinterpret_cast<const float4*>(&group_sum[k][4 * q]);
+        merged.x += other.x;
+        merged.y += other.y;
+        merged.z += other.z;
+        merged.w += other.w;
+      }
+      *reinterpret_cast<float4*>(&o[t][4 * q]) = merged;
+    }
+    __syncthreads();  // group_sum is reused by the next token
+  }
+  for (int t = tokens + g; t < kPostTokens; t += kPostGroups)
+    *reinterpret_cast<float4*>(&o[t][4 * q]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+
+  // 3. out[s, n*V + v] for this warp's rows.
 #pragma unroll
   for (int r = 0; r < kWarpRows; ++r) {
     if (vw + r >= p.v_dim) break;
@@ -115,7 +185,7 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
         if (lane == t) mine = acc[t];
       const int64_t s = s0 + lane;
       const int col = n * p.v_dim + vw + r;
-      if (p.gate) mine *= bf16_to_float(p.gate[s * p.gate_stride + col]);
+      if (p.gate) mine *= gate[r];
       p.out[s * p.out_stride + col] = float_to_bf16(mine);
     }
   }
@@ -129,7 +199,7 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
               p.splits);
   const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + kPostRows - 1) / kPostRows),
                   unsigned((p.tokens + kPostTokens - 1) / kPostTokens));
-  post_kernel<<<grid, kPostThreads, 0, stream>>>(p);
+  launch_dependent(post_kernel, grid, dim3(kPostThreads), 0, stream, p);
   MLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,18 +1,22 @@
-// pre on the GPU (SPEC.md pre), after the cuBLASLt qkv_a product: the metadata check, one kernel
-// per token for the norms, k_pe's RoPE, the cache row and the gate, and the query kernel (q_b's
-// output -> ql_nope through W_UK in MXFP4, q_pe's RoPE, quantization into the query view).
+// pre on the GPU (SPEC.md pre), around the qkv_a and q_b products: the metadata check (its own
+// kernel, or inside pre_norm at decode sizes), one kernel for the norms, k_pe's RoPE, the cache
+// row and the gate, and the query kernel (q_b's output -> ql_nope through W_UK in MXFP4, q_pe's
+// RoPE, quantization into the query view).
 // Rounding points match src/cpu/pre.cpp: bf16 after each norm and rotation, fp8 as x / scale.
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/stages.hpp"
 
 namespace mla::cuda {
 namespace {
 
 // Position of query i of request b (rope::token_position): empty requests rotate at 0.
-__device__ __forceinline__ int64_t token_position(const int32_t* seq_lens, int qlen, int64_t s) {
-  const int32_t len = seq_lens[s / qlen];
+__device__ __forceinline__ int64_t token_position(int32_t len, int qlen, int64_t s) {
   return len > 0 ? int64_t(len) - qlen + s % qlen : 0;
+}
+__device__ __forceinline__ int64_t token_position(const int32_t* seq_lens, int qlen, int64_t s) {
+  return token_position(seq_lens[s / qlen], qlen, s);
 }
 
 // Rotates the pair (x0, x1) by position * inv_freq[i], cos and sin formed in double (the angle
@@ -31,153 +35,271 @@ __device__ __forceinline__ void rope_pair(float& x0, float& x1, int64_t position
 
 constexpr int kMetaThreads = 256;
 
-__global__ void __launch_bounds__(kMetaThreads) meta_check_kernel(const __grid_constant__ MetaCheckParams p) {
+// The step's metadata check, threadIdx.x's share of it (requests and tokens strided by blockDim.x);
+// seq_lens and slot_mapping in global or shared memory. Returns the error bits found.
+__device__ __forceinline__ uint32_t check_metadata(const int32_t* seq_lens, const int64_t* slot_mapping, int batch,
+                                                   int qlen, int64_t num_slots) {
   uint32_t err = 0;
-  const int64_t tokens = int64_t(p.batch) * p.qlen;
-  for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
-    const int32_t len = p.seq_lens[b];
-    if (len < 0 || (len > 0 && len < p.qlen)) err |= kBadSeqLen;
+  const int64_t tokens = int64_t(batch) * qlen;
+  for (int b = threadIdx.x; b < batch; b += blockDim.x) {
+    const int32_t len = seq_lens[b];
+    if (len < 0 || (len > 0 && len < qlen)) err |= kBadSeqLen;
   }
   for (int64_t s = threadIdx.x; s < tokens; s += blockDim.x) {
-    const int64_t slot = p.slot_mapping[s];
-    if (slot < -1 || slot >= p.num_slots) err |= kBadSlot;
-    if (slot >= 0 && p.seq_lens[s / p.qlen] == 0) err |= kBadSeqLen;  // an empty request writes nothing
+    const int64_t slot = slot_mapping[s];
+    if (slot < -1 || slot >= num_slots) err |= kBadSlot;
+    if (slot >= 0 && seq_lens[s / qlen] == 0) err |= kBadSeqLen;  // an empty request writes nothing
     if (slot >= 0)
       for (int64_t t = s + 1; t < tokens; ++t)
-        if (p.slot_mapping[t] == slot) err |= kDuplicateSlot;
+        if (slot_mapping[t] == slot) err |= kDuplicateSlot;
   }
+  return err;
+}
+
+__global__ void __launch_bounds__(kMetaThreads) meta_check_kernel(const __grid_constant__ MetaCheckParams p) {
+  const uint32_t err = check_metadata(p.seq_lens, p.slot_mapping, p.batch, p.qlen, p.num_slots);
   if (err) atomicOr(p.error, err);
 }
 
 constexpr int kNormThreads = 256;
+constexpr int kNormQPer = 8;                           // q_c elements a thread holds: Rq <= 2048 in registers
+constexpr int kNormKvPer = kLatent / kNormThreads;     // kv_c elements a thread holds
+constexpr int kGatePer = 8;                            // gate elements a thread of a gate CTA converts
+static_assert(kLatent % kNormThreads == 0 && kRope / 2 <= 32, "pre_norm's thread layout");
+static_assert(kFusedCheckTokens <= kNormThreads, "pre_norm stages the fused check's metadata one entry a thread");
 
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < int(blockDim.x / 32); ++w) total += scratch[w];
-  return total;
-}
-
-// One CTA per token.
+// grid (S, 1 + gate CTAs). blockIdx.y == 0: the token's two RMSNorms, k_pe's RoPE and its cache
+// row (and, for S <= kFusedCheckTokens, the step's metadata check, done by every token's CTA on
+// the whole step so that none writes a rejected step); blockIdx.y > 0: kGatePer * kNormThreads
+// gate elements each. At decode sizes this is latency-bound, so every thread issues all of its
+// loads (y, the norm weights, the slot, the error word, the metadata) before it uses any. The
+// norms' sums are taken in the same order as the CPU-checked one-CTA loop of the first version.
 __global__ void __launch_bounds__(kNormThreads) pre_norm_kernel(const __grid_constant__ PreNormParams p) {
-  __shared__ float scratch[kNormThreads / 32];
-  __shared__ float kv_row[kRow];  // [kv_c | k_pe] after norm / rotation, bf16-valued
   const int64_t s = blockIdx.x;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const uint16_t* y = p.y + s * p.y_stride;
+  allow_dependents();
 
+  if (blockIdx.y > 0) {  // the gate: sigmoid of the logits after [q_c | kv_c | k_pe]
+    wait_for_prior_grids();
+    const uint16_t* logits = y + p.rq + kRow;
+    const int j0 = int(blockIdx.y - 1) * kGatePer * kNormThreads + tid;
+    uint16_t raw[kGatePer];
+#pragma unroll
+    for (int k = 0; k < kGatePer; ++k)
+      if (j0 + k * kNormThreads < p.gate_dim) raw[k] = logits[j0 + k * kNormThreads];
+#pragma unroll
+    for (int k = 0; k < kGatePer; ++k) {
+      const int j = j0 + k * kNormThreads;
+      if (j < p.gate_dim) p.gate[s * p.gate_stride + j] = float_to_bf16(1.0f / (1.0f + expf(-bf16_to_float(raw[k]))));
+    }
+    return;
+  }
+
+  __shared__ float scratch[2][kNormThreads / 32];
+  __shared__ int32_t step_lens[kFusedCheckTokens];
+  __shared__ int64_t step_slots[kFusedCheckTokens];
+
+  // 1. Every load, before any is used: the norm weights, then (once qkv_a's y is complete) y,
+  //    the slot, the error word and the metadata.
+  float xq[kNormQPer], wq[kNormQPer], xkv[kNormKvPer], wkv[kNormKvPer];
+#pragma unroll
+  for (int k = 0; k < kNormQPer; ++k) {
+    const int i = tid + k * kNormThreads;
+    wq[k] = i < p.rq ? p.q_a_norm[i] : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kNormKvPer; ++k) wkv[k] = p.kv_a_norm[tid + k * kNormThreads];
+  wait_for_prior_grids();
+#pragma unroll
+  for (int k = 0; k < kNormQPer; ++k) {
+    const int i = tid + k * kNormThreads;
+    xq[k] = i < p.rq ? bf16_to_float(y[i]) : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kNormKvPer; ++k) xkv[k] = bf16_to_float(y[p.rq + tid + k * kNormThreads]);
+  float pe0 = 0.0f, pe1 = 0.0f;
+  int32_t len = 0;
+  if (tid < kRope / 2) {
+    pe0 = bf16_to_float(y[p.rq + kLatent + 2 * tid]);
+    pe1 = bf16_to_float(y[p.rq + kLatent + 2 * tid + 1]);
+    if (p.inv_freq) len = p.seq_lens[s / p.qlen];
+  }
+  const int64_t slot = p.slot_mapping[s];
+  const uint32_t earlier_error = *p.error;  // sticky bits of an earlier check (meta_check_kernel or a past step)
+  if (p.check_meta) {
+    if (tid < p.tokens) step_slots[tid] = p.slot_mapping[tid];
+    if (tid < p.batch) step_lens[tid] = p.seq_lens[tid];
+  }
+
+  // 2. The two sums of squares, warp-reduced, then across warps after the barrier below.
   float sq_q = 0.0f, sq_kv = 0.0f;
-  for (int i = threadIdx.x; i < p.rq; i += blockDim.x) {
+#pragma unroll
+  for (int k = 0; k < kNormQPer; ++k) sq_q += xq[k] * xq[k];
+  for (int i = tid + kNormQPer * kNormThreads; i < p.rq; i += kNormThreads) {
     const float x = bf16_to_float(y[i]);
     sq_q += x * x;
   }
-  for (int i = threadIdx.x; i < kLatent; i += blockDim.x) {
-    const float x = bf16_to_float(y[p.rq + i]);
-    sq_kv += x * x;
+#pragma unroll
+  for (int k = 0; k < kNormKvPer; ++k) sq_kv += xkv[k] * xkv[k];
+  for (int o = 16; o > 0; o >>= 1) {
+    sq_q += __shfl_xor_sync(0xffffffffu, sq_q, o);
+    sq_kv += __shfl_xor_sync(0xffffffffu, sq_kv, o);
   }
-  sq_q = block_sum(sq_q, scratch);
-  sq_kv = block_sum(sq_kv, scratch);
+  if (lane == 0) {
+    scratch[0][warp] = sq_q;
+    scratch[1][warp] = sq_kv;
+  }
+  uint32_t err = 0;
+  if (p.check_meta) {
+    __syncthreads();  // step_lens and step_slots
+    err = check_metadata(step_lens, step_slots, p.batch, p.qlen, p.num_slots);
+    if (err) atomicOr(p.error, err);
+  }
+  const bool rejected = __syncthreads_or(err != 0) || earlier_error != 0;  // also publishes scratch
+  sq_q = 0.0f;
+  sq_kv = 0.0f;
+  for (int w = 0; w < kNormThreads / 32; ++w) {
+    sq_q += scratch[0][w];
+    sq_kv += scratch[1][w];
+  }
   const float inv_rms_q = 1.0f / sqrtf(sq_q / float(p.rq) + p.rms_eps);
   const float inv_rms_kv = 1.0f / sqrtf(sq_kv / float(kLatent) + p.rms_eps);
 
-  for (int i = threadIdx.x; i < p.rq; i += blockDim.x)
-    p.q_c[s * p.q_c_stride + i] = float_to_bf16(bf16_to_float(y[i]) * inv_rms_q * p.q_a_norm[i]);
-  for (int i = threadIdx.x; i < kLatent; i += blockDim.x)
-    kv_row[i] = round_bf16(bf16_to_float(y[p.rq + i]) * inv_rms_kv * p.kv_a_norm[i]);
-  if (threadIdx.x < kRope / 2) {
-    const int i = threadIdx.x;
-    float x0 = bf16_to_float(y[p.rq + kLatent + 2 * i]), x1 = bf16_to_float(y[p.rq + kLatent + 2 * i + 1]);
-    if (p.inv_freq) rope_pair(x0, x1, token_position(p.seq_lens, p.qlen, s), p.inv_freq, i, p.rope_mscale);
-    kv_row[kLatent + 2 * i] = round_bf16(x0);
-    kv_row[kLatent + 2 * i + 1] = round_bf16(x1);
+  // 3. q_c.
+  uint16_t* q_c = p.q_c + s * p.q_c_stride;
+#pragma unroll
+  for (int k = 0; k < kNormQPer; ++k) {
+    const int i = tid + k * kNormThreads;
+    if (i < p.rq) q_c[i] = float_to_bf16(xq[k] * inv_rms_q * wq[k]);
   }
-  if (p.gate) {
-    const uint16_t* logits = y + p.rq + kRow;
-    for (int j = threadIdx.x; j < p.gate_dim; j += blockDim.x)
-      p.gate[s * p.gate_stride + j] = float_to_bf16(1.0f / (1.0f + expf(-bf16_to_float(logits[j]))));
-  }
-  __syncthreads();
+  for (int i = tid + kNormQPer * kNormThreads; i < p.rq; i += kNormThreads)
+    q_c[i] = float_to_bf16(bf16_to_float(y[i]) * inv_rms_q * p.q_a_norm[i]);
 
-  // The cache row, unless the metadata check found anything wrong with this step (a rejected
-  // step leaves the cache as it was) or this rank does not hold the token.
-  const int64_t slot = p.slot_mapping[s];
-  if (slot < 0 || slot >= p.num_slots || *p.error != 0) return;
+  // 4. The cache row [kv_c | k_pe] (bf16-rounded after the norm and the rotation), unless the
+  //    step was rejected (a rejected step leaves the cache as it was) or this rank does not hold
+  //    the token.
+  if (rejected || slot < 0 || slot >= p.num_slots) return;
+  float kv[kNormKvPer];
+#pragma unroll
+  for (int k = 0; k < kNormKvPer; ++k) kv[k] = round_bf16(xkv[k] * inv_rms_kv * wkv[k]);
+  if (tid < kRope / 2 && p.inv_freq) rope_pair(pe0, pe1, token_position(len, p.qlen, s), p.inv_freq, tid, p.rope_mscale);
+  pe0 = round_bf16(pe0);
+  pe1 = round_bf16(pe1);
   const int64_t row = (slot / p.page_size) * p.page_stride + (slot % p.page_size) * p.row_stride;
   if (p.cache_fp8) {
     uint8_t* dst = static_cast<uint8_t*>(p.cache) + row;
-    for (int i = threadIdx.x; i < kRow; i += blockDim.x) dst[i] = float_to_fp8(kv_row[i] / p.k_scale);
+#pragma unroll
+    for (int k = 0; k < kNormKvPer; ++k) dst[tid + k * kNormThreads] = float_to_fp8(kv[k] / p.k_scale);
+    if (tid < kRope / 2) {
+      dst[kLatent + 2 * tid] = float_to_fp8(pe0 / p.k_scale);
+      dst[kLatent + 2 * tid + 1] = float_to_fp8(pe1 / p.k_scale);
+    }
   } else {
     uint16_t* dst = static_cast<uint16_t*>(p.cache) + row;
-    for (int i = threadIdx.x; i < kRow; i += blockDim.x) dst[i] = float_to_bf16(kv_row[i]);
+#pragma unroll
+    for (int k = 0; k < kNormKvPer; ++k) dst[tid + k * kNormThreads] = float_to_bf16(kv[k]);
+    if (tid < kRope / 2) {
+      dst[kLatent + 2 * tid] = float_to_bf16(pe0);
+      dst[kLatent + 2 * tid + 1] = float_to_bf16(pe1);
+    }
   }
 }
 
-constexpr int kQueryThreads = 128;  // one latent row l of W_UK^T a thread
-constexpr int kQueryTokens = 8;     // tokens sharing each decoded weight row
+constexpr int kQueryThreads = 128;
+constexpr int kQuerySplit = 4;                              // threads a W_UK^T row: thread j takes blocks j, j + 4
+constexpr int kQueryRows = kQueryThreads / kQuerySplit;     // latent rows l a CTA
 constexpr int kMaxNope = 256;
+constexpr int kMaxBlocks = kMaxNope / 32;                   // 32-element MXFP4 blocks a row
+constexpr int kBlocksPerThread = kMaxBlocks / kQuerySplit;
+constexpr int kNopePad = 36;  // floats a block takes in shared memory: the 4 threads of a row read 4 blocks, bank-disjoint
 
 __device__ __forceinline__ void store_query(const QueryParams& p, int64_t offset, float v) {
   if (p.out_fp8) static_cast<uint8_t*>(p.out)[offset] = float_to_fp8(v / p.q_scale);
   else static_cast<uint16_t*>(p.out)[offset] = float_to_bf16(v);
 }
 
-// grid (N * L/128, ceil(S / 8)). At small S this is memory-bound on W_UK (1.6 bytes a weight):
-// each thread streams its row's 16-byte code groups once for up to 8 tokens.
+// grid (N * L/32, ceil(S / kTokens)), kTokens in {1, 2, 4, 8}: the tokens sharing each decoded
+// weight row. At small S this is bound by load latency and per-thread work, not bandwidth (W_UK is
+// 1.6 bytes a weight, 0.4 MB for kimi-k3): the 4 threads of a row each decode one or two
+// 32-element blocks (loaded, codes and scales, before anything else) and their sums meet through
+// two shuffles; 192 CTAs for 12 heads.
+template <int kTokens>
 __global__ void __launch_bounds__(kQueryThreads) query_kernel(const __grid_constant__ QueryParams p) {
-  __shared__ float q_nope[kQueryTokens][kMaxNope];
-  constexpr int kChunks = kLatent / kQueryThreads;
-  const int n = blockIdx.x / kChunks, l = (blockIdx.x % kChunks) * kQueryThreads + threadIdx.x;
-  const int64_t s0 = int64_t(blockIdx.y) * kQueryTokens;
-  const int tokens = int(min(int64_t(kQueryTokens), int64_t(p.tokens) - s0));
+  __shared__ __align__(16) float q_nope[kTokens][kMaxBlocks * kNopePad];
+  constexpr int kChunks = kLatent / kQueryRows;
+  const int n = blockIdx.x / kChunks, l = (blockIdx.x % kChunks) * kQueryRows + threadIdx.x / kQuerySplit;
+  const int j = threadIdx.x % kQuerySplit;
+  const int64_t s0 = int64_t(blockIdx.y) * kTokens;
+  const int tokens = int(min(int64_t(kTokens), int64_t(p.tokens) - s0));
   const int head_dim = p.nope_dim + kRope;
+  const int blocks = p.nope_dim / 32;
 
-  for (int i = threadIdx.x; i < kQueryTokens * p.nope_dim; i += blockDim.x) {
+  // 1. This thread's code groups and scales of W_UK^T row (n, l), then the tokens' q_nope.
+  const uint8_t* codes = p.w_codes + (int64_t(n) * kLatent + l) * (p.nope_dim / 2);
+  const uint8_t* scales = p.w_scales + (int64_t(n) * kLatent + l) * blocks;
+  uint4 packed[kBlocksPerThread];
+  uint32_t scale_bits[kBlocksPerThread];
+#pragma unroll
+  for (int b = 0; b < kBlocksPerThread; ++b) {
+    const int blk = j + kQuerySplit * b;
+    if (blk < blocks) {
+      packed[b] = *reinterpret_cast<const uint4*>(codes + blk * 16);
+      scale_bits[b] = scales[blk];
+    }
+  }
+  allow_dependents();
+  wait_for_prior_grids();  // q is q_b's output
+  for (int i = threadIdx.x; i < kTokens * p.nope_dim; i += blockDim.x) {
     const int t = i / p.nope_dim, d = i % p.nope_dim;
-    q_nope[t][d] = t < tokens ? bf16_to_float(p.q[(s0 + t) * p.q_stride + int64_t(n) * head_dim + d]) : 0.0f;
+    q_nope[t][(d / 32) * kNopePad + d % 32] =
+        t < tokens ? bf16_to_float(p.q[(s0 + t) * p.q_stride + int64_t(n) * head_dim + d]) : 0.0f;
   }
   __syncthreads();
 
-  // All of the row's code groups are loaded before any is used (latency-bound at small S).
-  constexpr int kMaxBlocks = kMaxNope / 32;
-  const int blocks = p.nope_dim / 32;
-  const uint8_t* codes = p.w_codes + (int64_t(n) * kLatent + l) * (p.nope_dim / 2);
-  const uint8_t* scales = p.w_scales + (int64_t(n) * kLatent + l) * blocks;
-  uint4 packed[kMaxBlocks];
-  uint32_t scale_bits[kMaxBlocks];
+  // 2. acc[t] = sum over this thread's blocks of scale * (codes . q_nope[t]).
+  float acc[kTokens] = {};
 #pragma unroll
-  for (int blk = 0; blk < kMaxBlocks; ++blk) {
-    if (blk < blocks) {
-      packed[blk] = *reinterpret_cast<const uint4*>(codes + blk * 16);
-      scale_bits[blk] = scales[blk];
-    }
-  }
-  float acc[kQueryTokens] = {};
-#pragma unroll
-  for (int blk = 0; blk < kMaxBlocks; ++blk) {
+  for (int b = 0; b < kBlocksPerThread; ++b) {
+    const int blk = j + kQuerySplit * b;
     if (blk >= blocks) break;
-    const uint32_t words[4] = {packed[blk].x, packed[blk].y, packed[blk].z, packed[blk].w};
-    float part[kQueryTokens] = {};
+    const uint32_t words[4] = {packed[b].x, packed[b].y, packed[b].z, packed[b].w};
+    float part[kTokens] = {};
 #pragma unroll
     for (int wi = 0; wi < 4; ++wi) {
+      float wv[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float wv = e2m1_to_float(words[wi] >> (4 * e));
-        const int d = blk * 32 + wi * 8 + e;
+      for (int e = 0; e < 8; ++e) wv[e] = e2m1_to_float(words[wi] >> (4 * e));
 #pragma unroll
-        for (int t = 0; t < kQueryTokens; ++t) part[t] += wv * q_nope[t][d];
+      for (int t = 0; t < kTokens; ++t) {
+        const float4 a = *reinterpret_cast<const float4*>(&q_nope[t][blk * kNopePad + wi * 8]);
+        const float4 c = *reinterpret_cast<const float4*>(&q_nope[t][blk * kNopePad + wi * 8 + 4]);
+        part[t] += wv[0] * a.x;
+        part[t] += wv[1] * a.y;
+        part[t] += wv[2] * a.z;
+        part[t] += wv[3] * a.w;
+        part[t] += wv[4] * c.x;
+        part[t] += wv[5] * c.y;
+        part[t] += wv[6] * c.z;
+        part[t] += wv[7] * c.w;
       }
     }
-    const float scale = e8m0_to_float(scale_bits[blk]);
+    const float scale = e8m0_to_float(scale_bits[b]);
 #pragma unroll
-    for (int t = 0; t < kQueryTokens; ++t) acc[t] += scale * part[t];
+    for (int t = 0; t < kTokens; ++t) acc[t] += scale * part[t];
+  }
+  // 3. The row's 4 threads (adjacent lanes) add their blocks' sums.
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t) {
+    acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 1);
+    acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 2);
   }
   const int h = p.head_offset + n;
+  if (j == 0) {
 #pragma unroll
-  for (int t = 0; t < kQueryTokens; ++t)  // constant indices keep acc in registers
-    if (t < tokens) store_query(p, (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l, acc[t]);
+    for (int t = 0; t < kTokens; ++t)  // constant indices keep acc in registers
+      if (t < tokens) store_query(p, (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l, acc[t]);
+  }
 
   // q_pe: rotated (RoPE models), rounded to bf16, then quantized like ql_nope.
   if (blockIdx.x % kChunks == 0) {
@@ -207,7 +329,10 @@ void launch_meta_check(const MetaCheckParams& p, cudaStream_t stream) {
 
 void launch_pre_norm(const PreNormParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  pre_norm_kernel<<<p.tokens, kNormThreads, 0, stream>>>(p);
+  MLA_REQUIRE(!p.check_meta || p.tokens <= kFusedCheckTokens, "CUDA pre: the fused metadata check takes S <= ",
+              kFusedCheckTokens, ", got ", p.tokens);
+  const int gate_ctas = p.gate ? (p.gate_dim + kGatePer * kNormThreads - 1) / (kGatePer * kNormThreads) : 0;
+  launch_dependent(pre_norm_kernel, dim3(unsigned(p.tokens), unsigned(1 + gate_ctas)), dim3(kNormThreads), 0, stream, p);
   MLA_CUDA_CHECK_LAUNCH();
 }
 
@@ -215,9 +340,14 @@ void launch_query(const QueryParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   MLA_REQUIRE(p.nope_dim % 32 == 0 && p.nope_dim <= kMaxNope, "CUDA pre: qk_nope_dim must be a multiple of 32 <= ",
               kMaxNope, ", got ", p.nope_dim);
-  const dim3 grid(unsigned(p.heads * (kLatent / kQueryThreads)),
-                  unsigned((p.tokens + kQueryTokens - 1) / kQueryTokens));
-  query_kernel<<<grid, kQueryThreads, 0, stream>>>(p);
+  const int tokens = p.tokens <= 1 ? 1 : p.tokens <= 2 ? 2 : p.tokens <= 4 ? 4 : 8;
+  const dim3 grid(unsigned(p.heads * (kLatent / kQueryRows)), unsigned((p.tokens + tokens - 1) / tokens));
+  switch (tokens) {
+    case 1: launch_dependent(query_kernel<1>, grid, dim3(kQueryThreads), 0, stream, p); break;
+    case 2: launch_dependent(query_kernel<2>, grid, dim3(kQueryThreads), 0, stream, p); break;
+    case 4: launch_dependent(query_kernel<4>, grid, dim3(kQueryThreads), 0, stream, p); break;
+    default: launch_dependent(query_kernel<8>, grid, dim3(kQueryThreads), 0, stream, p); break;
+  }
   MLA_CUDA_CHECK_LAUNCH();
 }
 

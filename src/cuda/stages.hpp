@@ -50,6 +50,10 @@ bool skinny_gemm_applies(int s, int k, int64_t ldx);
 void launch_skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream);
 
 // Per token: RMSNorm of q_c and kv_c, RoPE of k_pe, the cache row [kv_c | k_pe], sigmoid gate.
+// For S <= kFusedCheckTokens (check_meta) it also does meta_check's work, with the same error bits
+// and the same rule (no cache row of a rejected step is written), and meta_check is not launched.
+inline constexpr int kFusedCheckTokens = 64;
+inline bool pre_norm_checks_meta(int64_t tokens) { return tokens <= kFusedCheckTokens; }
 struct PreNormParams {
   const uint16_t* y;  // [S, qkv_rows] bf16, row stride y_stride: [q_c | kv_c | k_pe | gate_logits]
   int64_t y_stride;
@@ -67,12 +71,13 @@ struct PreNormParams {
   int64_t num_slots;
   const int64_t* slot_mapping;  // [S]
   const int32_t* seq_lens;      // [B]
-  int qlen, tokens, rq;
+  int batch, qlen, tokens, rq;
+  bool check_meta;              // the step's metadata check here (S <= kFusedCheckTokens)
   float rms_eps;
   float k_scale;  // fp8 cache: stored = x / k_scale (a division, as on the CPU)
   const double* inv_freq;  // [R/2], null for NoPE
   double rope_mscale;
-  const uint32_t* error;   // the cache is not written when any error bit is set
+  uint32_t* error;         // the cache is not written when any error bit is set (or check_meta finds one)
 };
 void launch_pre_norm(const PreNormParams& p, cudaStream_t stream);
 
