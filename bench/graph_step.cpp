@@ -3,7 +3,7 @@
 // the copy bandwidth measured in the same run. Complements `mla bench` (eager launches) for the
 // issue-4 targets: the whole kimi-k3 step at batch 1 in a graph, and attend at batch 64.
 //
-//   mla_graph_bench [--preset kimi-k3] [--iters 100] [--json FILE] B:CONTEXT:QLEN:PAGE:KV[:HEADS] ...
+//   mla_graph_bench [--preset kimi-k3] [--iters 100] [--json FILE] B:CONTEXT:QLEN:PAGE:KV[:HEADS[:SPLITS]] ...
 //   e.g. mla_graph_bench 1:8192:1:64:fp8 64:8192:1:64:fp8 64:8192:1:1:fp8
 #include <cuda_runtime.h>
 
@@ -36,7 +36,8 @@ double median(std::vector<double> v) {
 struct Config {
   int batch = 1, context = 8192, qlen = 1, page = 64;
   std::string kv = "fp8";
-  int heads = 0;  // 0: the preset's
+  int heads = 0;   // 0: the preset's
+  int splits = 0;  // 0: the backend's plan
 };
 
 Config parse(const std::string& s) {
@@ -44,8 +45,8 @@ Config parse(const std::string& s) {
   std::vector<std::string> parts;
   std::stringstream ss(s);
   for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
-  if (parts.size() != 5 && parts.size() != 6) {
-    std::fprintf(stderr, "config '%s': expected B:CONTEXT:QLEN:PAGE:KV[:HEADS]\n", s.c_str());
+  if (parts.size() < 5 || parts.size() > 7) {
+    std::fprintf(stderr, "config '%s': expected B:CONTEXT:QLEN:PAGE:KV[:HEADS[:SPLITS]]\n", s.c_str());
     std::exit(2);
   }
   c.batch = std::stoi(parts[0]);
@@ -53,7 +54,8 @@ Config parse(const std::string& s) {
   c.qlen = std::stoi(parts[2]);
   c.page = std::stoi(parts[3]);
   c.kv = parts[4];
-  if (parts.size() == 6) c.heads = std::stoi(parts[5]);
+  if (parts.size() >= 6) c.heads = std::stoi(parts[5]);
+  if (parts.size() == 7) c.splits = std::stoi(parts[6]);
   return c;
 }
 
@@ -109,7 +111,7 @@ int main(int argc, char** argv) {
       const mla::synth::Scenario host = mla::synth::make_scenario(spec, w.k_scale);
       const mla::synth::Scenario dev = mla::synth::to_device(host);
       const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
-      mla::Layer layer(cfg, w, {.backend = mla::Backend::cuda, .max_tokens = int(s), .cuda_stream = stream});
+      mla::Layer layer(cfg, w, {.backend = mla::Backend::cuda, .max_tokens = int(s), .num_splits = c.splits, .cuda_stream = stream});
       mla::detail::BackendImpl& backend = mla::detail::backend_of(layer);
       if (k == 0) ceil = backend.measure_ceilings();
       mla::Tensor out = mla::Tensor::empty(mla::DType::bf16, {s, nv}, mla::Device::cuda);

@@ -17,7 +17,7 @@ constexpr int kPostGroupThreads = kPostThreads / kPostGroups;  // 4 latent dims 
 constexpr int kPostBatch = 8;      // partial rows a thread loads before it uses any
 constexpr int kPostTokens = 8;     // tokens sharing each decoded W_UV row
 constexpr int kPostRows = 32;      // W_UV rows (v) a CTA: 2 a warp
-constexpr int kMaxPartials = 512;  // splits (x DCP ranks) the merge weights hold in shared memory
+constexpr int kMaxPartials = kMaxPostPartials;
 constexpr int kLsePerLane = kMaxPartials / 32;
 constexpr int kWarpRows = kPostRows / (kPostThreads / 32);
 static_assert(kPostGroupThreads * 4 == kLatent, "post: a group covers the latent row, 4 dims a thread");

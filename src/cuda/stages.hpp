@@ -135,6 +135,9 @@ void prepare_attend_kernels();
 
 // --- post -----------------------------------------------------------------------------------------
 
+// Partials (splits x DCP ranks) post's merge weights hold in shared memory: the split planner's bound.
+constexpr int kMaxPostPartials = 512;
+
 // Merge of split partials (softmax_state.hpp), out = (o @ W_UV^T) * gate, bf16.
 struct PostParams {
   const void* o;  // [splits, S, G, 512] f32 or bf16, strides below, 1
