@@ -29,14 +29,14 @@ constexpr int kPStride = kTileKeys + 8;  // P row: 36 words = 4 (mod 32), ldmatr
 template <bool kFp8>
 struct Traits;
 // fp8 cache: rows of 576 bytes padded to 592 (148 words: the 8 rows an ldmatrix reads start 20
-// words apart, on distinct banks); f16 math (e4m3 -> f16 is exact). The query row is padded to
-// 608 halves (304 words = 16 mod 32) so that the 16-byte A-fragment loads of each 8 lanes (two
-// rows x four quads) hit 32 distinct banks; its dims are stored permuted (q_slot).
+// words apart, on distinct banks); f16 math (e4m3 -> f16 is exact). The f16 query tile is stored
+// fragment-major (q_word): 36 k16 steps x 32 lanes x one 16-byte A fragment, so a lane's fragment
+// is one conflict-free 16-byte load into the four registers the mma reads (no register moves).
 template <>
 struct Traits<true> {
   static constexpr int kElemBytes = 1;
   static constexpr int kRowBytes = kRow + 16;
-  static constexpr int kQStride = kRow + 32;
+  static constexpr int kQStride = kRow;  // 16 rows x 576 halves = 36 x 32 x 16 bytes
 };
 // bf16 cache: rows of 1152 bytes padded to 1168 (292 words = 4 mod 32); bf16 math.
 template <>
@@ -59,7 +59,7 @@ template <class V>
 struct SharedPlan {
   static constexpr int kStages = V::kStages;
   alignas(128) uint8_t kv[kStages][kTileKeys][Traits<V::kFp8>::kRowBytes];
-  alignas(16) uint8_t q[kMTile][V::kQRowBytes];  // query tile: f16 (dims permuted, q_slot) or bf16
+  alignas(16) uint8_t q[kMTile][V::kQRowBytes];  // query tile: f16 fragment-major (q_word) or bf16 rows
   // Softmax weights of the tile in 16 bits; with kSplitP as a sum hi + lo (see store_p).
   alignas(16) uint16_t p[V::kSplitP ? 2 : 1][kMTile][kPStride];
   // kStages + 1 tiles' key rows: tile t in use, t+1 .. t+kStages-1 loading, t+kStages's page ids
@@ -73,20 +73,19 @@ struct SharedPlan {
 // q.k for this warp's 8 keys of the tile: s = 16 rows x 8 keys (mma C fragment).
 // fp8: one ldmatrix row segment holds 16 dims of a key; lane (g, c) gets dims 4c..4c+3 and uses
 // them as the k16 step's pairs (2c, 2c+1) and (2c+8, 2c+9). That permutes k inside each 16-dim
-// block, so the query's A fragment must hold the same dims 4c..4c+3 of its rows: the dot product
-// is unchanged. The query row is stored so that the dims a lane needs for two consecutive k16
-// steps are 8 adjacent halves (q_slot): one 16-byte load per row and step pair.
-__device__ __forceinline__ int q_slot(int d) {
-  const int kb = d / 64, j = (d / 16) % 4, c = (d / 4) % 4, e = d % 4;
-  return kb * 64 + (j / 2) * 32 + c * 8 + (j % 2) * 4 + e;
+// block, so the query's A fragment holds the same dims of its rows: a0 = row g dims 4c, 4c+1;
+// a1 = row g+8, the same dims; a2 = row g dims 4c+2, 4c+3; a3 = row g+8. The dot product is
+// unchanged. q_word gives the 32-bit word of the fragment-major tile that holds row r, dims d, d+1.
+__device__ __forceinline__ int q_word(int r, int d) {
+  const int step = d / 16, c = (d % 16) / 4, h = (d % 4) / 2;
+  const int lane = 4 * (r % 8) + c;
+  return (step * 32 + lane) * 4 + 2 * h + r / 8;
 }
 
 template <class V>
 __device__ __forceinline__ void qk_tile_f16(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&s)[4]) {
-  const int g = lane / 4, c = lane % 4;
   const uint32_t kbase = ptx::smem_addr(&sm.kv[buf][warp * 8 + (lane & 7)][(lane >> 3) * 16]);
-  const uint16_t* q0 = reinterpret_cast<const uint16_t*>(sm.q[g]) + 8 * c;
-  const uint16_t* q1 = reinterpret_cast<const uint16_t*>(sm.q[g + 8]) + 8 * c;
+  const uint4* qf = reinterpret_cast<const uint4*>(&sm.q[0][0]) + lane;
   // Four accumulators: chains of 9 dependent mma instead of 36.
   float s4[4][4] = {};
 #pragma unroll 3
@@ -94,14 +93,11 @@ __device__ __forceinline__ void qk_tile_f16(const SharedPlan<V>& sm, int buf, in
     uint32_t r[4];
     ptx::ldmatrix_x4(r, kbase + kb * 64);
 #pragma unroll
-    for (int jp = 0; jp < 2; ++jp) {
-      const uint4 qa = *reinterpret_cast<const uint4*>(q0 + kb * 64 + jp * 32);
-      const uint4 qb = *reinterpret_cast<const uint4*>(q1 + kb * 64 + jp * 32);
-      uint32_t k0, k1, k2, k3;
-      ptx::fp8x4_to_f16x2x2(r[2 * jp], k0, k1);
-      ptx::fp8x4_to_f16x2x2(r[2 * jp + 1], k2, k3);
-      ptx::mma_f16(s4[2 * jp], qa.x, qb.x, qa.y, qb.y, k0, k1);
-      ptx::mma_f16(s4[2 * jp + 1], qa.z, qb.z, qa.w, qb.w, k2, k3);
+    for (int j = 0; j < 4; ++j) {
+      const uint4 a = qf[(kb * 4 + j) * 32];
+      uint32_t k0, k1;
+      ptx::fp8x4_to_f16x2x2(r[j], k0, k1);
+      ptx::mma_f16(s4[j], a.x, a.y, a.z, a.w, k0, k1);
     }
   }
 #pragma unroll
@@ -302,9 +298,8 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
           x1 = bf16_to_float(q[1]);
         }
       }
-      // f16 dims d, d+1 stay adjacent under q_slot (d is even).
-      *reinterpret_cast<uint32_t*>(&sm.q[r][2 * (kFp8 ? q_slot(d) : d)]) =
-          kFp8 ? ptx::pack_f16x2(x0, x1) : ptx::pack_bf16x2(x0, x1);
+      if constexpr (kFp8) reinterpret_cast<uint32_t*>(&sm.q[0][0])[q_word(r, d)] = ptx::pack_f16x2(x0, x1);
+      else *reinterpret_cast<uint32_t*>(&sm.q[r][2 * d]) = ptx::pack_bf16x2(x0, x1);
     }
   }
 
