@@ -3,6 +3,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -26,7 +27,10 @@ std::string first_line(const std::string& cmd) {
 }
 
 std::string git_revision() {
-  // The source tree this binary was built from, else the working directory's repository.
+  // MLA_GIT_REV where the caller knows better than the tree's .git (the device tool copies the
+  // working tree with a .git that need not match it: scripts/device-check sets it); else the
+  // source tree this binary was built from, else the working directory's repository.
+  if (const char* env = std::getenv("MLA_GIT_REV"); env && *env) return env;
   std::string rev = first_line("git -C '" MLA_SOURCE_DIR "' rev-parse HEAD");
   if (rev.empty()) rev = first_line("git rev-parse HEAD");
   if (!rev.empty() && !first_line("git -C '" MLA_SOURCE_DIR "' status --porcelain --untracked-files=no").empty())
