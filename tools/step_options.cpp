@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "core/backend.hpp"
 #include "mla/checkpoint.hpp"
 #include "mla/error.hpp"
 
@@ -29,9 +30,9 @@ void add_step_options(CLI::App& app, StepOptions& o) {
       ->check(CLI::IsMember({"none", "merged", "separate"}));
   app.add_option("--seed", o.seed, "Seed of the synthetic weights and inputs")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
-  app.add_option("--splits", o.splits, "Split-KV chunks per request that attend leaves for post to merge (1: merged; "
-                 "a whole step() splits as the backend chooses unless this is > 1)")
-      ->check(CLI::Range(1, 64))
+  app.add_option("--splits", o.splits, "Split-KV chunks per request that attend leaves for post to merge (0: as the "
+                 "backend plans the step, for the stage calls too; 1: merged; > 1: this many, in step() too)")
+      ->check(CLI::Range(0, 256))
       ->capture_default_str();
   app.add_option("--heads", o.heads, "Override: this rank's heads N")->check(CLI::PositiveNumber);
   app.add_option("--hidden", o.hidden, "Override: hidden size D")->check(CLI::PositiveNumber);
@@ -124,12 +125,18 @@ Step make_step(const StepOptions& o) {
   st.dev = dev == Device::cpu ? st.host : synth::to_device(st.host, opts.cuda_device);
 
   const int64_t G = st.layer->query_heads(), L = st.cfg.kv_lora_rank;
+  // 0: the stage calls use the split count the backend plans for this step (CUDA: enough CTAs to
+  // fill the GPU; CPU: merged inside attend), so `mla bench` times attend as step() runs it.
   st.splits = o.splits;
+  if (st.splits == 0) {
+    const detail::StepWorkspace ws = detail::backend_of(*st.layer).workspace(st.dev.meta());
+    st.splits = ws.attend.o.rank == 4 ? int(ws.attend.o.shape[0]) : 1;
+  }
   st.q = Tensor::empty(opts.q_dtype, {S, G, st.cfg.row_dim()}, dev);
   if (st.cfg.gate_dim() > 0) st.gate = Tensor::empty(DType::bf16, {S, st.cfg.gate_dim()}, dev);
-  if (o.splits > 1) {
-    st.o = Tensor::empty(DType::f32, {o.splits, S, G, L}, dev);
-    st.lse = Tensor::empty(DType::f32, {o.splits, S, G}, dev);
+  if (st.splits > 1) {
+    st.o = Tensor::empty(DType::f32, {st.splits, S, G, L}, dev);
+    st.lse = Tensor::empty(DType::f32, {st.splits, S, G}, dev);
   } else {
     st.o = Tensor::empty(DType::f32, {S, G, L}, dev);
     st.lse = Tensor::empty(DType::f32, {S, G}, dev);
@@ -143,7 +150,7 @@ std::string describe(const Step& st, const StepOptions& o) {
   os << st.cfg.name << " N=" << st.cfg.heads() << " B=" << st.host.spec.seq_lens.size() << " ctx=";
   for (size_t i = 0; i < o.context.size(); ++i) os << (i ? "," : "") << o.context[i];
   os << " Q=" << o.qlen << " page=" << o.page_size << " kv=" << o.kv_dtype << " q=" << o.q_dtype;
-  if (o.splits > 1) os << " splits=" << o.splits;
+  if (st.splits > 1) os << " splits=" << st.splits;
   os << " " << backend_name(st.layer->backend());
   return os.str();
 }

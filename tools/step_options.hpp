@@ -25,7 +25,7 @@ struct StepOptions {
   std::string gate_layout;           // empty: the preset's
   uint64_t seed = 1;
   int threads = 0;                   // 0: all cores
-  int splits = 1;                    // > 1: attend leaves split partials for post to merge
+  int splits = 0;                    // 0: the backend's plan; > 1: attend leaves this many partials
   // Dimension overrides (0: the preset's).
   int heads = 0;                     // N, this rank's heads (total_heads = N * tp_size)
   int hidden = 0;                    // D
@@ -54,7 +54,7 @@ struct Step {
   std::optional<Layer> layer;
   synth::Scenario host;    // inputs on the host (what --check and --dump read)
   synth::Scenario dev;     // the same on the layer's device (== host copy for the CPU)
-  int splits = 1;
+  int splits = 1;  // the stage calls' split count (o, lse rank 4 when > 1)
   Tensor q, gate, o, lse, out;  // stage outputs on the layer's device
 
   int tokens() const { return host.tokens(); }
