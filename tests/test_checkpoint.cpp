@@ -15,6 +15,7 @@
 #include "mla/error.hpp"
 #include "mla/formats.hpp"
 #include "mla/layer.hpp"
+#include "support/checkpoint_tests.hpp"
 #include "support/checkpoint_writer.hpp"
 #include "support/testing.hpp"
 
@@ -23,27 +24,7 @@ namespace {
 
 using testing::CheckpointSpec;
 using testing::error_of;
-
-// A whole model, small: D and Rq ragged against 128-wide fp8 blocks; L and R as the kernels fix them.
-LayerConfig tiny_model(int heads, RopeType rope, GateLayout gate) {
-  LayerConfig c;
-  c.name = "tiny";
-  c.hidden = 96;
-  c.q_lora_rank = 80;
-  c.kv_lora_rank = 512;
-  c.qk_nope_dim = 32;
-  c.qk_rope_dim = 64;
-  c.v_head_dim = 32;
-  c.total_heads = heads;
-  c.tp_size = 1;
-  c.gate = gate;
-  c.rope = rope;
-  c.yarn = YarnParams{.theta = 50000, .factor = 32, .original_max_position = 4096, .beta_fast = 32,
-                      .beta_slow = 1, .mscale = 0.707, .mscale_all_dim = 0.707};
-  c.rms_eps = 1e-5;
-  c.validate();
-  return c;
-}
+using testing::tiny_model;
 
 void expect_same_bits(const char* what, const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -194,27 +175,7 @@ TEST(Checkpoint, StepOnLoadedWeightsEqualsInMemoryWeights) {
     LayerConfig mem_cfg = spec.cfg;
     mem_cfg.tp_size = tp;
     const CheckpointWeights mem = testing::slice_heads(spec.cfg, written, tp, rank);
-
-    synth::ScenarioSpec ss{.cfg = mem_cfg, .seq_lens = {37, 0, 130}, .qlen = 2, .page_size = 16, .seed = 5};
-    const LayerOptions opts{.backend = Backend::cpu, .num_threads = 1};
-    std::vector<Tensor> outs;
-    for (const auto& [cfg, w] : {std::pair{loaded.config, loaded.weights}, std::pair{mem_cfg, mem}}) {
-      const synth::Scenario sc = synth::make_scenario(ss, w.k_scale);
-      Layer layer(cfg, prepare_weights(cfg, w), opts);
-      Tensor out = Tensor::empty(DType::bf16, {sc.tokens(), cfg.heads() * cfg.v_head_dim});
-      testing::poison(out);
-      layer.step(sc.hidden, sc.meta(), sc.kv(), out);
-      outs.push_back(std::move(out));
-    }
-    ASSERT_EQ(outs[0].bytes(), outs[1].bytes());
-    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].bytes()), 0);
-    // The padding request's tokens are 0; the others are finite and not all zero.
-    double norm = 0;
-    for (double v : testing::to_doubles(outs[0])) {
-      ASSERT_TRUE(std::isfinite(v));
-      norm += v * v;
-    }
-    EXPECT_GT(norm, 0);
+    ASSERT_NO_FATAL_FAILURE(testing::expect_same_step(loaded.config, loaded.weights, mem_cfg, mem));
   }
 }
 

@@ -19,6 +19,7 @@
 #include "mla/error.hpp"
 #include "mla/formats.hpp"
 #include "mla/layer.hpp"
+#include "support/checkpoint_tests.hpp"
 #include "support/checkpoint_writer.hpp"
 #include "support/testing.hpp"
 
@@ -31,21 +32,8 @@ using testing::error_of;
 #define EXPECT_ERROR_HAS(msg, text) EXPECT_NE((msg).find(text), std::string::npos) << "message: " << (msg)
 
 LayerConfig small_model(int heads, GateLayout gate) {
-  LayerConfig c;
-  c.name = "tiny";
-  c.hidden = 96;
-  c.q_lora_rank = 80;
-  c.kv_lora_rank = 512;
-  c.qk_nope_dim = 64;
-  c.qk_rope_dim = 64;
-  c.v_head_dim = 32;
-  c.total_heads = heads;
-  c.tp_size = 1;
-  c.gate = gate;
-  c.rope = RopeType::yarn;
-  c.yarn = YarnParams{.theta = 50000, .factor = 32, .original_max_position = 4096, .beta_fast = 32,
-                      .beta_slow = 1, .mscale = 0.707, .mscale_all_dim = 0.707};
-  c.rms_eps = 1e-5;
+  LayerConfig c = testing::tiny_model(heads, RopeType::yarn, gate);
+  c.qk_nope_dim = 64;  // two MXFP4 blocks along P, the blocks W_UK is re-packed in
   c.validate();
   return c;
 }
@@ -271,26 +259,7 @@ TEST(CheckpointMxfp4, StepOnLoadedWeightsEqualsInMemoryWeights) {
   LayerConfig mem_cfg = full;
   mem_cfg.tp_size = tp;
   const CheckpointWeights mem = slice_heads(full, f.written, f.kv_b, tp, rank);
-
-  synth::ScenarioSpec ss{.cfg = mem_cfg, .seq_lens = {37, 0, 130}, .qlen = 2, .page_size = 16, .seed = 5};
-  const LayerOptions opts{.backend = Backend::cpu, .num_threads = 1};
-  std::vector<Tensor> outs;
-  for (const auto& [cfg, w] : {std::pair{loaded.config, loaded.weights}, std::pair{mem_cfg, mem}}) {
-    const synth::Scenario sc = synth::make_scenario(ss, w.k_scale);
-    Layer layer(cfg, prepare_weights(cfg, w), opts);
-    Tensor out = Tensor::empty(DType::bf16, {sc.tokens(), cfg.heads() * cfg.v_head_dim});
-    testing::poison(out);
-    layer.step(sc.hidden, sc.meta(), sc.kv(), out);
-    outs.push_back(std::move(out));
-  }
-  ASSERT_EQ(outs[0].bytes(), outs[1].bytes());
-  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].bytes()), 0);
-  double norm = 0;
-  for (double v : testing::to_doubles(outs[0])) {
-    ASSERT_TRUE(std::isfinite(v));
-    norm += v * v;
-  }
-  EXPECT_GT(norm, 0);
+  testing::expect_same_step(loaded.config, loaded.weights, mem_cfg, mem);
 }
 
 // `mla run --checkpoint` on an MXFP4 kv_b: every rank's step passes --check (fp8 query and cache).

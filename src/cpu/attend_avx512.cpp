@@ -38,6 +38,13 @@ MLA_AVX512 inline void dequant_fp8_32(const uint8_t* src, __m512 scale256, float
   _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), scale256));
 }
 
+// 16 values of a row as fp32: fp32 as they are, raw bf16 widened exactly (the bits to the top half).
+MLA_AVX512 inline __m512 load16(const float* src) { return _mm512_loadu_ps(src); }
+MLA_AVX512 inline __m512 load16(const uint16_t* src) {
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
 MLA_AVX512 void dequant_row(DType dtype, const void* row, int64_t stride, int width, float scale, float* dst) {
   if (dtype == DType::fp8_e4m3) {
     const uint8_t* src = static_cast<const uint8_t*>(row);
@@ -50,10 +57,7 @@ MLA_AVX512 void dequant_row(DType dtype, const void* row, int64_t stride, int wi
   } else {
     const uint16_t* src = static_cast<const uint16_t*>(row);
     if (stride == 1 && width % 16 == 0) {
-      for (int c = 0; c < width; c += 16) {
-        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c)));
-        _mm512_storeu_ps(dst + c, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-      }
+      for (int c = 0; c < width; c += 16) _mm512_storeu_ps(dst + c, load16(src + c));
     } else {
       for (int c = 0; c < width; ++c) dst[c] = bf16_to_float(src[c * stride]);
     }
@@ -104,9 +108,10 @@ void scores(const float* q, int64_t q_ld, int rows, const float* key, int64_t k_
   }
 }
 
-// acc[r][0, 16*NV) += sum_k p[r][k] * v[k][0, 16*NV) for NR rows.
-template <int NR, int NV>
-MLA_AVX512 void pv_tile(const float* p, int64_t p_ld, const float* v, int64_t v_ld, int keys, float* acc,
+// acc[r][0, 16*NV) += sum_k p[r][k] * v[k][0, 16*NV) for NR rows; v in fp32, or in raw bf16 values
+// (widened exactly: the pv_bf16 of the AVX512-BF16 set).
+template <int NR, int NV, typename V>
+MLA_AVX512 void pv_tile(const float* p, int64_t p_ld, const V* v, int64_t v_ld, int keys, float* acc,
                         int64_t a_ld) {
   __m512 a[NR][NV];
 #pragma GCC unroll 8
@@ -116,7 +121,7 @@ MLA_AVX512 void pv_tile(const float* p, int64_t p_ld, const float* v, int64_t v_
   for (int k = 0; k < keys; ++k) {
     __m512 vv[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) vv[j] = _mm512_loadu_ps(v + k * v_ld + 16 * j);
+    for (int j = 0; j < NV; ++j) vv[j] = load16(v + k * v_ld + 16 * j);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * p_ld + k]);
@@ -130,17 +135,25 @@ MLA_AVX512 void pv_tile(const float* p, int64_t p_ld, const float* v, int64_t v_
     for (int j = 0; j < NV; ++j) _mm512_storeu_ps(acc + r * a_ld + 16 * j, a[r][j]);
 }
 
-using PvTile = void (*)(const float*, int64_t, const float*, int64_t, int, float*, int64_t);
-constexpr PvTile kPvWide[6] = {pv_tile<1, 4>, pv_tile<2, 4>, pv_tile<3, 4>, pv_tile<4, 4>, pv_tile<5, 4>, pv_tile<6, 4>};
-constexpr PvTile kPvNarrow[6] = {pv_tile<1, 1>, pv_tile<2, 1>, pv_tile<3, 1>, pv_tile<4, 1>, pv_tile<5, 1>, pv_tile<6, 1>};
+template <typename V>
+using PvTile = void (*)(const float*, int64_t, const V*, int64_t, int, float*, int64_t);
+template <typename V>
+constexpr PvTile<V> kPvWide[6] = {pv_tile<1, 4, V>, pv_tile<2, 4, V>, pv_tile<3, 4, V>,
+                                  pv_tile<4, 4, V>, pv_tile<5, 4, V>, pv_tile<6, 4, V>};
+template <typename V>
+constexpr PvTile<V> kPvNarrow[6] = {pv_tile<1, 1, V>, pv_tile<2, 1, V>, pv_tile<3, 1, V>,
+                                    pv_tile<4, 1, V>, pv_tile<5, 1, V>, pv_tile<6, 1, V>};
 
-void pv(const float* p, int64_t p_ld, int rows, const float* v, int64_t v_ld, int keys, int width, float* acc,
+// AttendKernels::pv (V = float) and pv_bf16 (V = uint16_t).
+template <typename V>
+void pv(const float* p, int64_t p_ld, int rows, const V* v, int64_t v_ld, int keys, int width, float* acc,
         int64_t a_ld) {
   for (int r = 0; r < rows; r += 6) {
     const int nr = std::min(6, rows - r);
     int c = 0;
-    for (; c + 64 <= width; c += 64) kPvWide[nr - 1](p + r * p_ld, p_ld, v + c, v_ld, keys, acc + r * a_ld + c, a_ld);
-    for (; c < width; c += 16) kPvNarrow[nr - 1](p + r * p_ld, p_ld, v + c, v_ld, keys, acc + r * a_ld + c, a_ld);
+    for (; c + 64 <= width; c += 64)
+      kPvWide<V>[nr - 1](p + r * p_ld, p_ld, v + c, v_ld, keys, acc + r * a_ld + c, a_ld);
+    for (; c < width; c += 16) kPvNarrow<V>[nr - 1](p + r * p_ld, p_ld, v + c, v_ld, keys, acc + r * a_ld + c, a_ld);
   }
 }
 
@@ -228,51 +241,6 @@ MLA_AVX512_BF16 void bf16_row(DType dtype, const void* row, int64_t stride, int 
   else for (int c = 0; c < width; ++c) k[c] = src[c * stride];
 }
 
-// acc[r][0, 16*NV) += sum_k p[r][k] * v[k][0, 16*NV) for NR rows, v in bf16 (widened exactly).
-template <int NR, int NV>
-MLA_AVX512 void pv_tile_bf16(const float* p, int64_t p_ld, const uint16_t* v, int64_t v_ld, int keys, float* acc,
-                             int64_t a_ld) {
-  __m512 a[NR][NV];
-#pragma GCC unroll 8
-  for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) a[r][j] = _mm512_loadu_ps(acc + r * a_ld + 16 * j);
-  for (int k = 0; k < keys; ++k) {
-    __m512 vv[NV];
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j)
-      vv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + k * v_ld + 16 * j))), 16));
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      const __m512 pr = _mm512_set1_ps(p[r * p_ld + k]);
-#pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) a[r][j] = _mm512_fmadd_ps(pr, vv[j], a[r][j]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(acc + r * a_ld + 16 * j, a[r][j]);
-}
-
-using PvTileBf16 = void (*)(const float*, int64_t, const uint16_t*, int64_t, int, float*, int64_t);
-constexpr PvTileBf16 kPvWideBf16[6] = {pv_tile_bf16<1, 4>, pv_tile_bf16<2, 4>, pv_tile_bf16<3, 4>,
-                                       pv_tile_bf16<4, 4>, pv_tile_bf16<5, 4>, pv_tile_bf16<6, 4>};
-constexpr PvTileBf16 kPvNarrowBf16[6] = {pv_tile_bf16<1, 1>, pv_tile_bf16<2, 1>, pv_tile_bf16<3, 1>,
-                                         pv_tile_bf16<4, 1>, pv_tile_bf16<5, 1>, pv_tile_bf16<6, 1>};
-
-void pv_bf16(const float* p, int64_t p_ld, int rows, const uint16_t* v, int64_t v_ld, int keys, int width, float* acc,
-             int64_t a_ld) {
-  for (int r = 0; r < rows; r += 6) {
-    const int nr = std::min(6, rows - r);
-    int c = 0;
-    for (; c + 64 <= width; c += 64)
-      kPvWideBf16[nr - 1](p + r * p_ld, p_ld, v + c, v_ld, keys, acc + r * a_ld + c, a_ld);
-    for (; c < width; c += 16) kPvNarrowBf16[nr - 1](p + r * p_ld, p_ld, v + c, v_ld, keys, acc + r * a_ld + c, a_ld);
-  }
-}
-
 template <int NR, int NK>
 MLA_AVX512_BF16 void score_tile_bf16(const uint16_t* q, int64_t q_ld, const uint16_t* key, int64_t k_ld, int n,
                                      float* s, int64_t s_ld) {
@@ -307,8 +275,6 @@ constexpr const ScoreTileBf16* kScoreTilesBf16[4] = {kScoreRowBf16<1>, kScoreRow
 
 void scores_bf16(const uint16_t* q, int64_t q_ld, int rows, const uint16_t* key, int64_t k_ld, int keys, int n,
                  float* s, int64_t s_ld) {
-  // Keys in chunks of 16 (18 KiB of bf16 at n = 576) that every row tile takes from L1, rather
-  // than each row tile streaming the whole block from L2.
   // Keys in chunks of 18 (three tiles, 20 KiB of bf16 at n = 576) that every row tile takes from
   // L1, rather than each row tile streaming the whole block from L2.
   constexpr int kChunk = 18;
@@ -339,7 +305,7 @@ const AttendKernels* attend_kernels_avx512() {
                                .dequant_row = dequant_row,
                                .scores = scores,
                                .softmax_block = softmax_block,
-                               .pv = pv};
+                               .pv = pv<float>};
   return has_avx512() ? &k : nullptr;
 }
 
@@ -348,10 +314,10 @@ const AttendKernels* attend_kernels_avx512_bf16() {
                                .dequant_row = dequant_row,
                                .scores = scores,
                                .softmax_block = softmax_block,
-                               .pv = pv,
+                               .pv = pv<float>,
                                .bf16_row = bf16_row,
                                .scores_bf16 = scores_bf16,
-                               .pv_bf16 = pv_bf16};
+                               .pv_bf16 = pv<uint16_t>};
   return has_avx512() && __builtin_cpu_supports("avx512bf16") ? &k : nullptr;
 }
 

@@ -165,57 +165,46 @@ double sgemm_tflops(int threads) {
 constexpr int kChains = 24;      // zmm: 24 accumulators + 2 operands of 32 registers
 constexpr int kChainsYmm = 12;   // ymm: 12 + 2 of 16
 
-__attribute__((target("avx512f"))) double fma_zmm(int64_t iters) {
-  __m512 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(float(c));
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+// The loop each peak kernel runs: N chains of vector type V starting at 0, 1, ..., N-1, `iters`
+// rounds of step(acc) on every chain, then their sum kept alive. Plain vector arithmetic (no
+// intrinsics), always inlined, so it takes the target of the kernel that calls it; `step`, the one
+// instruction measured, is a lambda carrying that target too (lambdas do not inherit it).
+template <typename V, int N, typename Step>
+[[gnu::always_inline]] inline void run_chains(int64_t iters, const Step& step) {
+  V acc[N];
+  for (int c = 0; c < N; ++c) acc[c] = float(c) - V{};  // c in every lane
   for (int64_t i = 0; i < iters; ++i) {
 #pragma GCC unroll 24
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+    for (int c = 0; c < N; ++c) step(acc[c]);
   }
-  __m512 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  volatile float sink = lanes[0] + lanes[15];  // keeps the chains alive
+  V sum = acc[0];
+  for (int c = 1; c < N; ++c) sum += acc[c];
+  volatile float sink = sum[0] + sum[sizeof(V) / sizeof(float) - 1];  // keeps the chains alive
   (void)sink;
+}
+
+#define MLA_ZMM __attribute__((target("avx512f")))
+#define MLA_YMM __attribute__((target("avx2,fma")))
+#define MLA_ZMM_BF16 __attribute__((target("avx512f,avx512bf16")))
+
+MLA_ZMM double fma_zmm(int64_t iters) {
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+  run_chains<__m512, kChains>(iters, [&](__m512& acc) MLA_ZMM { acc = _mm512_fmadd_ps(acc, a, b); });
   return double(iters) * kChains * 16 * 2;  // 16 lanes, multiply + add
 }
 
-__attribute__((target("avx2,fma"))) double fma_ymm(int64_t iters) {
-  __m256 acc[kChainsYmm];
-  for (int c = 0; c < kChainsYmm; ++c) acc[c] = _mm256_set1_ps(float(c));
+MLA_YMM double fma_ymm(int64_t iters) {
   const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int c = 0; c < kChainsYmm; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
-  }
-  __m256 sum = acc[0];
-  for (int c = 1; c < kChainsYmm; ++c) sum = _mm256_add_ps(sum, acc[c]);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  volatile float sink = lanes[0] + lanes[7];
-  (void)sink;
+  run_chains<__m256, kChainsYmm>(iters, [&](__m256& acc) MLA_YMM { acc = _mm256_fmadd_ps(acc, a, b); });
   return double(iters) * kChainsYmm * 8 * 2;
 }
 
 // vdpbf16ps zmm: per fp32 lane acc += x[2l] y[2l] + x[2l+1] y[2l+1]: 64 FLOPs an instruction, the
 // way attend's FLOP formula counts its score dot products (2 per multiply-add of a pair).
-__attribute__((target("avx512f,avx512bf16"))) double bf16_dot_zmm(int64_t iters) {
-  __m512 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(float(c));
+MLA_ZMM_BF16 double bf16_dot_zmm(int64_t iters) {
   const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3F80);  // 1.0
   const __m512bh y = (__m512bh)_mm512_set1_epi16(0x3580);  // 2^-20
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 24
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], x, y);
-  }
-  __m512 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  volatile float sink = lanes[0] + lanes[15];  // keeps the chains alive
-  (void)sink;
+  run_chains<__m512, kChains>(iters, [&](__m512& acc) MLA_ZMM_BF16 { acc = _mm512_dpbf16_ps(acc, x, y); });
   return double(iters) * kChains * 16 * 4;  // 16 lanes, two multiply-adds each
 }
 

@@ -15,22 +15,16 @@
 #include "core/synthetic.hpp"
 #include "cuda/device_errors.hpp"
 #include "cuda/stages.hpp"
+#include "gpu/gpu_test_util.hpp"
 #include "mla/mla.hpp"
 #include "support/testing.hpp"
 
 namespace mla {
 namespace {
 
-#define MLA_REQUIRE_GPU()                                                                       \
-  do {                                                                                          \
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the CUDA backend tests need a GPU"; \
-  } while (0)
+using testing::expect_close;
 
-void expect_close(const TensorView& gpu_host, const TensorView& cpu_host, double tol, const char* what) {
-  const std::vector<double> ref = testing::to_doubles(cpu_host);
-  const testing::Compare c = testing::compare(gpu_host, ref.data());
-  EXPECT_TRUE(c.ok(tol)) << what << ": rel L2 " << c.rel_l2 << " (tolerance " << tol << ") " << c.why;
-}
+#define MLA_REQUIRE_GPU() MLA_SKIP_WITHOUT_GPU("the CUDA backend tests")
 
 synth::ScenarioSpec decode_spec(const LayerConfig& cfg, int batch, int qlen, int max_context, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dcp_runner.hpp"
+#include "gpu/gpu_test_util.hpp"
 #include "mla/comm.hpp"
 #include "mla/mla.hpp"
 #include "support/testing.hpp"
@@ -17,10 +18,7 @@
 namespace mla {
 namespace {
 
-#define MLA_REQUIRE_GPU()                                                              \
-  do {                                                                                 \
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: the DCP GPU tests need a GPU"; \
-  } while (0)
+#define MLA_REQUIRE_GPU() MLA_SKIP_WITHOUT_GPU("the DCP GPU tests")
 
 // Byte (r, i, k) of rank r's send slab: distinct across ranks, rows and columns.
 uint8_t pattern(int r, int i, int k) { return uint8_t(r * 37 + i * 11 + k * 3 + 1); }
