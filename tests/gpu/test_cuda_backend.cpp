@@ -44,12 +44,6 @@ Tensor device_copy(const TensorView& host) {
   d.copy_from(host);
   return d;
 }
-Tensor host_copy(const TensorView& host) {
-  Tensor h = Tensor::empty(host.dtype, std::vector<int64_t>(host.shape.begin(), host.shape.begin() + host.rank));
-  h.copy_from(host);
-  return h;
-}
-
 // One random case: weights, the host scenario, and a CPU and a CUDA layer on the same weights.
 struct Fixture {
   explicit Fixture(uint64_t seed, const testing::RandomCaseLimits& lim = limits())

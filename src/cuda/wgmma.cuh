@@ -1,0 +1,60 @@
+#pragma once
+// Hopper warpgroup MMA (wgmma, sm_90a) for issue 5's attend: shared-memory matrix descriptors, the
+// fences around the asynchronous MMA, and q.k on the fp8 tensor cores (QGMMA m64n64k32 e4m3).
+// mma.sync with e4m3 operands is emulated on sm_90 (docs/attention.md, v4): only wgmma reaches the
+// fp8 tensor cores. NOT YET RUN ON A GPU: tests/gpu/test_wgmma.cpp checks these pieces against
+// the CPU (and says which descriptor stride assignment the hardware takes if the first fails).
+#include <cstdint>
+
+namespace mla::cuda::wgmma {
+
+// K-major operand tiles without swizzle are made of core matrices of 8 rows x 16 bytes (128
+// contiguous bytes). Our 64-row tiles keep the core matrices of one 16-byte K chunk together:
+// row r, chunk k at k * kChunkStride + (r / 8) * 128 + (r % 8) * 16. A k32 (fp8) step reads two
+// chunks: the descriptor's leading byte offset (along K) is kChunkStride, its stride byte offset
+// (between 8-row groups) 128, and the start address advances 2 * kChunkStride a step.
+constexpr int kTileRows = 64;
+constexpr int kChunkStride = kTileRows / 8 * 128;  // 1024 bytes
+__host__ __device__ constexpr int kmajor_offset(int row, int chunk) {
+  return chunk * kChunkStride + (row / 8) * 128 + (row % 8) * 16;
+}
+
+// Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, leading
+// and stride byte offsets (all >> 4, 14 bits each), base offset 0, swizzle mode 0 (none).
+__device__ __forceinline__ uint64_t descriptor(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return uint64_t((smem_addr >> 4) & 0x3FFF) | uint64_t((leading_bytes >> 4) & 0x3FFF) << 16 |
+         uint64_t((stride_bytes >> 4) & 0x3FFF) << 32;
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Ordinary stores (st.shared, cp.async) that a wgmma reads next: each writing thread, before the
+// barrier that publishes them (the tensor cores read through the async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// d (64 x 64 f32, this thread's 32 values) (+)= A (64 x 32 e4m3, K-major) * B (64 x 32 e4m3,
+// K-major)^T. Thread t of the warpgroup holds, for n8 block j and r in 0..3, d[4j + r] =
+// D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2] (the mma.sync C layout per
+// warp and n8 block). accumulate = false overwrites d.
+__device__ __forceinline__ void mma_m64n64k32_e4m3(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(int32_t(accumulate)));
+}
+
+}  // namespace mla::cuda::wgmma
