@@ -47,6 +47,31 @@ __device__ __forceinline__ uint4 load_streaming(const uint4* p) {
 __host__ __device__ inline int padded_chunks(int k) { return (k / 8 + kSkinnyChunk - 1) / kSkinnyChunk * kSkinnyChunk; }
 
 // x staged in shared memory: [kTokens][padded_chunks(k)] 16-byte chunks, zeros past k.
+// acc[t] += the dot product of 8 bf16 weights with token t's 8 bf16 x values (x8(t): a uint4).
+template <int kTokens, class X8>
+__device__ __forceinline__ void dot8(float (&acc)[kTokens], uint4 w8, X8 x8) {
+  float wf[8];
+  bf16x8_to_float(w8, wf);
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t) {
+    float xf[8];
+    bf16x8_to_float(x8(t), xf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[t] += wf[e] * xf[e];
+  }
+}
+
+// Each lane's partial sums over the warp; lane t stores token t's output of this row.
+template <int kTokens>
+__device__ __forceinline__ void store_row(const SkinnyGemmParams& p, float (&acc)[kTokens], int row, int lane) {
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t) {
+    float v = acc[t];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == t) p.y[t * p.ldy + row] = float_to_bf16(v);
+  }
+}
+
 template <int kTokens>
 __global__ void __launch_bounds__(kSkinnyWarps * 32, skinny_ctas_per_sm(kTokens))
     skinny_gemm_staged_kernel(const __grid_constant__ SkinnyGemmParams p) {
@@ -76,23 +101,11 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32, skinny_ctas_per_sm(kTokens)
     if (base != lane) load_batch(base);
 #pragma unroll
     for (int j = 0; j < kSkinnyBatch; ++j) {
-      float wf[8];
-      bf16x8_to_float(wv[j], wf);
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        float xf[8];
-        bf16x8_to_float(xs[t * k8_padded + base + 32 * j], xf);  // zeros (with zero weights) past k
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[t] += wf[e] * xf[e];
-      }
+      // x rows staged in shared memory: zeros (with zero weights) past k.
+      dot8<kTokens>(acc, wv[j], [&](int t) { return xs[t * k8_padded + base + 32 * j]; });
     }
   }
-#pragma unroll
-  for (int t = 0; t < kTokens; ++t) {
-    float v = acc[t];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == t) p.y[t * p.ldy + row] = float_to_bf16(v);
-  }
+  store_row(p, acc, row, lane);
 }
 
 // x read from global memory (L1), for x rows too large to stage.
@@ -108,22 +121,10 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) skinny_gemm_kernel(const __
   float acc[kTokens] = {};
 #pragma unroll 8
   for (int i = lane; i < k8; i += 32) {
-    float wf[8];
-    bf16x8_to_float(__ldg(w + i), wf);
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) {
-      float xf[8];
-      bf16x8_to_float(*reinterpret_cast<const uint4*>(p.x + t * p.ldx + int64_t(i) * 8), xf);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[t] += wf[e] * xf[e];
-    }
+    dot8<kTokens>(acc, __ldg(w + i),
+                  [&](int t) { return *reinterpret_cast<const uint4*>(p.x + t * p.ldx + int64_t(i) * 8); });
   }
-#pragma unroll
-  for (int t = 0; t < kTokens; ++t) {
-    float v = acc[t];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == t) p.y[t * p.ldy + row] = float_to_bf16(v);
-  }
+  store_row(p, acc, row, lane);
 }
 
 template <int kTokens>
