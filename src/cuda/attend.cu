@@ -138,72 +138,49 @@ __device__ __forceinline__ void qk_tile(const SharedPlan<V>& sm, int buf, int wa
 // at keys 2c and 2c+1; a byte permute splits them into an even-dim and an odd-dim B fragment, so
 // n-tile 2k covers the even dims of 16-dim chunk k and n-tile 2k+1 its odd dims (dim_of below).
 template <class V>
-__device__ __forceinline__ void pv_tile_fp8(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
+__device__ __forceinline__ void pv_tile(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
   constexpr bool kLo = V::kSplitP;
+  constexpr int kElemBytes = Traits<V::kFp8>::kElemBytes, kRowBytes = Traits<V::kFp8>::kRowBytes;
   const int prow = (lane & 7) + ((lane >> 3) & 1) * 8;
   const uint32_t pbase = ptx::smem_addr(&sm.p[0][prow][(lane >> 4) * 8]);
   const uint32_t plo = ptx::smem_addr(&sm.p[kLo ? 1 : 0][prow][(lane >> 4) * 8]) - pbase;
-  const uint32_t vbase = ptx::smem_addr(&sm.kv[buf][prow][warp * 64 + (lane >> 4) * 16]);
-  constexpr int kRowBytes = Traits<true>::kRowBytes;
+  // This warp's 64 latent dims: 64 (fp8) or 128 (bf16) bytes of each key row, 32 bytes an ldmatrix.
+  const uint32_t vbase = ptx::smem_addr(&sm.kv[buf][prow][warp * 64 * kElemBytes + (lane >> 4) * 16]);
 #pragma unroll
   for (int ks = 0; ks < kTileKeys / 16; ++ks) {
     uint32_t a[4], b[4];
     ptx::ldmatrix_x4(a, pbase + ks * 32);
     if constexpr (kLo) ptx::ldmatrix_x4(b, pbase + plo + ks * 32);
 #pragma unroll
-    for (int cp = 0; cp < 2; ++cp) {
+    for (int grp = 0; grp < 2 * kElemBytes; ++grp) {
       uint32_t r[4];
-      ptx::ldmatrix_x4_trans(r, vbase + ks * 16 * kRowBytes + cp * 32);
+      ptx::ldmatrix_x4_trans(r, vbase + ks * 16 * kRowBytes + grp * 32);
+      if constexpr (V::kFp8) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t lo = r[2 * h], hi = r[2 * h + 1];
-        const int chunk = 2 * cp + h;
-        // One byte permute puts the even dims' bytes in the low half, the odd dims' in the high.
-        uint32_t even0, odd0, even1, odd1;
-        ptx::fp8x4_to_f16x2x2(__byte_perm(lo, 0, 0x3120), even0, odd0);
-        ptx::fp8x4_to_f16x2x2(__byte_perm(hi, 0, 0x3120), even1, odd1);
-        ptx::mma_f16(acc[2 * chunk], a[0], a[1], a[2], a[3], even0, even1);
-        ptx::mma_f16(acc[2 * chunk + 1], a[0], a[1], a[2], a[3], odd0, odd1);
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t lo = r[2 * h], hi = r[2 * h + 1];
+          const int chunk = 2 * grp + h;
+          // One byte permute puts the even dims' bytes in the low half, the odd dims' in the high.
+          uint32_t even0, odd0, even1, odd1;
+          ptx::fp8x4_to_f16x2x2(__byte_perm(lo, 0, 0x3120), even0, odd0);
+          ptx::fp8x4_to_f16x2x2(__byte_perm(hi, 0, 0x3120), even1, odd1);
+          ptx::mma_f16(acc[2 * chunk], a[0], a[1], a[2], a[3], even0, even1);
+          ptx::mma_f16(acc[2 * chunk + 1], a[0], a[1], a[2], a[3], odd0, odd1);
+          if constexpr (kLo) {
+            ptx::mma_f16(acc[2 * chunk], b[0], b[1], b[2], b[3], even0, even1);
+            ptx::mma_f16(acc[2 * chunk + 1], b[0], b[1], b[2], b[3], odd0, odd1);
+          }
+        }
+      } else {
+        ptx::mma_bf16(acc[2 * grp], a[0], a[1], a[2], a[3], r[0], r[1]);
+        ptx::mma_bf16(acc[2 * grp + 1], a[0], a[1], a[2], a[3], r[2], r[3]);
         if constexpr (kLo) {
-          ptx::mma_f16(acc[2 * chunk], b[0], b[1], b[2], b[3], even0, even1);
-          ptx::mma_f16(acc[2 * chunk + 1], b[0], b[1], b[2], b[3], odd0, odd1);
+          ptx::mma_bf16(acc[2 * grp], b[0], b[1], b[2], b[3], r[0], r[1]);
+          ptx::mma_bf16(acc[2 * grp + 1], b[0], b[1], b[2], b[3], r[2], r[3]);
         }
       }
     }
   }
-}
-
-template <class V>
-__device__ __forceinline__ void pv_tile_bf16(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
-  constexpr bool kLo = V::kSplitP;
-  const int prow = (lane & 7) + ((lane >> 3) & 1) * 8;
-  const uint32_t pbase = ptx::smem_addr(&sm.p[0][prow][(lane >> 4) * 8]);
-  const uint32_t plo = ptx::smem_addr(&sm.p[kLo ? 1 : 0][prow][(lane >> 4) * 8]) - pbase;
-  const uint32_t vbase = ptx::smem_addr(&sm.kv[buf][prow][(warp * 64 + (lane >> 4) * 8) * 2]);
-  constexpr int kRowBytes = Traits<false>::kRowBytes;
-#pragma unroll
-  for (int ks = 0; ks < kTileKeys / 16; ++ks) {
-    uint32_t a[4], b[4];
-    ptx::ldmatrix_x4(a, pbase + ks * 32);
-    if constexpr (kLo) ptx::ldmatrix_x4(b, pbase + plo + ks * 32);
-#pragma unroll
-    for (int pair = 0; pair < 4; ++pair) {
-      uint32_t r[4];
-      ptx::ldmatrix_x4_trans(r, vbase + ks * 16 * kRowBytes + pair * 32);
-      ptx::mma_bf16(acc[2 * pair], a[0], a[1], a[2], a[3], r[0], r[1]);
-      ptx::mma_bf16(acc[2 * pair + 1], a[0], a[1], a[2], a[3], r[2], r[3]);
-      if constexpr (kLo) {
-        ptx::mma_bf16(acc[2 * pair], b[0], b[1], b[2], b[3], r[0], r[1]);
-        ptx::mma_bf16(acc[2 * pair + 1], b[0], b[1], b[2], b[3], r[2], r[3]);
-      }
-    }
-  }
-}
-
-template <class V>
-__device__ __forceinline__ void pv_tile(const SharedPlan<V>& sm, int buf, int warp, int lane, float (&acc)[8][4]) {
-  if constexpr (V::kFp8) pv_tile_fp8(sm, buf, warp, lane, acc);
-  else pv_tile_bf16(sm, buf, warp, lane, acc);
 }
 
 // Stores the weights (a, b) at P[row][col..col+1] in 16 bits (f16 with an fp8 cache, bf16 with a
