@@ -214,6 +214,107 @@ __device__ __forceinline__ int dim_of(int warp, int j, int e, int c) {
   else return warp * 64 + (j / 2) * 16 + (j & 1) * 8 + 2 * c + (e & 1);
 }
 
+// Stores query values x0, x1 of row r, dims d, d+1 (d even) in the tile's layout: f16 fragment-
+// major (q_word) for an fp8 cache, bf16 rows for a bf16 one.
+template <class V>
+__device__ __forceinline__ void store_query_pair(SharedPlan<V>& sm, int r, int d, float x0, float x1) {
+  if constexpr (V::kFp8) reinterpret_cast<uint32_t*>(&sm.q[0][0])[q_word(r, d)] = ptx::pack_f16x2(x0, x1);
+  else *reinterpret_cast<uint32_t*>(&sm.q[r][2 * d]) = ptx::pack_bf16x2(x0, x1);
+}
+
+// Element offset of the query's row m (query m / G, head m % G) of request b, dim d.
+__device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, int m, int d) {
+  return (int64_t(b) * p.qlen + m / p.heads) * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
+}
+
+// The measured path (v1-v7): pairs of values, 18 a thread, each load used before the next is
+// issued. docs/attention.md: at B = 1 this prologue is a likely part of attend's ~20 µs.
+template <class V>
+__device__ __forceinline__ void load_query_pairs(SharedPlan<V>& sm, const AttendParams& p, int b, int m_base,
+                                                 int rows_total, int tid) {
+  for (int i = tid; i < kMTile * (kRow / 2); i += kThreads) {
+    const int r = i / (kRow / 2), d = (i % (kRow / 2)) * 2;
+    const int m = m_base + r;
+    float x0 = 0.0f, x1 = 0.0f;
+    if (m < rows_total) {
+      const int64_t off = query_offset(p, b, m, d);
+      if (p.q_fp8) {
+        const uint8_t* q = static_cast<const uint8_t*>(p.q) + off;
+        x0 = fp8_to_float(q[0]);
+        x1 = fp8_to_float(q[1]);
+      } else {
+        const uint16_t* q = static_cast<const uint16_t*>(p.q) + off;
+        x0 = bf16_to_float(q[0]);
+        x1 = bf16_to_float(q[1]);
+      }
+    }
+    store_query_pair(sm, r, d, x0, x1);
+  }
+}
+
+// NOT YET RUN ON A GPU (AttendParams.batched_q, MLA_ATTEND_BATCHED_Q=1): units of 8 values, every
+// load of a thread (5 units) issued before any is used, 8 or 16 bytes at once where the view is
+// aligned. The same values reach the same places as load_query_pairs.
+template <class V>
+__device__ __forceinline__ void load_query_batched(SharedPlan<V>& sm, const AttendParams& p, int b, int m_base,
+                                                   int rows_total, int tid) {
+  constexpr int kUnitsPerRow = kRow / 8, kUnits = kMTile * kUnitsPerRow;
+  constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
+  const int esize = p.q_fp8 ? 1 : 2;
+  const bool vec = (reinterpret_cast<uintptr_t>(p.q) | uintptr_t(p.q_s_stride * esize) | uintptr_t(p.q_h_stride * esize)) %
+                       uintptr_t(8 * esize) == 0;
+  uint4 raw[kPerThread];  // fp8: 8 bytes in x, y; bf16: 8 values in x..w
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    raw[k] = make_uint4(0, 0, 0, 0);
+    const int u = tid + k * kThreads;
+    const int r = u / kUnitsPerRow, d = (u % kUnitsPerRow) * 8;
+    if (u >= kUnits || m_base + r >= rows_total) continue;
+    const int64_t off = query_offset(p, b, m_base + r, d);
+    if (p.q_fp8) {
+      const uint8_t* q = static_cast<const uint8_t*>(p.q) + off;
+      if (vec) {
+        const uint2 v = *reinterpret_cast<const uint2*>(q);
+        raw[k].x = v.x;
+        raw[k].y = v.y;
+      } else {
+        raw[k].x = uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
+        raw[k].y = uint32_t(q[4]) | uint32_t(q[5]) << 8 | uint32_t(q[6]) << 16 | uint32_t(q[7]) << 24;
+      }
+    } else {
+      const uint16_t* q = static_cast<const uint16_t*>(p.q) + off;
+      if (vec) {
+        raw[k] = *reinterpret_cast<const uint4*>(q);
+      } else {
+        raw[k].x = uint32_t(q[0]) | uint32_t(q[1]) << 16;
+        raw[k].y = uint32_t(q[2]) | uint32_t(q[3]) << 16;
+        raw[k].z = uint32_t(q[4]) | uint32_t(q[5]) << 16;
+        raw[k].w = uint32_t(q[6]) | uint32_t(q[7]) << 16;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int u = tid + k * kThreads;
+    if (u >= kUnits) continue;
+    const int r = u / kUnitsPerRow, d = (u % kUnitsPerRow) * 8;
+    const uint32_t w[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x0, x1;
+      if (p.q_fp8) {  // values 2e, 2e+1: bytes 2e, 2e+1 of the 8 in x, y
+        const uint32_t word = e < 2 ? w[0] : w[1];
+        x0 = fp8_to_float(uint8_t(word >> (16 * (e % 2))));
+        x1 = fp8_to_float(uint8_t(word >> (16 * (e % 2) + 8)));
+      } else {  // values 2e, 2e+1: the halves of word e
+        x0 = bf16_to_float(uint16_t(w[e] & 0xFFFFu));
+        x1 = bf16_to_float(uint16_t(w[e] >> 16));
+      }
+      store_query_pair(sm, r, d + 2 * e, x0, x1);
+    }
+  }
+}
+
 template <class V>
 __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
     attend_kernel(const __grid_constant__ AttendParams p) {
@@ -257,28 +358,8 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
   const int32_t tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
 
   // Query tile -> shared memory in the mma type; rows past the tile's last row are zero.
-  {
-    for (int i = tid; i < kMTile * (kRow / 2); i += kThreads) {
-      const int r = i / (kRow / 2), d = (i % (kRow / 2)) * 2;
-      const int m = m_base + r;
-      float x0 = 0.0f, x1 = 0.0f;
-      if (m < rows_total) {
-        const int64_t s = int64_t(b) * p.qlen + m / p.heads;
-        const int64_t off = s * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
-        if (p.q_fp8) {
-          const uint8_t* q = static_cast<const uint8_t*>(p.q) + off;
-          x0 = fp8_to_float(q[0]);
-          x1 = fp8_to_float(q[1]);
-        } else {
-          const uint16_t* q = static_cast<const uint16_t*>(p.q) + off;
-          x0 = bf16_to_float(q[0]);
-          x1 = bf16_to_float(q[1]);
-        }
-      }
-      if constexpr (kFp8) reinterpret_cast<uint32_t*>(&sm.q[0][0])[q_word(r, d)] = ptx::pack_f16x2(x0, x1);
-      else *reinterpret_cast<uint32_t*>(&sm.q[r][2 * d]) = ptx::pack_bf16x2(x0, x1);
-    }
-  }
+  if (p.batched_q) load_query_batched(sm, p, b, m_base, rows_total, tid);
+  else load_query_pairs(sm, p, b, m_base, rows_total, tid);
 
   const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
   const int n_keys = int(k_end - k_begin);
@@ -496,8 +577,19 @@ void prepare_attend_kernels() {
   set_smem_limit<Bf16Exact>();
 }
 
-void launch_attend(const AttendParams& p, cudaStream_t stream) {
-  if (p.batch == 0) return;
+// MLA_ATTEND_BATCHED_Q=1: the query tile through load_query_batched (not yet measured).
+bool batched_query_load() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ATTEND_BATCHED_Q");
+    return env && std::atoi(env) == 1;
+  }();
+  return on;
+}
+
+void launch_attend(const AttendParams& in, cudaStream_t stream) {
+  if (in.batch == 0) return;
+  AttendParams p = in;
+  p.batched_q = batched_query_load();
   const int m_tiles = (p.heads * p.qlen + kMTile - 1) / kMTile;
   const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
   if (!p.cache_fp8) {
