@@ -126,7 +126,7 @@ Step make_step(const StepOptions& o) {
 
   const int64_t G = st.layer->query_heads(), L = st.cfg.kv_lora_rank;
   // 0: the stage calls use the split count the backend plans for this step (CUDA: enough CTAs to
-  // fill the GPU; CPU: merged inside attend), so `mla bench` times attend as step() runs it.
+  // fill the GPU; CPU: merged inside attend), so `mla bench` times attend with the step's splits.
   st.splits = o.splits;
   if (st.splits == 0) {
     const detail::StepWorkspace ws = detail::backend_of(*st.layer).workspace(st.dev.meta());
