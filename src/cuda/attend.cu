@@ -227,34 +227,10 @@ __device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, in
   return (int64_t(b) * p.qlen + m / p.heads) * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
 }
 
-// The measured path (v1-v7): pairs of values, 18 a thread, each load used before the next is
-// issued. docs/attention.md: at B = 1 this prologue is a likely part of attend's ~20 µs.
-template <class V>
-__device__ __forceinline__ void load_query_pairs(SharedPlan<V>& sm, const AttendParams& p, int b, int m_base,
-                                                 int rows_total, int tid) {
-  for (int i = tid; i < kMTile * (kRow / 2); i += kThreads) {
-    const int r = i / (kRow / 2), d = (i % (kRow / 2)) * 2;
-    const int m = m_base + r;
-    float x0 = 0.0f, x1 = 0.0f;
-    if (m < rows_total) {
-      const int64_t off = query_offset(p, b, m, d);
-      if (p.q_fp8) {
-        const uint8_t* q = static_cast<const uint8_t*>(p.q) + off;
-        x0 = fp8_to_float(q[0]);
-        x1 = fp8_to_float(q[1]);
-      } else {
-        const uint16_t* q = static_cast<const uint16_t*>(p.q) + off;
-        x0 = bf16_to_float(q[0]);
-        x1 = bf16_to_float(q[1]);
-      }
-    }
-    store_query_pair(sm, r, d, x0, x1);
-  }
-}
-
-// NOT YET RUN ON A GPU (AttendParams.batched_q, MLA_ATTEND_BATCHED_Q=1): units of 8 values, every
-// load of a thread (5 units) issued before any is used, 8 or 16 bytes at once where the view is
-// aligned. The same values reach the same places as load_query_pairs.
+// The query tile in units of 8 values, every load of a thread (5 units) issued before any is used,
+// 8 or 16 bytes at once where the view is aligned. At B = 1 the query prologue is on attend's
+// critical path: loading pairs with each load used before the next (v1-v7) cost 22.7 µs of attend
+// against 18.4 this way (H200, session 3, docs/attention.md v7b).
 template <class V>
 __device__ __forceinline__ void load_query_batched(SharedPlan<V>& sm, const AttendParams& p, int b, int m_base,
                                                    int rows_total, int tid) {
@@ -358,8 +334,7 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
   const int32_t tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
 
   // Query tile -> shared memory in the mma type; rows past the tile's last row are zero.
-  if (p.batched_q) load_query_batched(sm, p, b, m_base, rows_total, tid);
-  else load_query_pairs(sm, p, b, m_base, rows_total, tid);
+  load_query_batched(sm, p, b, m_base, rows_total, tid);
 
   const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
   const int n_keys = int(k_end - k_begin);
@@ -577,19 +552,9 @@ void prepare_attend_kernels() {
   set_smem_limit<Bf16Exact>();
 }
 
-// MLA_ATTEND_BATCHED_Q=1: the query tile through load_query_batched (not yet measured).
-bool batched_query_load() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_BATCHED_Q");
-    return env && std::atoi(env) == 1;
-  }();
-  return on;
-}
-
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
   AttendParams p = in;
-  p.batched_q = batched_query_load();
   const int m_tiles = (p.heads * p.qlen + kMTile - 1) / kMTile;
   const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
   if (!p.cache_fp8) {

@@ -127,7 +127,6 @@ struct AttendParams {
   float v_scale;      // cache fp8 ? k_scale : 1
   int dcp_size, dcp_rank, dcp_interleave;
   uint32_t* error;
-  bool batched_q = false;  // set by launch_attend from MLA_ATTEND_BATCHED_Q (attend.cu)
 };
 void launch_attend(const AttendParams& p, cudaStream_t stream);
 // Raises the dynamic shared-memory limit of the attend kernels; once per process and device,

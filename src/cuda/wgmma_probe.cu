@@ -1,5 +1,6 @@
 // The wgmma probe (src/cuda/wgmma_probe.hpp): one warpgroup, Q and K re-laid into K-major core-
-// matrix tiles in shared memory, 18 QGMMA k32 steps, the accumulators written out row-major.
+// matrix tiles in shared memory, 18 QGMMA k32 steps in groups whose partials are summed in f32,
+// the sums written out row-major.
 #include "cuda/check.hpp"
 #include "cuda/stages.hpp"
 #include "cuda/wgmma.cuh"
@@ -13,8 +14,7 @@ constexpr int kChunks = kRow / 16;            // 36 chunks of 16 bytes a row
 constexpr int kTileBytes = kChunks * wgmma::kChunkStride;
 
 __global__ void __launch_bounds__(128) qgmma_probe_kernel(const uint8_t* q, int64_t q_stride, const uint8_t* k,
-                                                          int64_t k_stride, float* s, uint32_t leading_bytes,
-                                                          uint32_t stride_bytes) {
+                                                          int64_t k_stride, float* s, int steps_per_group) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* qs = smem;
   uint8_t* ks = smem + kTileBytes;
@@ -31,38 +31,44 @@ __global__ void __launch_bounds__(128) qgmma_probe_kernel(const uint8_t* q, int6
   wgmma::fence_proxy_async();
   __syncthreads();
 
-  float d[32];
+  float d[32], total[32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) d[i] = 0.0f;
+  for (int i = 0; i < 32; ++i) d[i] = total[i] = 0.0f;
   const uint32_t qa = static_cast<uint32_t>(__cvta_generic_to_shared(qs));
   const uint32_t ka = static_cast<uint32_t>(__cvta_generic_to_shared(ks));
-  wgmma::fence();
+  constexpr uint32_t kLeading = wgmma::kChunkStride, kStride = 128;  // along K, between 8-row groups
 #pragma unroll
   for (int step = 0; step < kChunks / 2; ++step) {
     const uint32_t off = step * 2 * wgmma::kChunkStride;
-    wgmma::mma_m64n64k32_e4m3(d, wgmma::descriptor(qa + off, leading_bytes, stride_bytes),
-                              wgmma::descriptor(ka + off, leading_bytes, stride_bytes), step > 0);
+    if (step % steps_per_group == 0) wgmma::fence();
+    wgmma::mma_m64n64k32_e4m3(d, wgmma::descriptor(qa + off, kLeading, kStride),
+                              wgmma::descriptor(ka + off, kLeading, kStride), step % steps_per_group != 0);
+    if ((step + 1) % steps_per_group == 0 || step == kChunks / 2 - 1) {
+      wgmma::commit();
+      wgmma::wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) total[i] += d[i];
+    }
   }
-  wgmma::commit();
-  wgmma::wait<0>();
 
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int row = 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * c + i % 2;
-    s[row * kProbeRows + col] = d[i];
+    s[row * kProbeRows + col] = total[i];
   }
 }
 
 }  // namespace
 
 void qgmma_qk_probe(const uint8_t* q, int64_t q_stride, const uint8_t* k, int64_t k_stride, float* s,
-                    uint32_t leading_bytes, uint32_t stride_bytes, cudaStream_t stream) {
+                    int steps_per_group, cudaStream_t stream) {
   MLA_REQUIRE(q_stride % 16 == 0 && k_stride % 16 == 0, "qgmma probe: row strides must be multiples of 16 bytes, got ",
               q_stride, " and ", k_stride);
+  MLA_REQUIRE(steps_per_group >= 1, "qgmma probe: steps_per_group must be >= 1, got ", steps_per_group);
   const int smem = 2 * kTileBytes;
   MLA_CUDA_CHECK(cudaFuncSetAttribute(qgmma_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  qgmma_probe_kernel<<<1, 128, smem, stream>>>(q, q_stride, k, k_stride, s, leading_bytes, stride_bytes);
+  qgmma_probe_kernel<<<1, 128, smem, stream>>>(q, q_stride, k, k_stride, s, steps_per_group);
   MLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -9,9 +9,10 @@
 namespace mla::cuda {
 
 // q: [64, 576] e4m3 (row stride q_stride bytes), k: [64, 576] e4m3 (row stride k_stride bytes),
-// s: [64, 64] f32 row-major. leading_bytes / stride_bytes: the descriptors' byte offsets (along
-// K / between 8-row groups): the layout's are 1024 / 128; the test also tries them swapped.
+// s: [64, 64] f32 row-major. steps_per_group: k32 steps accumulated in the tensor core before the
+// partial is added to an f32 total in registers (18 = one chain; the fp8 tensor-core accumulator
+// is narrower than f32, see tests/gpu/test_wgmma.cpp).
 void qgmma_qk_probe(const uint8_t* q, int64_t q_stride, const uint8_t* k, int64_t k_stride, float* s,
-                    uint32_t leading_bytes, uint32_t stride_bytes, cudaStream_t stream);
+                    int steps_per_group, cudaStream_t stream);
 
 }  // namespace mla::cuda

@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -39,8 +41,8 @@ struct DeviceBytes {
   ~DeviceBytes() { cudaFree(p); }
 };
 
-// rel L2 error of the probe's S against float64, for the given descriptor byte offsets.
-double probe_error(uint32_t leading, uint32_t stride, uint32_t seed) {
+// rel L2 error of the probe's S against float64, with partials of steps_per_group k32 steps.
+double probe_error(int steps_per_group, uint32_t seed) {
   std::mt19937 rng(seed);
   const int64_t q_stride = kDims + 16, k_stride = kDims + 64;  // like the cache's padded rows
   const std::vector<uint8_t> q = random_fp8(kRows, q_stride, rng), k = random_fp8(kRows, k_stride, rng);
@@ -49,7 +51,7 @@ double probe_error(uint32_t leading, uint32_t stride, uint32_t seed) {
   cudaMemcpy(dk.p, k.data(), k.size(), cudaMemcpyHostToDevice);
   cudaMemset(ds.p, 0xFF, sizeof(float) * kRows * kRows);  // poison: NaN where nothing is written
   cuda::qgmma_qk_probe(static_cast<const uint8_t*>(dq.p), q_stride, static_cast<const uint8_t*>(dk.p), k_stride,
-                       static_cast<float*>(ds.p), leading, stride, nullptr);
+                       static_cast<float*>(ds.p), steps_per_group, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> s(size_t(kRows) * kRows);
   cudaMemcpy(s.data(), ds.p, s.size() * sizeof(float), cudaMemcpyDeviceToHost);
@@ -67,18 +69,25 @@ double probe_error(uint32_t leading, uint32_t stride, uint32_t seed) {
   return std::sqrt(err / ref);
 }
 
+// The layout (K-major core matrices, LBO = 1024 along K, SBO = 128 between 8-row groups) is right
+// when S matches float64 at all; how closely depends on how long the tensor core accumulates. On
+// the H200 one chain of 18 k32 steps gave rel L2 4.6e-4 (session 3): Hopper's fp8 MMA keeps
+// fewer accumulator bits than f32 (DeepSeek-V3 report, sec. 3.3.2), so products over K = 576 are
+// summed in groups and the group partials in f32 registers, as attend does (kQkStepsPerGroup).
 TEST(Wgmma, QgmmaQkTileMatchesFloat64) {
   MLA_REQUIRE_GPU();
-  // fp8 products are exact in the f32 accumulator: only the summation order differs.
-  for (uint32_t seed : {1u, 2u, 3u}) {
-    const double e = probe_error(1024, 128, seed);
-    if (!(e < 1e-5)) {
-      // Say which reading of the two byte offsets the hardware takes, for whoever fixes it.
-      const double swapped = probe_error(128, 1024, seed);
-      FAIL() << "rel L2 " << e << " with leading 1024 / stride 128 (K-major core matrices, docs/attention.md); "
-             << "with the offsets swapped: " << swapped;
-    }
+  for (int group : {18, 6, 3, 2, 1}) {
+    double worst = 0.0;
+    for (uint32_t seed : {1u, 2u, 3u}) worst = std::max(worst, probe_error(group, seed));
+    std::printf("QGMMA q.k, K = 576, partials of %2d k32 steps: rel L2 %.3g\n", group, worst);
+    EXPECT_LT(worst, group == 18 ? 2e-3 : 1e-3) << group << " steps a group";
   }
+  // The grouping attend uses (kQkStepsPerGroup = 6 in src/cuda/attend_wgmma.cu): a score error of
+  // 3e-4 relative moves the softmax weights by under 1e-3 at the scores SPEC's data gives, an
+  // order under the step's 1e-2.
+  double worst = 0.0;
+  for (uint32_t seed : {4u, 5u}) worst = std::max(worst, probe_error(6, seed));
+  EXPECT_LT(worst, 3e-4);
 }
 
 }  // namespace
