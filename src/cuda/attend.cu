@@ -12,6 +12,7 @@
 #include <cstdlib>
 
 #include "core/softmax_state.hpp"
+#include "cuda/attend_keys.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/ptx.cuh"
@@ -20,7 +21,6 @@
 namespace mla::cuda {
 namespace {
 
-constexpr int kTileKeys = 64;
 constexpr int kWarps = 8;  // q.k: 8 keys a warp; p.v: 64 of the 512 latent dims a warp
 constexpr int kThreads = kWarps * 32;
 constexpr int kMTile = 16;  // query rows of one mma tile
@@ -222,11 +222,6 @@ __device__ __forceinline__ void store_query_pair(SharedPlan<V>& sm, int r, int d
   else *reinterpret_cast<uint32_t*>(&sm.q[r][2 * d]) = ptx::pack_bf16x2(x0, x1);
 }
 
-// Element offset of the query's row m (query m / G, head m % G) of request b, dim d.
-__device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, int m, int d) {
-  return (int64_t(b) * p.qlen + m / p.heads) * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
-}
-
 // The query tile in units of 8 values, every load of a thread (5 units) issued before any is used,
 // 8 or 16 bytes at once where the view is aligned. At B = 1 the query prologue is on attend's
 // critical path: loading pairs with each load used before the next (v1-v7) cost 22.7 µs of attend
@@ -312,78 +307,21 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
   const int m_base = m_tile * kMTile;
   const bool reporter = tid == 0 && split == 0 && m_tile == 0;  // reports request-level errors once
 
-  // The request's local keys and this split's chunk of them (SPEC.md: chunk c covers
-  // [c*ceil(n/splits), min(n, (c+1)*ceil(n/splits)))).
-  const int32_t seq_len = p.seq_lens[b];
-  const bool len_ok = seq_len == 0 || seq_len >= p.qlen;
-  if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
-  const int64_t n_local = len_ok && seq_len > 0 ? dcp_local_length(seq_len, p.dcp_size, p.dcp_rank, p.dcp_interleave) : 0;
-  const int64_t chunk = (n_local + p.splits - 1) / p.splits;
-  const int64_t k_begin = min(n_local, int64_t(split) * chunk);
-  const int64_t k_end = min(n_local, k_begin + chunk);
-  const int32_t page_begin = p.kv_indptr[b];
-  const int64_t pages_avail = int64_t(p.kv_indptr[b + 1]) - page_begin;
-  if (reporter && (pages_avail < 0 || n_local > pages_avail * p.page_size)) atomicOr(p.error, kShortPageTable);
-
-  // Causal limits of this thread's two rows (query i sees global positions <= seq_len - Q + i);
-  // padding rows see nothing. The tile's last visible position bounds the keys loaded at all.
-  const int m0 = m_base + g, m1 = m_base + g + 8;
-  const int32_t limit0 = m0 < rows_total && len_ok ? seq_len - p.qlen + m0 / p.heads : -1;
-  const int32_t limit1 = m1 < rows_total && len_ok ? seq_len - p.qlen + m1 / p.heads : -1;
+  // The request's local keys, this split's chunk of them, and the causal limits of this thread's
+  // two rows; the tile's last visible position bounds the keys loaded at all.
   const int last_row = min(rows_total, m_base + kMTile) - 1;
-  const int32_t tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
+  const KeyStream keys(p, b, split, last_row, reporter);
+  const int m0 = m_base + g, m1 = m_base + g + 8;
+  const int32_t limit0 = keys.limit(p, m0, rows_total), limit1 = keys.limit(p, m1, rows_total);
 
   // Query tile -> shared memory in the mma type; rows past the tile's last row are zero.
   load_query_batched(sm, p, b, m_base, rows_total, tid);
 
   const uint8_t* cache = static_cast<const uint8_t*>(p.cache);
-  const int n_keys = int(k_end - k_begin);
-  const int n_tiles = (n_keys + kTileKeys - 1) / kTileKeys;
-  const int page_size = p.page_size;
-  // Power-of-two pages (1, 16, 64, ...) divide by a shift: no integer division in the tile loop.
-  const int page_shift = __popc(page_size) == 1 ? __ffs(page_size) - 1 : -1;
-  const bool plain_positions = p.dcp_size == 1;  // W = 1: a key's local index is its position
-
-  // Row addresses and positions of tile `tile` (threads 0..63), in two halves so that the
-  // kv_indices load of a later tile overlaps this tile's math: page_of() issues the load,
-  // publish() uses it. A key past the chunk, past the tile's causal limit, or on a bad page gets
-  // position INT_MAX (masked) and a null row (zero-filled), so NaN in unused pages never reaches
-  // an mma.
-  struct KeyRow {
-    int32_t j = -1;     // local key index, -1: none
-    int32_t page = -1;  // page id as loaded
-    int32_t pos = INT_MAX;
-  };
-  auto page_of = [&](int tile) {
-    KeyRow k;
-    const int64_t j = k_begin + int64_t(tile) * kTileKeys + tid;
-    if (tid < kTileKeys && j < k_end) {
-      const int32_t pos = plain_positions ? int32_t(j) : int32_t(dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave));
-      if (pos <= tile_limit) {
-        const int32_t page_index = page_shift >= 0 ? int32_t(j) >> page_shift : int32_t(j) / page_size;
-        if (page_index < pages_avail) {
-          k.j = int32_t(j);
-          k.pos = pos;
-          k.page = p.kv_indices[page_begin + page_index];
-        }
-      }
-    }
-    return k;
-  };
+  const int n_tiles = keys.n_tiles();
+  auto page_of = [&](int tile) { return keys.page_of(p, tile, tid); };
   auto publish = [&](const KeyRow& k, int slot) {
-    if (tid >= kTileKeys) return;
-    const uint8_t* row = nullptr;
-    int32_t pos = INT_MAX;
-    if (k.j >= 0) {
-      if (k.page >= 0 && k.page < p.num_pages) {
-        row = cache + (int64_t(k.page) * p.page_stride + int64_t(page_shift >= 0 ? k.j & (page_size - 1) : k.j % page_size) * p.row_stride) * kElemBytes;
-        pos = k.pos;
-      } else {
-        atomicOr(p.error, kBadPage);
-      }
-    }
-    sm.rows[slot][tid] = row;
-    sm.pos[slot][tid] = pos;
+    if (tid < kTileKeys) keys.publish(p, k, sm.rows[slot][tid], sm.pos[slot][tid]);
   };
   // Each thread copies 16-byte chunks q, q+4, q+8, ... of one key row (4 threads a row): one row
   // address a tile, constant offsets after it, and a warp's 8 rows x 64 bytes per instruction.
@@ -545,6 +483,7 @@ using Bf16Exact = Variant<false, true, 2>;
 }  // namespace
 
 void prepare_attend_kernels() {
+  prepare_attend_wgmma_kernels();
   set_smem_limit<Fp8>();
   set_smem_limit<Fp8Deep>();
   set_smem_limit<Fp8Exact>();
@@ -554,6 +493,7 @@ void prepare_attend_kernels() {
 
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
+  if (attend_wgmma_applies(in)) return launch_attend_wgmma(in, stream);
   AttendParams p = in;
   const int m_tiles = (p.heads * p.qlen + kMTile - 1) / kMTile;
   const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));

@@ -129,6 +129,12 @@ struct AttendParams {
   uint32_t* error;
 };
 void launch_attend(const AttendParams& p, cudaStream_t stream);
+// The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: fp8 query
+// and cache, P rounded once (not exact_p), o rows 8-byte aligned; MLA_ATTEND_KERNEL=mma forces the
+// mma.sync kernel (attend.cu) for comparison.
+bool attend_wgmma_applies(const AttendParams& p);
+void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
+void prepare_attend_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the attend kernels; once per process and device,
 // outside any graph capture.
 void prepare_attend_kernels();

@@ -2,8 +2,8 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) for issue 5's attend: shared-memory matrix descriptors, the
 // fences around the asynchronous MMA, and q.k on the fp8 tensor cores (QGMMA m64n64k32 e4m3).
 // mma.sync with e4m3 operands is emulated on sm_90 (docs/attention.md, v4): only wgmma reaches the
-// fp8 tensor cores. NOT YET RUN ON A GPU: tests/gpu/test_wgmma.cpp checks these pieces against
-// the CPU (and says which descriptor stride assignment the hardware takes if the first fails).
+// fp8 tensor cores. tests/gpu/test_wgmma.cpp checks the layout and the fp8 accumulator's precision
+// on the GPU (H200, session 3: layout right; one chain over K = 576 loses ~4.6e-4 relative).
 #include <cstdint>
 
 namespace mla::cuda::wgmma {
@@ -55,6 +55,42 @@ __device__ __forceinline__ void mma_m64n64k32_e4m3(float (&d)[32], uint64_t a, u
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a), "l"(b), "r"(int32_t(accumulate)));
+}
+
+// Keeps the compiler from moving reads or writes of accumulator registers across the asynchronous
+// MMA that owns them (CUTLASS warpgroup_fence_operand): after wait<>(), before the values are used.
+template <int n>
+__device__ __forceinline__ void fence_operand(float (&r)[n]) {
+#pragma unroll
+  for (int i = 0; i < n; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// d (64 x 16 f32, 8 a thread) (+)= A (64 x 32 e4m3, K-major, smem) * B (16 x 32 e4m3, K-major,
+// smem)^T. Thread t: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2].
+__device__ __forceinline__ void mma_m64n16k32_e4m3(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b), "r"(int32_t(accumulate)));
+}
+
+// d (64 x 16 f32) += A (64 x 16 f16 from registers: each warp its 16 rows in the mma.sync m16n8k16
+// A layout, a[0..3]) * B (16 x 16 f16, K-major, smem)^T.
+__device__ __forceinline__ void mma_m64n16k16_f16_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
 }  // namespace mla::cuda::wgmma

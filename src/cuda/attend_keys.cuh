@@ -1,0 +1,106 @@
+#pragma once
+// What both attend kernels share (attend.cu: mma.sync, any dtype; attend_wgmma.cu: Hopper wgmma,
+// fp8): which keys a CTA reads and where their rows are. A CTA serves one (request, split) and a
+// tile of query rows; it streams the split's local keys in tiles of kTileKeys, and for each tile
+// one thread per key turns the page table into a row address and a global position (page_of
+// issues the kv_indices load, publish uses it, so that the load of a later tile's page ids hides
+// behind this tile's math).
+#include <climits>
+#include <cstdint>
+
+#include "cuda/device_math.cuh"
+#include "cuda/stages.hpp"
+
+namespace mla::cuda {
+
+inline constexpr int kTileKeys = 64;
+
+// Element offset of the query's row m (query m / G, head m % G) of request b, dim d.
+__device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, int m, int d) {
+  return (int64_t(b) * p.qlen + m / p.heads) * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
+}
+
+// A key of a tile as page_of found it: local index, page id as loaded, global position.
+struct KeyRow {
+  int32_t j = -1;     // local key index, -1: none
+  int32_t page = -1;  // page id as loaded
+  int32_t pos = INT_MAX;
+};
+
+// The local keys of request b's split `split` (SPEC.md: chunk c covers [c*ceil(n/splits),
+// min(n, (c+1)*ceil(n/splits)))), seen by query rows m_base .. last_row of the CTA. `reporter`
+// (one thread of the request) reports a bad length or a short page table.
+struct KeyStream {
+  int32_t seq_len;
+  bool len_ok;
+  int64_t k_begin, k_end;
+  int32_t page_begin;
+  int64_t pages_avail;
+  int32_t tile_limit;    // the CTA's last visible global position (causal), -1: none
+  int page_shift;        // log2(page_size) for power-of-two pages (1, 16, 64, ...), else -1
+  bool plain_positions;  // W = 1: a key's local index is its position
+  int elem_bytes;        // 1 (fp8 cache) or 2 (bf16)
+
+  __device__ KeyStream(const AttendParams& p, int b, int split, int last_row, bool reporter) {
+    seq_len = p.seq_lens[b];
+    len_ok = seq_len == 0 || seq_len >= p.qlen;
+    if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
+    const int64_t n_local =
+        len_ok && seq_len > 0 ? dcp_local_length(seq_len, p.dcp_size, p.dcp_rank, p.dcp_interleave) : 0;
+    const int64_t chunk = (n_local + p.splits - 1) / p.splits;
+    k_begin = min(n_local, int64_t(split) * chunk);
+    k_end = min(n_local, k_begin + chunk);
+    page_begin = p.kv_indptr[b];
+    pages_avail = int64_t(p.kv_indptr[b + 1]) - page_begin;
+    if (reporter && (pages_avail < 0 || n_local > pages_avail * p.page_size)) atomicOr(p.error, kShortPageTable);
+    tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
+    page_shift = __popc(p.page_size) == 1 ? __ffs(p.page_size) - 1 : -1;
+    plain_positions = p.dcp_size == 1;
+    elem_bytes = p.cache_fp8 ? 1 : 2;
+  }
+
+  __device__ int n_tiles() const { return int((k_end - k_begin + kTileKeys - 1) / kTileKeys); }
+
+  // Causal limit of query row m (query i sees global positions <= seq_len - Q + i); rows past the
+  // request's (padding) see nothing.
+  __device__ int32_t limit(const AttendParams& p, int m, int rows_total) const {
+    return m < rows_total && len_ok ? seq_len - p.qlen + m / p.heads : -1;
+  }
+
+  // Key `key` of tile `tile` (key < kTileKeys): issues its page id load.
+  __device__ KeyRow page_of(const AttendParams& p, int tile, int key) const {
+    KeyRow k;
+    const int64_t j = k_begin + int64_t(tile) * kTileKeys + key;
+    if (key < kTileKeys && j < k_end) {
+      const int32_t pos = plain_positions ? int32_t(j)
+                                          : int32_t(dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave));
+      if (pos <= tile_limit) {
+        const int32_t page_index = page_shift >= 0 ? int32_t(j) >> page_shift : int32_t(j) / p.page_size;
+        if (page_index < pages_avail) {
+          k.j = int32_t(j);
+          k.pos = pos;
+          k.page = p.kv_indices[page_begin + page_index];
+        }
+      }
+    }
+    return k;
+  }
+
+  // The row address (null: masked, to be zero-filled, never read) and position (INT_MAX: masked)
+  // of a key page_of found. A key past the chunk, past the causal limit or on a bad page is masked,
+  // so NaN in unused pages never reaches a tensor-core product; a bad page id is reported.
+  __device__ void publish(const AttendParams& p, const KeyRow& k, const uint8_t*& row, int32_t& pos) const {
+    row = nullptr;
+    pos = INT_MAX;
+    if (k.j < 0) return;
+    if (k.page >= 0 && k.page < p.num_pages) {
+      const int64_t in_page = page_shift >= 0 ? k.j & (p.page_size - 1) : k.j % p.page_size;
+      row = static_cast<const uint8_t*>(p.cache) + (int64_t(k.page) * p.page_stride + in_page * p.row_stride) * elem_bytes;
+      pos = k.pos;
+    } else {
+      atomicOr(p.error, kBadPage);
+    }
+  }
+};
+
+}  // namespace mla::cuda

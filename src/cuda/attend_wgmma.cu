@@ -1,0 +1,342 @@
+// attend on Hopper's wgmma (issue 5, v8): fp8 query x fp8 cache, one warpgroup a CTA.
+//
+// The mma.sync kernel (attend.cu) spends its time widening keys to f16 for q.k and in lock-step
+// phases of 8 warps (docs/attention.md, v1-v7). Here the products run as asynchronous warpgroup
+// MMAs with the KEYS on the M side ("swap AB"), so 12-16 query rows are wgmma's N = 16 instead of
+// rows padded to M = 64:
+//   q.k:  S^T [64 keys x 16 rows] = K [64 x 576] . Q^T     QGMMA m64n16k32 e4m3, both from smem
+//   p.v:  O^T [512 dims x 16 rows] += V^T [512 x 64] . P^T  HGMMA m64n16k16 f16, 8 dim blocks,
+//         V^T from registers (the fp8 rows widened with ldmatrix.trans + prmt + cvt), P^T from smem
+// q.k reads the fp8 cache rows as they are (no widening): the tile sits in shared memory as
+// K-major core matrices (8 keys x 16 bytes, wgmma::kmajor_offset), which the V^T fragments read
+// conflict-free too. Hopper's fp8 MMA accumulates in fewer bits than f32 (tests/gpu/test_wgmma.cpp),
+// so q.k sums 3 groups of 6 k32 steps in f32 registers.
+//
+// One CTA = one warpgroup (128 threads) per (request, split, 16 query rows), 2 CTAs an SM; keys
+// stream in tiles of 64 through kStages cp.async buffers as in attend.cu (attend_keys.cuh).
+// P is rounded once to f16 (o ~3e-4): this kernel serves the step and a bf16 o, never an f32 o
+// held to 1e-4 (attend.cu's exact_p path).
+#include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <string_view>
+
+#include "core/softmax_state.hpp"
+#include "cuda/attend_keys.cuh"
+#include "cuda/check.hpp"
+#include "cuda/device_math.cuh"
+#include "cuda/ptx.cuh"
+#include "cuda/stages.hpp"
+#include "cuda/wgmma.cuh"
+
+namespace mla::cuda {
+namespace {
+
+constexpr int kN = 16;           // query rows a CTA: wgmma N
+constexpr int kThreads = 128;    // one warpgroup
+constexpr int kChunks = kRow / 16;  // 36 chunks of 16 bytes a key row
+constexpr int kTileBytes = kChunks * wgmma::kChunkStride;
+constexpr int kQkSteps = kRow / 32;  // 18 k32 steps
+constexpr int kQkStepsPerGroup = 6;  // partials summed in f32 (fp8 MMA accumulator precision)
+constexpr int kQkGroups = kQkSteps / kQkStepsPerGroup;
+constexpr int kDimBlocks = kLatent / 64;  // p.v: 8 wgmma M blocks of 64 latent dims
+constexpr int kPvSteps = kTileKeys / 16;  // p.v: 4 k16 steps a tile
+static_assert(kTileKeys == wgmma::kTileRows && kQkSteps % kQkStepsPerGroup == 0);
+
+// B operands (16 rows) in K-major core matrices of 8 rows x 16 bytes: chunk k of row n.
+constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes: the descriptors' leading byte offset
+__host__ __device__ constexpr int b_offset(int n, int chunk) { return chunk * kBChunkStride + (n / 8) * 128 + (n % 8) * 16; }
+
+template <int kStages>
+struct WgSmem {
+  alignas(1024) uint8_t kv[kStages][kTileBytes];  // key tiles, wgmma::kmajor_offset(key, chunk)
+  alignas(128) uint8_t q[kN * kRow];               // e4m3 query rows, b_offset(n, chunk)
+  alignas(128) uint16_t p[kN * kTileKeys];         // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
+  const uint8_t* rows[kStages + 1][kTileKeys];     // tiles t .. t+kStages: row address (null: masked)
+  int32_t pos[kStages + 1][kTileKeys];             // global position (INT_MAX: masked)
+  float red[4][kN];                                // per-warp row maxima, then row sums
+};
+
+// This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
+// N column col(i, c).
+__device__ __forceinline__ int acc_half(int i) { return (i >> 1) & 1; }
+__device__ __forceinline__ int acc_col(int i, int c) { return 8 * (i >> 2) + 2 * c + (i & 1); }
+// The thread's 4 query rows are acc_col(i) for i = 0, 1, 4, 5; row slot r of element i:
+__device__ __forceinline__ int row_slot(int i) { return 2 * (i >> 2) + (i & 1); }
+__device__ __forceinline__ int slot_col(int r, int c) { return 8 * (r >> 1) + 2 * c + (r & 1); }
+
+// The query rows m_base .. m_base+15 of request b (fp8, zero past the request's rows) into
+// shared memory, every load of a thread issued before any store.
+template <int kStages>
+__device__ __forceinline__ void load_query(WgSmem<kStages>& sm, const AttendParams& p, int b, int m_base,
+                                           int rows_total, int tid) {
+  constexpr int kUnits = kN * kChunks, kPerThread = (kUnits + kThreads - 1) / kThreads;
+  const uint8_t* q = static_cast<const uint8_t*>(p.q);
+  const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 16 == 0;
+  uint4 raw[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    raw[k] = make_uint4(0, 0, 0, 0);
+    const int u = tid + k * kThreads, n = u / kChunks, chunk = u % kChunks;
+    if (u >= kUnits || m_base + n >= rows_total) continue;
+    const uint8_t* src = q + query_offset(p, b, m_base + n, chunk * 16);
+    if (vec) {
+      raw[k] = *reinterpret_cast<const uint4*>(src);
+    } else {
+      uint32_t w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        w[e] = uint32_t(src[4 * e]) | uint32_t(src[4 * e + 1]) << 8 | uint32_t(src[4 * e + 2]) << 16 |
+               uint32_t(src[4 * e + 3]) << 24;
+      raw[k] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int u = tid + k * kThreads;
+    if (u < kUnits) *reinterpret_cast<uint4*>(&sm.q[b_offset(u / kChunks, u % kChunks)]) = raw[k];
+  }
+}
+
+// One k16 step of V^T for this warp: for dim blocks 2j and 2j+1, the 16 dims 64 blk + 16 warp ..
+// +15 x keys 16 ks .. +15 as wgmma A fragments. ldmatrix.trans on fp8 rows viewed as b16 gives
+// lane (g, c) the dims (2g, 2g+1) of keys 2c and 2c+1; a byte permute splits them into dim 2g
+// (fragment row g) and dim 2g+1 (row g+8). So A row r of the warp is dim 2r (r < 8) or
+// 2(r - 8) + 1 of its 16: accumulator M row g + 8 h holds dim 64 blk + 16 warp + 2g + h.
+__device__ __forceinline__ void v_fragments(uint32_t tile, int ks, int j, int warp, int lane, uint32_t (&a0)[4],
+                                            uint32_t (&a1)[4]) {
+  const int key = 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int chunk = 4 * (2 * j + (lane >> 4)) + warp;
+  uint32_t r[4];
+  ptx::ldmatrix_x4_trans(r, tile + wgmma::kmajor_offset(key, chunk));
+  ptx::fp8x4_to_f16x2x2(__byte_perm(r[0], 0, 0x3120), a0[0], a0[1]);  // keys 2c, 2c+1
+  ptx::fp8x4_to_f16x2x2(__byte_perm(r[1], 0, 0x3120), a0[2], a0[3]);  // keys 2c+8, 2c+9
+  ptx::fp8x4_to_f16x2x2(__byte_perm(r[2], 0, 0x3120), a1[0], a1[1]);
+  ptx::fp8x4_to_f16x2x2(__byte_perm(r[3], 0, 0x3120), a1[2], a1[3]);
+}
+
+template <int kStages>
+__global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_kernel(const __grid_constant__ AttendParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<WgSmem<kStages>*>(smem_raw);
+  constexpr int kSlots = kStages + 1;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int rows_total = p.heads * p.qlen;
+  const int m_tiles = (rows_total + kN - 1) / kN;
+  const int m_tile = blockIdx.x % m_tiles, work = blockIdx.x / m_tiles;
+  const int b = work / p.splits, split = work % p.splits;
+  const int m_base = m_tile * kN;
+  const bool reporter = tid == 0 && split == 0 && m_tile == 0;
+
+  const KeyStream keys(p, b, split, min(rows_total, m_base + kN) - 1, reporter);
+  int32_t limit[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
+
+  load_query(sm, p, b, m_base, rows_total, tid);
+
+  const int n_tiles = keys.n_tiles();
+  auto publish = [&](const KeyRow& k, int slot) {
+    if (tid < kTileKeys) keys.publish(p, k, sm.rows[slot][tid], sm.pos[slot][tid]);
+  };
+  // Two threads a key row, each 18 chunks of 16 bytes (a warp: 16 rows x 32 bytes an instruction).
+  auto issue_tile = [&](int slot, int buf) {
+    const int key = tid / 2, half = tid % 2;
+    const uint8_t* row = sm.rows[slot][key];
+    const uint32_t dst = ptx::smem_addr(&sm.kv[buf][0]);
+    const uint8_t* src = row ? row : static_cast<const uint8_t*>(p.cache);
+#pragma unroll
+    for (int i = 0; i < kChunks / 2; ++i) {
+      const int chunk = 2 * i + half;
+      ptx::cp_async_16(dst + wgmma::kmajor_offset(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr);
+    }
+    ptx::cp_async_commit();
+  };
+
+  for (int t = 0; t < kStages && t < n_tiles; ++t) publish(keys.page_of(p, t, tid), t);
+  wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
+  __syncthreads();             // the query tile and the first tiles' rows
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < n_tiles) issue_tile(t, t);
+    else ptx::cp_async_commit();
+  }
+
+  SoftmaxState st[4];  // the thread's 4 rows; d holds its share of the sum
+  float o[kDimBlocks][8];
+#pragma unroll
+  for (int blk = 0; blk < kDimBlocks; ++blk)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[blk][i] = 0.0f;
+  const uint32_t q_addr = ptx::smem_addr(sm.q), p_addr = ptx::smem_addr(sm.p);
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int buf = t % kStages, slot = t % kSlots;
+    ptx::cp_async_wait_group<kStages - 2>();
+    wgmma::fence_proxy_async();  // this thread's cp.async writes, before the tensor cores read them
+    // Tile t has landed for every thread, tile t+kStages-1's rows are published, and tile t-1's
+    // products are complete (its buffer is refilled next).
+    __syncthreads();
+    const int next = t + kStages - 1;
+    if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
+    else ptx::cp_async_commit();
+    const KeyRow ahead = t + kStages < n_tiles ? keys.page_of(p, t + kStages, tid) : KeyRow{};
+
+    // q.k: 3 groups of 6 k32 steps, summed in f32.
+    const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
+    float sg[kQkGroups][8];
+#pragma unroll
+    for (int grp = 0; grp < kQkGroups; ++grp) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sg[grp][i] = 0.0f;
+      wgmma::fence_operand(sg[grp]);
+    }
+    wgmma::fence();
+#pragma unroll
+    for (int step = 0; step < kQkSteps; ++step) {
+      const uint64_t a = wgmma::descriptor(kv_addr + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
+      const uint64_t bq = wgmma::descriptor(q_addr + step * 2 * kBChunkStride, kBChunkStride, 128);
+      wgmma::mma_m64n16k32_e4m3(sg[step / kQkStepsPerGroup], a, bq, step % kQkStepsPerGroup != 0);
+    }
+    wgmma::commit();
+    if (t + kStages < n_tiles) publish(ahead, (t + kStages) % kSlots);
+    wgmma::wait<0>();
+#pragma unroll
+    for (int grp = 0; grp < kQkGroups; ++grp) wgmma::fence_operand(sg[grp]);
+
+    // Scores: scaled, masked (chunk, causal, bad page), row maxima over the tile's 64 keys.
+    float s[8], mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float x = sg[0][i];
+#pragma unroll
+      for (int grp = 1; grp < kQkGroups; ++grp) x += sg[grp][i];
+      const int32_t pos = sm.pos[slot][16 * warp + g + 8 * acc_half(i)];
+      s[i] = pos <= limit[row_slot(i)] ? x * p.score_scale : -INFINITY;
+      mx[row_slot(i)] = fmaxf(mx[row_slot(i)], s[i]);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
+      if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
+    }
+    __syncthreads();  // every warp's row maxima
+    float alpha[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int n = slot_col(r, c);
+      const float tile_max = fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n]));
+      alpha[r] = st[r].rescale(tile_max);  // every thread moves its rows to the same maxima
+    }
+    uint8_t* pb = reinterpret_cast<uint8_t*>(sm.p);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float w = st[row_slot(i)].weight(s[i]);
+      st[row_slot(i)].add(w);
+      const int key = 16 * warp + g + 8 * acc_half(i);
+      *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
+    }
+#pragma unroll
+    for (int blk = 0; blk < kDimBlocks; ++blk) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[blk][i] *= alpha[row_slot(i)];
+      wgmma::fence_operand(o[blk]);  // the rescale stays before the MMAs (else they serialize)
+    }
+    wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
+    __syncthreads();             // the whole P tile; every warp has read red
+
+    // p.v: per k16 step, 8 dim blocks; fragments double-buffered across steps (an in-flight
+    // wgmma reads its A registers until wait). The last step drains: MMAs left in flight into
+    // the next tile's q.k make ptxas serialize every wgmma (C7515).
+    uint32_t frag[2][kDimBlocks][4];
+#pragma unroll
+    for (int ks = 0; ks < kPvSteps; ++ks) {
+#pragma unroll
+      for (int j = 0; j < kDimBlocks / 2; ++j)
+        v_fragments(kv_addr, ks, j, warp, lane, frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
+      wgmma::fence();
+      const uint64_t bp = wgmma::descriptor(p_addr + ks * 2 * kBChunkStride, kBChunkStride, 128);
+#pragma unroll
+      for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::mma_m64n16k16_f16_rs(o[blk], frag[ks & 1][blk], bp);
+      wgmma::commit();
+      if (ks == kPvSteps - 1) wgmma::wait<0>();
+      else if (ks > 0) wgmma::wait<1>();
+    }
+  }
+  wgmma::wait<0>();
+#pragma unroll
+  for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+
+  // Row sums: over the 8 lanes of a column, then over the warps.
+  float d[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    d[r] = st[r].d;
+    d[r] += __shfl_xor_sync(0xffffffffu, d[r], 4);
+    d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
+    d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
+  }
+  __syncthreads();  // red is free (every warp has read the last tile's maxima)
+  if (g == 0)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) sm.red[warp][slot_col(r, c)] = d[r];
+  __syncthreads();
+
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int n = slot_col(r, c), m = m_base + n;
+    if (m >= rows_total) continue;
+    SoftmaxState f;
+    f.m = st[r].m;
+    f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
+    const float scale = f.inv_sum() * p.v_scale;  // empty rows: o = 0, lse = -inf
+    const int64_t s_idx = int64_t(b) * p.qlen + m / p.heads;
+    const int h = m % p.heads;
+    const int64_t base = int64_t(split) * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
+    const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
+#pragma unroll
+    for (int blk = 0; blk < kDimBlocks; ++blk) {
+      const int64_t off = base + 64 * blk + 16 * warp + 2 * g;
+      const float x0 = o[blk][i0] * scale, x1 = o[blk][i0 + 2] * scale;
+      if (p.o_bf16) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = ptx::pack_bf16x2(x0, x1);
+      else *reinterpret_cast<float2*>(static_cast<float*>(p.o) + off) = make_float2(x0, x1);
+    }
+    if (warp == 0 && g == 0) p.lse[int64_t(split) * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
+  }
+}
+
+template <int kStages>
+void set_smem_limit() {
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(sizeof(WgSmem<kStages>))));
+}
+
+}  // namespace
+
+bool attend_wgmma_applies(const AttendParams& p) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("MLA_ATTEND_KERNEL");
+    return !(env && std::string_view(env) == "mma");
+  }();
+  // o rows are written as pairs of dims (8-byte f32 / 4-byte bf16 stores).
+  const int64_t elem = p.o_bf16 ? 2 : 4;
+  const bool o_aligned = (reinterpret_cast<uintptr_t>(p.o) % (2 * elem)) == 0 && p.o_split_stride % 2 == 0 &&
+                         p.o_s_stride % 2 == 0 && p.o_h_stride % 2 == 0;
+  return enabled && p.q_fp8 && p.cache_fp8 && !p.exact_p && o_aligned;
+}
+
+void prepare_attend_wgmma_kernels() {
+  set_smem_limit<2>();
+}
+
+void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
+  const int m_tiles = (p.heads * p.qlen + kN - 1) / kN;
+  const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
+  attend_wgmma_kernel<2><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
+  MLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mla::cuda
