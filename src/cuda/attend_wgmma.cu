@@ -9,8 +9,9 @@
 //         V^T from registers (the fp8 rows widened with ldmatrix.trans + prmt + cvt), P^T from smem
 // q.k reads the fp8 cache rows as they are (no widening): the tile sits in shared memory as
 // K-major core matrices (8 keys x 16 bytes, wgmma::kmajor_offset), which the V^T fragments read
-// conflict-free too. Hopper's fp8 MMA accumulates in fewer bits than f32 (tests/gpu/test_wgmma.cpp),
-// so q.k sums 3 groups of 6 k32 steps in f32 registers.
+// conflict-free too. Hopper's fp8 MMA accumulates in fewer bits than f32 (tests/gpu/test_wgmma.cpp):
+// each k32 step of q.k gets its own accumulator and the 18 are summed in f32 registers (two waves
+// of 9), which keeps the scores near f32 accuracy (SPEC.md: LSE within 1e-3).
 //
 // One CTA = one warpgroup (128 threads) per (request, split, 16 query rows), 2 CTAs an SM; keys
 // stream in tiles of 64 through kStages cp.async buffers as in attend.cu (attend_keys.cuh).
@@ -36,12 +37,11 @@ constexpr int kN = 16;           // query rows a CTA: wgmma N
 constexpr int kThreads = 128;    // one warpgroup
 constexpr int kChunks = kRow / 16;  // 36 chunks of 16 bytes a key row
 constexpr int kTileBytes = kChunks * wgmma::kChunkStride;
-constexpr int kQkSteps = kRow / 32;  // 18 k32 steps
-constexpr int kQkStepsPerGroup = 6;  // partials summed in f32 (fp8 MMA accumulator precision)
-constexpr int kQkGroups = kQkSteps / kQkStepsPerGroup;
+constexpr int kQkSteps = kRow / 32;  // 18 k32 steps, each into its own accumulator
+constexpr int kQkWave = 9;           // accumulators in flight at once (registers)
 constexpr int kDimBlocks = kLatent / 64;  // p.v: 8 wgmma M blocks of 64 latent dims
 constexpr int kPvSteps = kTileKeys / 16;  // p.v: 4 k16 steps a tile
-static_assert(kTileKeys == wgmma::kTileRows && kQkSteps % kQkStepsPerGroup == 0);
+static_assert(kTileKeys == wgmma::kTileRows && kQkSteps % kQkWave == 0);
 
 // B operands (16 rows) in K-major core matrices of 8 rows x 16 bytes: chunk k of row n.
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes: the descriptors' leading byte offset
@@ -156,6 +156,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
   };
 
   for (int t = 0; t < kStages && t < n_tiles; ++t) publish(keys.page_of(p, t, tid), t);
+  // The page ids of tile t+kStages are loaded during tile t-1 and published in tile t: a whole tile
+  // hides the dependent DRAM load (q.k alone is too short for it).
+  KeyRow ahead = kStages < n_tiles ? keys.page_of(p, kStages, tid) : KeyRow{};
   wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
   __syncthreads();             // the query tile and the first tiles' rows
   for (int t = 0; t < kStages - 1; ++t) {
@@ -163,7 +166,10 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
     else ptx::cp_async_commit();
   }
 
-  SoftmaxState st[4];  // the thread's 4 rows; d holds its share of the sum
+  // Online softmax of the thread's 4 rows in log2 units: running max (all threads agree) and this
+  // thread's share of the sum.
+  float m_run[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, d_run[4] = {};
+  const float scale_log2 = p.score_scale * 1.4426950408889634f;
   float o[kDimBlocks][8];
 #pragma unroll
   for (int blk = 0; blk < kDimBlocks; ++blk)
@@ -181,39 +187,48 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
     const int next = t + kStages - 1;
     if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
     else ptx::cp_async_commit();
-    const KeyRow ahead = t + kStages < n_tiles ? keys.page_of(p, t + kStages, tid) : KeyRow{};
 
-    // q.k: 3 groups of 6 k32 steps, summed in f32.
+    // q.k: each k32 step into its own accumulator (scale-d = 0), summed in f32; two waves of 9.
     const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
-    float sg[kQkGroups][8];
+    float x[8] = {};
 #pragma unroll
-    for (int grp = 0; grp < kQkGroups; ++grp) {
+    for (int wave = 0; wave < kQkSteps / kQkWave; ++wave) {
+      float sg[kQkWave][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sg[grp][i] = 0.0f;
-      wgmma::fence_operand(sg[grp]);
+      for (int k = 0; k < kQkWave; ++k) {  // defined before the fence, else ptxas serializes (C7515)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sg[k][i] = 0.0f;
+        wgmma::fence_operand(sg[k]);
+      }
+      wgmma::fence();
+#pragma unroll
+      for (int k = 0; k < kQkWave; ++k) {
+        const int step = wave * kQkWave + k;
+        const uint64_t a = wgmma::descriptor(kv_addr + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
+        const uint64_t bq = wgmma::descriptor(q_addr + step * 2 * kBChunkStride, kBChunkStride, 128);
+        wgmma::mma_m64n16k32_e4m3(sg[k], a, bq, false);
+      }
+      wgmma::commit();
+      if (wave == 0 && t + kStages < n_tiles) {
+        publish(ahead, (t + kStages) % kSlots);
+        ahead = t + kStages + 1 < n_tiles ? keys.page_of(p, t + kStages + 1, tid) : KeyRow{};
+      }
+      wgmma::wait<0>();
+#pragma unroll
+      for (int k = 0; k < kQkWave; ++k) {
+        wgmma::fence_operand(sg[k]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] += sg[k][i];
+      }
     }
-    wgmma::fence();
-#pragma unroll
-    for (int step = 0; step < kQkSteps; ++step) {
-      const uint64_t a = wgmma::descriptor(kv_addr + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
-      const uint64_t bq = wgmma::descriptor(q_addr + step * 2 * kBChunkStride, kBChunkStride, 128);
-      wgmma::mma_m64n16k32_e4m3(sg[step / kQkStepsPerGroup], a, bq, step % kQkStepsPerGroup != 0);
-    }
-    wgmma::commit();
-    if (t + kStages < n_tiles) publish(ahead, (t + kStages) % kSlots);
-    wgmma::wait<0>();
-#pragma unroll
-    for (int grp = 0; grp < kQkGroups; ++grp) wgmma::fence_operand(sg[grp]);
 
-    // Scores: scaled, masked (chunk, causal, bad page), row maxima over the tile's 64 keys.
+    // Scores in log2 units (scaled by log2 e: exp2 is one MUFU), masked (chunk, causal, bad page),
+    // row maxima over the tile's 64 keys.
     float s[8], mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      float x = sg[0][i];
-#pragma unroll
-      for (int grp = 1; grp < kQkGroups; ++grp) x += sg[grp][i];
       const int32_t pos = sm.pos[slot][16 * warp + g + 8 * acc_half(i)];
-      s[i] = pos <= limit[row_slot(i)] ? x * p.score_scale : -INFINITY;
+      s[i] = pos <= limit[row_slot(i)] ? x[i] * scale_log2 : -INFINITY;
       mx[row_slot(i)] = fmaxf(mx[row_slot(i)], s[i]);
     }
 #pragma unroll
@@ -224,18 +239,25 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
       if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
     }
     __syncthreads();  // every warp's row maxima
-    float alpha[4];
+    // Every thread moves its rows to the same maxima, so the per-thread sums add up at the end.
+    // Branch-free -inf handling (the rules of core/softmax_state.hpp): a row that has seen nothing
+    // keeps m = -inf and gets weights 0 (exp2(-inf - 0)); its first visible tile gets alpha =
+    // exp2(-inf) = 0 for the (zero) past.
+    float alpha[4], m_use[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int n = slot_col(r, c);
-      const float tile_max = fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n]));
-      alpha[r] = st[r].rescale(tile_max);  // every thread moves its rows to the same maxima
+      const float m_new = fmaxf(m_run[r], fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n])));
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = exp2f(m_run[r] - m_use[r]);
+      m_run[r] = m_new;
+      d_run[r] *= alpha[r];
     }
     uint8_t* pb = reinterpret_cast<uint8_t*>(sm.p);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float w = st[row_slot(i)].weight(s[i]);
-      st[row_slot(i)].add(w);
+      const float w = exp2f(s[i] - m_use[row_slot(i)]);
+      d_run[row_slot(i)] += w;
       const int key = 16 * warp + g + 8 * acc_half(i);
       *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
     }
@@ -274,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
   float d[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    d[r] = st[r].d;
+    d[r] = d_run[r];
     d[r] += __shfl_xor_sync(0xffffffffu, d[r], 4);
     d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
     d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
@@ -289,10 +311,11 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
   for (int r = 0; r < 4; ++r) {
     const int n = slot_col(r, c), m = m_base + n;
     if (m >= rows_total) continue;
+    // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
     SoftmaxState f;
-    f.m = st[r].m;
     f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
-    const float scale = f.inv_sum() * p.v_scale;  // empty rows: o = 0, lse = -inf
+    f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
+    const float scale = f.inv_sum() * p.v_scale;
     const int64_t s_idx = int64_t(b) * p.qlen + m / p.heads;
     const int h = m % p.heads;
     const int64_t base = int64_t(split) * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
