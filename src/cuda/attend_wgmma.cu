@@ -103,12 +103,13 @@ __device__ __forceinline__ void load_query(WgSmem<kStages>& sm, const AttendPara
 // lane (g, c) the dims (2g, 2g+1) of keys 2c and 2c+1; a byte permute splits them into dim 2g
 // (fragment row g) and dim 2g+1 (row g+8). So A row r of the warp is dim 2r (r < 8) or
 // 2(r - 8) + 1 of its 16: accumulator M row g + 8 h holds dim 64 blk + 16 warp + 2g + h.
-__device__ __forceinline__ void v_fragments(uint32_t tile, int ks, int j, int warp, int lane, uint32_t (&a0)[4],
-                                            uint32_t (&a1)[4]) {
+// (v_load issues the ldmatrix early, v_convert makes the fragments when they are needed.)
+__device__ __forceinline__ void v_load(uint32_t tile, int ks, int j, int warp, int lane, uint32_t (&r)[4]) {
   const int key = 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8;
   const int chunk = 4 * (2 * j + (lane >> 4)) + warp;
-  uint32_t r[4];
   ptx::ldmatrix_x4_trans(r, tile + wgmma::kmajor_offset(key, chunk));
+}
+__device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)[4], uint32_t (&a1)[4]) {
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[0], 0, 0x3120), a0[0], a0[1]);  // keys 2c, 2c+1
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[1], 0, 0x3120), a0[2], a0[3]);  // keys 2c+8, 2c+9
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[2], 0, 0x3120), a1[0], a1[1]);
@@ -141,16 +142,21 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
   auto publish = [&](const KeyRow& k, int slot) {
     if (tid < kTileKeys) keys.publish(p, k, sm.rows[slot][tid], sm.pos[slot][tid]);
   };
-  // Two threads a key row, each 18 chunks of 16 bytes (a warp: 16 rows x 32 bytes an instruction).
+  // Warp w copies keys 16w .. 16w+15, 8 rows x 4 chunks an instruction: 64 contiguous bytes of 8
+  // rows from global memory (8 lines; 16 rows x 32 bytes spent twice the L1/L2 requests and stalled
+  // on the LSU queue, ncu session 3) into four 128-byte core matrices (no bank conflict).
   auto issue_tile = [&](int slot, int buf) {
-    const int key = tid / 2, half = tid % 2;
-    const uint8_t* row = sm.rows[slot][key];
     const uint32_t dst = ptx::smem_addr(&sm.kv[buf][0]);
-    const uint8_t* src = row ? row : static_cast<const uint8_t*>(p.cache);
 #pragma unroll
-    for (int i = 0; i < kChunks / 2; ++i) {
-      const int chunk = 2 * i + half;
-      ptx::cp_async_16(dst + wgmma::kmajor_offset(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr);
+    for (int h = 0; h < 2; ++h) {
+      const int key = 16 * warp + 8 * h + lane % 8;
+      const uint8_t* row = sm.rows[slot][key];
+      const uint8_t* src = row ? row : static_cast<const uint8_t*>(p.cache);
+#pragma unroll
+      for (int j = 0; j < kChunks / 4; ++j) {
+        const int chunk = 4 * j + lane / 8;
+        ptx::cp_async_16(dst + wgmma::kmajor_offset(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr);
+      }
     }
     ptx::cp_async_commit();
   };
@@ -222,6 +228,11 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
       }
     }
 
+    // The first k16 step of V^T, loaded now: its shared-memory latency hides behind the softmax.
+    uint32_t vraw[kDimBlocks / 2][4];
+#pragma unroll
+    for (int j = 0; j < kDimBlocks / 2; ++j) v_load(kv_addr, 0, j, warp, lane, vraw[j]);
+
     // Scores in log2 units (scaled by log2 e: exp2 is one MUFU), masked (chunk, causal, bad page),
     // row maxima over the tile's 64 keys.
     float s[8], mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -277,8 +288,10 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
 #pragma unroll
     for (int ks = 0; ks < kPvSteps; ++ks) {
 #pragma unroll
-      for (int j = 0; j < kDimBlocks / 2; ++j)
-        v_fragments(kv_addr, ks, j, warp, lane, frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
+      for (int j = 0; j < kDimBlocks / 2; ++j) {
+        v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
+        if (ks + 1 < kPvSteps) v_load(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
+      }
       wgmma::fence();
       const uint64_t bp = wgmma::descriptor(p_addr + ks * 2 * kBChunkStride, kBChunkStride, 128);
 #pragma unroll
