@@ -298,19 +298,11 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  // The query tiles of one (request, split) are adjacent in the grid, so the CTAs that read the
-  // same keys run together and all but the first find them in L2.
-  const int rows_total = p.heads * p.qlen;
-  const int m_tiles = (rows_total + kMTile - 1) / kMTile;
-  const int m_tile = blockIdx.x % m_tiles, work = blockIdx.x / m_tiles;
-  const int b = work / p.splits, split = work % p.splits;
-  const int m_base = m_tile * kMTile;
-  const bool reporter = tid == 0 && split == 0 && m_tile == 0;  // reports request-level errors once
-
+  const CtaWork cta(p, kMTile, tid);
+  const int rows_total = cta.rows_total, b = cta.b, split = cta.split, m_base = cta.m_base;
   // The request's local keys, this split's chunk of them, and the causal limits of this thread's
   // two rows; the tile's last visible position bounds the keys loaded at all.
-  const int last_row = min(rows_total, m_base + kMTile) - 1;
-  const KeyStream keys(p, b, split, last_row, reporter);
+  const KeyStream keys(p, b, split, cta.last_row(kMTile), cta.reporter);
   const int m0 = m_base + g, m1 = m_base + g + 8;
   const int32_t limit0 = keys.limit(p, m0, rows_total), limit1 = keys.limit(p, m1, rows_total);
 

@@ -20,6 +20,26 @@ __device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, in
   return (int64_t(b) * p.qlen + m / p.heads) * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
 }
 
+// What a CTA serves: request b, split `split` and query rows m_base .. m_base + rows_per_cta - 1
+// (rows m = i*G + h: query i, head h). The row tiles of one (request, split) are adjacent in the
+// grid, so the CTAs that read the same keys run together and all but the first find them in L2.
+struct CtaWork {
+  int rows_total, m_tile, b, split, m_base;
+  bool reporter;  // one thread of the request reports request-level errors, once
+
+  __device__ CtaWork(const AttendParams& p, int rows_per_cta, int tid) {
+    rows_total = p.heads * p.qlen;
+    const int m_tiles = (rows_total + rows_per_cta - 1) / rows_per_cta;
+    m_tile = blockIdx.x % m_tiles;
+    const int work = blockIdx.x / m_tiles;
+    b = work / p.splits;
+    split = work % p.splits;
+    m_base = m_tile * rows_per_cta;
+    reporter = tid == 0 && split == 0 && m_tile == 0;
+  }
+  __device__ int last_row(int rows_per_cta) const { return min(rows_total, m_base + rows_per_cta) - 1; }
+};
+
 // A key of a tile as page_of found it: local index, page id as loaded, global position.
 struct KeyRow {
   int32_t j = -1;     // local key index, -1: none

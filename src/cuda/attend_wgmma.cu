@@ -124,14 +124,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  const int rows_total = p.heads * p.qlen;
-  const int m_tiles = (rows_total + kN - 1) / kN;
-  const int m_tile = blockIdx.x % m_tiles, work = blockIdx.x / m_tiles;
-  const int b = work / p.splits, split = work % p.splits;
-  const int m_base = m_tile * kN;
-  const bool reporter = tid == 0 && split == 0 && m_tile == 0;
-
-  const KeyStream keys(p, b, split, min(rows_total, m_base + kN) - 1, reporter);
+  const CtaWork cta(p, kN, tid);
+  const int rows_total = cta.rows_total, b = cta.b, split = cta.split, m_base = cta.m_base;
+  const KeyStream keys(p, b, split, cta.last_row(kN), cta.reporter);
   int32_t limit[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
