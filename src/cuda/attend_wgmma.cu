@@ -37,11 +37,11 @@ constexpr int kN = 16;           // query rows a CTA: wgmma N
 constexpr int kThreads = 128;    // one warpgroup
 constexpr int kChunks = kRow / 16;  // 36 chunks of 16 bytes a key row
 constexpr int kTileBytes = kChunks * wgmma::kChunkStride;
-constexpr int kQkSteps = kRow / 32;  // 18 k32 steps, each into its own accumulator
-constexpr int kQkWave = 9;           // accumulators in flight at once (registers)
+constexpr int kQkSteps = kRow / 32;  // 18 k32 steps
+constexpr int kQkWave = 9;           // q.k accumulators in flight at once (registers)
 constexpr int kDimBlocks = kLatent / 64;  // p.v: 8 wgmma M blocks of 64 latent dims
 constexpr int kPvSteps = kTileKeys / 16;  // p.v: 4 k16 steps a tile
-static_assert(kTileKeys == wgmma::kTileRows && kQkSteps % kQkWave == 0);
+static_assert(kTileKeys == wgmma::kTileRows);
 
 // B operands (16 rows) in K-major core matrices of 8 rows x 16 bytes: chunk k of row n.
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes: the descriptors' leading byte offset
@@ -116,8 +116,12 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[3], 0, 0x3120), a1[2], a1[3]);
 }
 
-template <int kStages>
+// kGroupSteps: k32 steps a q.k accumulator takes before the f32 sum (1: the most accurate, two waves
+// of 9 accumulators; 2: one wave, 1.6e-4 vs 1.1e-4 rel L2 in tests/gpu/test_wgmma.cpp).
+template <int kStages, int kGroupSteps>
 __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_kernel(const __grid_constant__ AttendParams p) {
+  constexpr int kAccs = kQkSteps / kGroupSteps, kWave = kAccs < kQkWave ? kAccs : kQkWave;
+  static_assert(kQkSteps % kGroupSteps == 0 && kAccs % kWave == 0);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<WgSmem<kStages>*>(smem_raw);
   constexpr int kSlots = kStages + 1;
@@ -189,26 +193,28 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
     if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
     else ptx::cp_async_commit();
 
-    // q.k: each k32 step into its own accumulator (scale-d = 0), summed in f32; two waves of 9.
+    // q.k: kGroupSteps k32 steps an accumulator (the first with scale-d = 0), summed in f32.
     const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
     float x[8] = {};
 #pragma unroll
-    for (int wave = 0; wave < kQkSteps / kQkWave; ++wave) {
-      float sg[kQkWave][8];
+    for (int wave = 0; wave < kAccs / kWave; ++wave) {
+      float sg[kWave][8];
 #pragma unroll
-      for (int k = 0; k < kQkWave; ++k) {  // defined before the fence, else ptxas serializes (C7515)
+      for (int k = 0; k < kWave; ++k) {  // defined before the fence, else ptxas serializes (C7515)
 #pragma unroll
         for (int i = 0; i < 8; ++i) sg[k][i] = 0.0f;
         wgmma::fence_operand(sg[k]);
       }
       wgmma::fence();
 #pragma unroll
-      for (int k = 0; k < kQkWave; ++k) {
-        const int step = wave * kQkWave + k;
-        const uint64_t a = wgmma::descriptor(kv_addr + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
-        const uint64_t bq = wgmma::descriptor(q_addr + step * 2 * kBChunkStride, kBChunkStride, 128);
-        wgmma::mma_m64n16k32_e4m3(sg[k], a, bq, false);
-      }
+      for (int k = 0; k < kWave; ++k)
+#pragma unroll
+        for (int u = 0; u < kGroupSteps; ++u) {
+          const int step = (wave * kWave + k) * kGroupSteps + u;
+          const uint64_t a = wgmma::descriptor(kv_addr + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
+          const uint64_t bq = wgmma::descriptor(q_addr + step * 2 * kBChunkStride, kBChunkStride, 128);
+          wgmma::mma_m64n16k32_e4m3(sg[k], a, bq, u > 0);
+        }
       wgmma::commit();
       if (wave == 0 && t + kStages < n_tiles) {
         publish(ahead, (t + kStages) % kSlots);
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
       }
       wgmma::wait<0>();
 #pragma unroll
-      for (int k = 0; k < kQkWave; ++k) {
+      for (int k = 0; k < kWave; ++k) {
         wgmma::fence_operand(sg[k]);
 #pragma unroll
         for (int i = 0; i < 8; ++i) x[i] += sg[k][i];
@@ -339,10 +345,19 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
   }
 }
 
-template <int kStages>
+template <int kStages, int kGroupSteps>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(sizeof(WgSmem<kStages>))));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(WgSmem<kStages>))));
+}
+
+// MLA_ATTEND_QK_GROUP=2: q.k accumulators of 2 k32 steps (one wave), for measurement.
+int qk_group_steps() {
+  static const int steps = [] {
+    const char* env = std::getenv("MLA_ATTEND_QK_GROUP");
+    return env && std::atoi(env) == 2 ? 2 : 1;
+  }();
+  return steps;
 }
 
 }  // namespace
@@ -360,13 +375,15 @@ bool attend_wgmma_applies(const AttendParams& p) {
 }
 
 void prepare_attend_wgmma_kernels() {
-  set_smem_limit<2>();
+  set_smem_limit<2, 1>();
+  set_smem_limit<2, 2>();
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   const int m_tiles = (p.heads * p.qlen + kN - 1) / kN;
   const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
-  attend_wgmma_kernel<2><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
+  if (qk_group_steps() == 2) attend_wgmma_kernel<2, 2><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
+  else attend_wgmma_kernel<2, 1><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
   MLA_CUDA_CHECK_LAUNCH();
 }
 
