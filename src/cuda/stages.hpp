@@ -130,8 +130,8 @@ struct AttendParams {
 };
 void launch_attend(const AttendParams& p, cudaStream_t stream);
 // The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: fp8 query
-// and cache, P rounded once (not exact_p), o rows 8-byte aligned; MLA_ATTEND_KERNEL=mma forces the
-// mma.sync kernel (attend.cu) for comparison.
+// and cache, P rounded once (not exact_p), o rows 8-byte aligned, and MLA_ATTEND_KERNEL=wgmma (it
+// is opt-in while the mma.sync kernel of attend.cu is faster).
 bool attend_wgmma_applies(const AttendParams& p);
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 void prepare_attend_wgmma_kernels();
