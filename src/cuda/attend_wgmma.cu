@@ -1,4 +1,4 @@
-// attend on Hopper's wgmma (issue 5, v9): fp8 query x fp8 cache, two warpgroups a CTA.
+// attend on Hopper's wgmma (issue 5, v8): fp8 query x fp8 cache, one warpgroup a CTA.
 //
 // The mma.sync kernel (attend.cu) spends its time widening keys to f16 for q.k and in lock-step
 // phases of 8 warps (docs/attention.md, v1-v7). Here the products run as asynchronous warpgroup
@@ -10,15 +10,13 @@
 // q.k reads the fp8 cache rows as they are (no widening): the tile sits in shared memory as
 // K-major core matrices (8 keys x 16 bytes, wgmma::kmajor_offset), which the V^T fragments read
 // conflict-free too. Hopper's fp8 MMA accumulates in fewer bits than f32 (tests/gpu/test_wgmma.cpp):
-// q.k sums accumulators of kGroupSteps k32 steps in f32 registers (SPEC.md: LSE within 1e-3).
+// each k32 step of q.k gets its own accumulator and the 18 are summed in f32 registers (two waves
+// of 9), which keeps the scores near f32 accuracy (SPEC.md: LSE within 1e-3).
 //
-// One CTA = two warpgroups (256 threads) per (request, split, 16 query rows), 2 CTAs an SM (v8
-// had one warpgroup: 8 warps an SM could not hide the per-tile latencies, ncu v8b). Warpgroup w
-// takes half of each product: q.k over K steps 9w .. 9w+8 (the partial scores are exchanged
-// through shared memory and both warpgroups run the same softmax on the same sums), p.v over
-// latent dims 256w .. 256w+255. Keys stream in tiles of 64 through kStages cp.async buffers as in
-// attend.cu (attend_keys.cuh). P is rounded once to f16 (o ~3e-4): this kernel serves the step and
-// a bf16 o, never an f32 o held to 1e-4 (attend.cu's exact_p path).
+// One CTA = one warpgroup (128 threads) per (request, split, 16 query rows), 2 CTAs an SM; keys
+// stream in tiles of 64 through kStages cp.async buffers as in attend.cu (attend_keys.cuh).
+// P is rounded once to f16 (o ~3e-4): this kernel serves the step and a bf16 o, never an f32 o
+// held to 1e-4 (attend.cu's exact_p path).
 #include <cuda_fp16.h>
 
 #include <cstdlib>
@@ -35,14 +33,14 @@
 namespace mla::cuda {
 namespace {
 
-constexpr int kN = 16;              // query rows a CTA: wgmma N
-constexpr int kGroups = 2;          // warpgroups a CTA
-constexpr int kThreads = 128 * kGroups;
+constexpr int kN = 16;           // query rows a CTA: wgmma N
+constexpr int kThreads = 128;    // one warpgroup
 constexpr int kChunks = kRow / 16;  // 36 chunks of 16 bytes a key row
 constexpr int kTileBytes = kChunks * wgmma::kChunkStride;
-constexpr int kQkSteps = kRow / 32 / kGroups;        // 9 k32 steps a warpgroup
-constexpr int kDimBlocks = kLatent / 64 / kGroups;   // p.v: 4 wgmma M blocks of 64 dims a warpgroup
-constexpr int kPvSteps = kTileKeys / 16;             // p.v: 4 k16 steps a tile
+constexpr int kQkSteps = kRow / 32;  // 18 k32 steps
+constexpr int kQkWave = 9;           // q.k accumulators in flight at once (registers)
+constexpr int kDimBlocks = kLatent / 64;  // p.v: 8 wgmma M blocks of 64 latent dims
+constexpr int kPvSteps = kTileKeys / 16;  // p.v: 4 k16 steps a tile
 static_assert(kTileKeys == wgmma::kTileRows);
 
 // B operands (16 rows) in K-major core matrices of 8 rows x 16 bytes: chunk k of row n.
@@ -54,14 +52,13 @@ struct WgSmem {
   alignas(1024) uint8_t kv[kStages][kTileBytes];  // key tiles, wgmma::kmajor_offset(key, chunk)
   alignas(128) uint8_t q[kN * kRow];               // e4m3 query rows, b_offset(n, chunk)
   alignas(128) uint16_t p[kN * kTileKeys];         // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
-  float4 part[kGroups][2][128];                    // each warpgroup's partial scores (8 a thread)
   const uint8_t* rows[kStages + 1][kTileKeys];     // tiles t .. t+kStages: row address (null: masked)
   int32_t pos[kStages + 1][kTileKeys];             // global position (INT_MAX: masked)
-  float red[kGroups][4][kN];                       // per-warp row maxima, then row sums
+  float red[4][kN];                                // per-warp row maxima, then row sums
 };
 
 // This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
-// N column col(i, c) (warp: the warp's index in its warpgroup).
+// N column col(i, c).
 __device__ __forceinline__ int acc_half(int i) { return (i >> 1) & 1; }
 __device__ __forceinline__ int acc_col(int i, int c) { return 8 * (i >> 2) + 2 * c + (i & 1); }
 // The thread's 4 query rows are acc_col(i) for i = 0, 1, 4, 5; row slot r of element i:
@@ -101,15 +98,15 @@ __device__ __forceinline__ void load_query(WgSmem<kStages>& sm, const AttendPara
   }
 }
 
-// One k16 step of V^T for this warp, dim blocks blk and blk+1 (64 dims each): the 16 dims
-// 64 blk + 16 warp .. +15 x keys 16 ks .. +15 as wgmma A fragments. ldmatrix.trans on fp8 rows
-// viewed as b16 gives lane (g, c) the dims (2g, 2g+1) of keys 2c and 2c+1; a byte permute splits
-// them into dim 2g (fragment row g) and dim 2g+1 (row g+8). So A row r of the warp is dim 2r
-// (r < 8) or 2(r - 8) + 1 of its 16: accumulator M row g + 8 h holds dim 64 blk + 16 warp + 2g + h.
+// One k16 step of V^T for this warp: for dim blocks 2j and 2j+1, the 16 dims 64 blk + 16 warp ..
+// +15 x keys 16 ks .. +15 as wgmma A fragments. ldmatrix.trans on fp8 rows viewed as b16 gives
+// lane (g, c) the dims (2g, 2g+1) of keys 2c and 2c+1; a byte permute splits them into dim 2g
+// (fragment row g) and dim 2g+1 (row g+8). So A row r of the warp is dim 2r (r < 8) or
+// 2(r - 8) + 1 of its 16: accumulator M row g + 8 h holds dim 64 blk + 16 warp + 2g + h.
 // (v_load issues the ldmatrix early, v_convert makes the fragments when they are needed.)
-__device__ __forceinline__ void v_load(uint32_t tile, int ks, int blk, int warp, int lane, uint32_t (&r)[4]) {
+__device__ __forceinline__ void v_load(uint32_t tile, int ks, int j, int warp, int lane, uint32_t (&r)[4]) {
   const int key = 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8;
-  const int chunk = 4 * (blk + (lane >> 4)) + warp;
+  const int chunk = 4 * (2 * j + (lane >> 4)) + warp;
   ptx::ldmatrix_x4_trans(r, tile + wgmma::kmajor_offset(key, chunk));
 }
 __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)[4], uint32_t (&a1)[4]) {
@@ -119,17 +116,17 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[3], 0, 0x3120), a1[2], a1[3]);
 }
 
-// kGroupSteps: k32 steps a q.k accumulator takes before the f32 sum (tests/gpu/test_wgmma.cpp:
-// 2 steps 1.6e-4 rel L2, 3 steps 1.9e-4; 2 kept the LSE within SPEC's 1e-3 in every GPU test at
-// v8c; 1 step (1.1e-4) needs 9 accumulators, more registers than 2 CTAs of 256 threads have).
+// kGroupSteps: k32 steps a q.k accumulator takes before the f32 sum (1: the most accurate, two waves
+// of 9 accumulators; 2: one wave, 1.6e-4 vs 1.1e-4 rel L2 in tests/gpu/test_wgmma.cpp).
 template <int kStages, int kGroupSteps>
 __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_kernel(const __grid_constant__ AttendParams p) {
-  constexpr int kAccs = (kQkSteps + kGroupSteps - 1) / kGroupSteps;
+  constexpr int kAccs = kQkSteps / kGroupSteps, kWave = kAccs < kQkWave ? kAccs : kQkWave;
+  static_assert(kQkSteps % kGroupSteps == 0 && kAccs % kWave == 0);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<WgSmem<kStages>*>(smem_raw);
   constexpr int kSlots = kStages + 1;
 
-  const int tid = threadIdx.x, wg = tid / 128, wtid = tid % 128, warp = wtid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kN, tid);
   const int rows_total = cta.rows_total, b = cta.b, split = cta.split, m_base = cta.m_base;
@@ -144,17 +141,21 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
   auto publish = [&](const KeyRow& k, int slot) {
     if (tid < kTileKeys) keys.publish(p, k, sm.rows[slot][tid], sm.pos[slot][tid]);
   };
-  // Warp w (of 8) copies keys 8w .. 8w+7, 8 rows x 4 chunks an instruction: 64 contiguous bytes of
-  // 8 rows from global memory into four 128-byte core matrices (no bank conflict).
+  // Warp w copies keys 16w .. 16w+15, 8 rows x 4 chunks an instruction: 64 contiguous bytes of 8
+  // rows from global memory (8 lines; 16 rows x 32 bytes spent twice the L1/L2 requests and stalled
+  // on the LSU queue, ncu session 3) into four 128-byte core matrices (no bank conflict).
   auto issue_tile = [&](int slot, int buf) {
     const uint32_t dst = ptx::smem_addr(&sm.kv[buf][0]);
-    const int key = tid / 32 * 8 + lane % 8;
-    const uint8_t* row = sm.rows[slot][key];
-    const uint8_t* src = row ? row : static_cast<const uint8_t*>(p.cache);
 #pragma unroll
-    for (int j = 0; j < kChunks / 4; ++j) {
-      const int chunk = 4 * j + lane / 8;
-      ptx::cp_async_16(dst + wgmma::kmajor_offset(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr);
+    for (int h = 0; h < 2; ++h) {
+      const int key = 16 * warp + 8 * h + lane % 8;
+      const uint8_t* row = sm.rows[slot][key];
+      const uint8_t* src = row ? row : static_cast<const uint8_t*>(p.cache);
+#pragma unroll
+      for (int j = 0; j < kChunks / 4; ++j) {
+        const int chunk = 4 * j + lane / 8;
+        ptx::cp_async_16(dst + wgmma::kmajor_offset(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr);
+      }
     }
     ptx::cp_async_commit();
   };
@@ -170,17 +171,16 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
     else ptx::cp_async_commit();
   }
 
-  // Online softmax of the thread's 4 rows in log2 units: running max (every thread of both
-  // warpgroups agrees) and this thread's share of the sum.
+  // Online softmax of the thread's 4 rows in log2 units: running max (all threads agree) and this
+  // thread's share of the sum.
   float m_run[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, d_run[4] = {};
   const float scale_log2 = p.score_scale * 1.4426950408889634f;
-  float o[kDimBlocks][8];  // dims 256 wg + 64 blk + ...
+  float o[kDimBlocks][8];
 #pragma unroll
   for (int blk = 0; blk < kDimBlocks; ++blk)
 #pragma unroll
     for (int i = 0; i < 8; ++i) o[blk][i] = 0.0f;
   const uint32_t q_addr = ptx::smem_addr(sm.q), p_addr = ptx::smem_addr(sm.p);
-  const int blk0 = kDimBlocks * wg;  // this warpgroup's first dim block (of 8)
 
   for (int t = 0; t < n_tiles; ++t) {
     const int buf = t % kStages, slot = t % kSlots;
@@ -193,58 +193,46 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
     if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
     else ptx::cp_async_commit();
 
-    // q.k over this warpgroup's 9 k32 steps: accumulators of kGroupSteps steps (the first with
-    // scale-d = 0), summed in f32.
+    // q.k: kGroupSteps k32 steps an accumulator (the first with scale-d = 0), summed in f32.
     const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
-    float sg[kAccs][8];
+    float x[8] = {};
 #pragma unroll
-    for (int k = 0; k < kAccs; ++k) {  // defined before the fence, else ptxas serializes (C7515)
+    for (int wave = 0; wave < kAccs / kWave; ++wave) {
+      float sg[kWave][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sg[k][i] = 0.0f;
-      wgmma::fence_operand(sg[k]);
-    }
-    wgmma::fence();
+      for (int k = 0; k < kWave; ++k) {  // defined before the fence, else ptxas serializes (C7515)
 #pragma unroll
-    for (int k = 0; k < kAccs; ++k)
-#pragma unroll
-      for (int u = 0; u < kGroupSteps; ++u) {
-        const int step_in = k * kGroupSteps + u;
-        if (step_in >= kQkSteps) break;
-        const int step = kQkSteps * wg + step_in;
-        const uint64_t a = wgmma::descriptor(kv_addr + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
-        const uint64_t bq = wgmma::descriptor(q_addr + step * 2 * kBChunkStride, kBChunkStride, 128);
-        wgmma::mma_m64n16k32_e4m3(sg[k], a, bq, u > 0);
+        for (int i = 0; i < 8; ++i) sg[k][i] = 0.0f;
+        wgmma::fence_operand(sg[k]);
       }
-    wgmma::commit();
-    if (t + kStages < n_tiles) {
-      publish(ahead, (t + kStages) % kSlots);
-      ahead = t + kStages + 1 < n_tiles ? keys.page_of(p, t + kStages + 1, tid) : KeyRow{};
+      wgmma::fence();
+#pragma unroll
+      for (int k = 0; k < kWave; ++k)
+#pragma unroll
+        for (int u = 0; u < kGroupSteps; ++u) {
+          const int step = (wave * kWave + k) * kGroupSteps + u;
+          const uint64_t a = wgmma::descriptor(kv_addr + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
+          const uint64_t bq = wgmma::descriptor(q_addr + step * 2 * kBChunkStride, kBChunkStride, 128);
+          wgmma::mma_m64n16k32_e4m3(sg[k], a, bq, u > 0);
+        }
+      wgmma::commit();
+      if (wave == 0 && t + kStages < n_tiles) {
+        publish(ahead, (t + kStages) % kSlots);
+        ahead = t + kStages + 1 < n_tiles ? keys.page_of(p, t + kStages + 1, tid) : KeyRow{};
+      }
+      wgmma::wait<0>();
+#pragma unroll
+      for (int k = 0; k < kWave; ++k) {
+        wgmma::fence_operand(sg[k]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] += sg[k][i];
+      }
     }
+
     // The first k16 step of V^T, loaded now: its shared-memory latency hides behind the softmax.
     uint32_t vraw[kDimBlocks / 2][4];
 #pragma unroll
-    for (int j = 0; j < kDimBlocks / 2; ++j) v_load(kv_addr, 0, blk0 + 2 * j, warp, lane, vraw[j]);
-    wgmma::wait<0>();
-    float x[8];
-#pragma unroll
-    for (int k = 0; k < kAccs; ++k) wgmma::fence_operand(sg[k]);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[i] = sg[0][i];
-#pragma unroll
-      for (int k = 1; k < kAccs; ++k) x[i] += sg[k][i];
-    }
-    // Exchange the partial scores: both warpgroups add them in the same order (0 + 1), so both
-    // hold the same scores and run the same softmax.
-    sm.part[wg][0][wtid] = make_float4(x[0], x[1], x[2], x[3]);
-    sm.part[wg][1][wtid] = make_float4(x[4], x[5], x[6], x[7]);
-    __syncthreads();
-    {
-      const float4 o0 = sm.part[1 - wg][0][wtid], o1 = sm.part[1 - wg][1][wtid];
-      const float other[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = wg == 0 ? x[i] + other[i] : other[i] + x[i];
-    }
+    for (int j = 0; j < kDimBlocks / 2; ++j) v_load(kv_addr, 0, j, warp, lane, vraw[j]);
 
     // Scores in log2 units (scaled by log2 e: exp2 is one MUFU), masked (chunk, causal, bad page),
     // row maxima over the tile's 64 keys.
@@ -260,9 +248,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
-      if (g == 0) sm.red[wg][warp][slot_col(r, c)] = mx[r];
+      if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
     }
-    __syncthreads();  // every warp's row maxima (each warpgroup reads its own copy)
+    __syncthreads();  // every warp's row maxima
     // Every thread moves its rows to the same maxima, so the per-thread sums add up at the end.
     // Branch-free -inf handling (the rules of core/softmax_state.hpp): a row that has seen nothing
     // keeps m = -inf and gets weights 0 (exp2(-inf - 0)); its first visible tile gets alpha =
@@ -271,8 +259,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int n = slot_col(r, c);
-      const float m_new = fmaxf(m_run[r], fmaxf(fmaxf(sm.red[wg][0][n], sm.red[wg][1][n]),
-                                                fmaxf(sm.red[wg][2][n], sm.red[wg][3][n])));
+      const float m_new = fmaxf(m_run[r], fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n])));
       m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
       alpha[r] = exp2f(m_run[r] - m_use[r]);
       m_run[r] = m_new;
@@ -284,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
       const float w = exp2f(s[i] - m_use[row_slot(i)]);
       d_run[row_slot(i)] += w;
       const int key = 16 * warp + g + 8 * acc_half(i);
-      if (wg == 0) *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
+      *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
     }
 #pragma unroll
     for (int blk = 0; blk < kDimBlocks; ++blk) {
@@ -293,18 +280,18 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
       wgmma::fence_operand(o[blk]);  // the rescale stays before the MMAs (else they serialize)
     }
     wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
-    __syncthreads();             // the whole P tile; every warp has read red and part
+    __syncthreads();             // the whole P tile; every warp has read red
 
-    // p.v over this warpgroup's 4 dim blocks: per k16 step, fragments double-buffered across steps
-    // (an in-flight wgmma reads its A registers until wait). The last step drains: MMAs left in
-    // flight into the next tile's q.k make ptxas serialize every wgmma (C7515).
+    // p.v: per k16 step, 8 dim blocks; fragments double-buffered across steps (an in-flight
+    // wgmma reads its A registers until wait). The last step drains: MMAs left in flight into
+    // the next tile's q.k make ptxas serialize every wgmma (C7515).
     uint32_t frag[2][kDimBlocks][4];
 #pragma unroll
     for (int ks = 0; ks < kPvSteps; ++ks) {
 #pragma unroll
       for (int j = 0; j < kDimBlocks / 2; ++j) {
         v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
-        if (ks + 1 < kPvSteps) v_load(kv_addr, ks + 1, blk0 + 2 * j, warp, lane, vraw[j]);  // the next step's, early
+        if (ks + 1 < kPvSteps) v_load(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
       }
       wgmma::fence();
       const uint64_t bp = wgmma::descriptor(p_addr + ks * 2 * kBChunkStride, kBChunkStride, 128);
@@ -319,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
 #pragma unroll
   for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
 
-  // Row sums: over the 8 lanes of a column, then over the warps (each warpgroup its own copy).
+  // Row sums: over the 8 lanes of a column, then over the warps.
   float d[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
@@ -331,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
   __syncthreads();  // red is free (every warp has read the last tile's maxima)
   if (g == 0)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) sm.red[wg][warp][slot_col(r, c)] = d[r];
+    for (int r = 0; r < 4; ++r) sm.red[warp][slot_col(r, c)] = d[r];
   __syncthreads();
 
 #pragma unroll
@@ -340,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
     if (m >= rows_total) continue;
     // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
     SoftmaxState f;
-    f.d = (sm.red[wg][0][n] + sm.red[wg][1][n]) + (sm.red[wg][2][n] + sm.red[wg][3][n]);
+    f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
     f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
     const float scale = f.inv_sum() * p.v_scale;
     const int64_t s_idx = int64_t(b) * p.qlen + m / p.heads;
@@ -349,13 +336,12 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
     const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
     for (int blk = 0; blk < kDimBlocks; ++blk) {
-      const int64_t off = base + 64 * (blk0 + blk) + 16 * warp + 2 * g;
+      const int64_t off = base + 64 * blk + 16 * warp + 2 * g;
       const float x0 = o[blk][i0] * scale, x1 = o[blk][i0 + 2] * scale;
       if (p.o_bf16) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = ptx::pack_bf16x2(x0, x1);
       else *reinterpret_cast<float2*>(static_cast<float*>(p.o) + off) = make_float2(x0, x1);
     }
-    if (wg == 0 && warp == 0 && g == 0)
-      p.lse[int64_t(split) * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
+    if (warp == 0 && g == 0) p.lse[int64_t(split) * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
   }
 }
 
@@ -365,11 +351,11 @@ void set_smem_limit() {
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(WgSmem<kStages>))));
 }
 
-// MLA_ATTEND_QK_GROUP=3: q.k accumulators of 3 k32 steps, for measurement (default 2).
+// MLA_ATTEND_QK_GROUP=2: q.k accumulators of 2 k32 steps (one wave), for measurement.
 int qk_group_steps() {
   static const int steps = [] {
     const char* env = std::getenv("MLA_ATTEND_QK_GROUP");
-    return env && std::atoi(env) == 3 ? 3 : 2;
+    return env && std::atoi(env) == 2 ? 2 : 1;
   }();
   return steps;
 }
@@ -391,15 +377,15 @@ bool attend_wgmma_applies(const AttendParams& p) {
 }
 
 void prepare_attend_wgmma_kernels() {
+  set_smem_limit<2, 1>();
   set_smem_limit<2, 2>();
-  set_smem_limit<2, 3>();
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   const int m_tiles = (p.heads * p.qlen + kN - 1) / kN;
   const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
-  if (qk_group_steps() == 3) attend_wgmma_kernel<2, 3><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
-  else attend_wgmma_kernel<2, 2><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
+  if (qk_group_steps() == 2) attend_wgmma_kernel<2, 2><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
+  else attend_wgmma_kernel<2, 1><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
   MLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -82,14 +82,14 @@ TEST(Wgmma, QgmmaQkTileMatchesFloat64) {
     std::printf("QGMMA q.k, K = 576, partials of %2d k32 steps: rel L2 %.3g\n", group, worst);
     EXPECT_LT(worst, group == 18 ? 2e-3 : 1e-3) << group << " steps a group";
   }
-  // Measured on the H200 (session 3), rel L2 by k32 steps a group: 18: 4.7e-4, 6: 2.7e-4,
-  // 3: 1.9e-4, 2: 1.6e-4, 1: 1.1e-4. One k32 instruction alone already loses ~1e-4 (its 32
-  // products are aligned to the largest before they are added), so that is the floor. With 6
-  // steps a group attend's LSE missed SPEC.md's 1e-3 by 2e-4 on a random case; attend_wgmma.cu
-  // uses 2 (its GPU tests check the LSE against the CPU backend).
+  // attend_wgmma.cu gives every k32 step its own accumulator and sums them in f32. Measured on the
+  // H200 (session 3), rel L2 by steps a group: 18: 4.7e-4, 6: 2.7e-4, 3: 1.9e-4, 2: 1.6e-4,
+  // 1: 1.1e-4. One k32 instruction alone already loses ~1e-4 (its 32 products are aligned to the
+  // largest before they are added), so that is the floor; with 6 steps a group the kernel's LSE
+  // missed SPEC.md's 1e-3 by 2e-4 on a random case, with 1 step it passes (CudaBackend tests).
   double worst = 0.0;
-  for (uint32_t seed : {4u, 5u}) worst = std::max(worst, probe_error(2, seed));
-  EXPECT_LT(worst, 2.2e-4);
+  for (uint32_t seed : {4u, 5u}) worst = std::max(worst, probe_error(1, seed));
+  EXPECT_LT(worst, 1.5e-4);
 }
 
 }  // namespace
