@@ -10,6 +10,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <string_view>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -325,7 +326,8 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
     const uint32_t dst = ptx::smem_addr(&sm.kv[buf][r][q0 * 16]);
     const uint8_t* src = row ? row + q0 * 16 : cache;
 #pragma unroll
-    for (int q = 0; q < kChunks / 4; ++q) ptx::cp_async_16(dst + q * 64, src + (row ? q * 64 : 0), row != nullptr);
+    for (int q = 0; q < kChunks / 4; ++q)
+      ptx::cp_async_16(dst + q * 64, src + (row ? q * 64 : 0), row != nullptr, p.l1_copies);
     ptx::cp_async_commit();
   };
 
@@ -483,10 +485,21 @@ void prepare_attend_kernels() {
   set_smem_limit<Bf16Exact>();
 }
 
+// MLA_ATTEND_COPY=ca: the key tiles through L1 (cp.async.ca), for measurement: ncu showed every
+// cp.async.cg asking L2 for twice the ideal sectors (docs/attention.md, v8c).
+bool l1_copies() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ATTEND_COPY");
+    return env && std::string_view(env) == "ca";
+  }();
+  return on;
+}
+
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
-  if (attend_wgmma_applies(in)) return launch_attend_wgmma(in, stream);
   AttendParams p = in;
+  p.l1_copies = l1_copies();
+  if (attend_wgmma_applies(p)) return launch_attend_wgmma(p, stream);
   const int m_tiles = (p.heads * p.qlen + kMTile - 1) / kMTile;
   const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
   if (!p.cache_fp8) {

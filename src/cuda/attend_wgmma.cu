@@ -154,7 +154,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
 #pragma unroll
       for (int j = 0; j < kChunks / 4; ++j) {
         const int chunk = 4 * j + lane / 8;
-        ptx::cp_async_16(dst + wgmma::kmajor_offset(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr);
+        ptx::cp_async_16(dst + wgmma::kmajor_offset(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr,
+                         p.l1_copies);
       }
     }
     ptx::cp_async_commit();

@@ -127,6 +127,7 @@ struct AttendParams {
   float v_scale;      // cache fp8 ? k_scale : 1
   int dcp_size, dcp_rank, dcp_interleave;
   uint32_t* error;
+  bool l1_copies = false;  // set by launch_attend from MLA_ATTEND_COPY=ca (measurement)
 };
 void launch_attend(const AttendParams& p, cudaStream_t stream);
 // The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: fp8 query
