@@ -485,21 +485,26 @@ void prepare_attend_kernels() {
   set_smem_limit<Bf16Exact>();
 }
 
-// MLA_ATTEND_COPY=ca: the key tiles through L1 (cp.async.ca), for measurement: ncu showed every
-// cp.async.cg asking L2 for twice the ideal sectors (docs/attention.md, v8c).
-bool l1_copies() {
-  static const bool on = [] {
+// The key-tile copies' path: through L1 (cp.async.ca) for the wgmma kernel, L2 only (.cg) for the
+// mma.sync one: each is the faster for its kernel on the H200 (docs/attention.md, v8d: wgmma B64
+// 134 vs 171 µs; mma.sync 142 vs 167). MLA_ATTEND_COPY=ca|cg overrides, for measurement.
+bool l1_copies(bool wgmma_kernel) {
+  static const int forced = [] {
     const char* env = std::getenv("MLA_ATTEND_COPY");
-    return env && std::string_view(env) == "ca";
+    if (!env) return -1;
+    return std::string_view(env) == "ca" ? 1 : std::string_view(env) == "cg" ? 0 : -1;
   }();
-  return on;
+  return forced < 0 ? wgmma_kernel : forced == 1;
 }
 
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
   AttendParams p = in;
-  p.l1_copies = l1_copies();
-  if (attend_wgmma_applies(p)) return launch_attend_wgmma(p, stream);
+  if (attend_wgmma_applies(p)) {
+    p.l1_copies = l1_copies(true);
+    return launch_attend_wgmma(p, stream);
+  }
+  p.l1_copies = l1_copies(false);
   const int m_tiles = (p.heads * p.qlen + kMTile - 1) / kMTile;
   const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
   if (!p.cache_fp8) {

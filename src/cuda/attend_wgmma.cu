@@ -14,7 +14,9 @@
 // of 9), which keeps the scores near f32 accuracy (SPEC.md: LSE within 1e-3).
 //
 // One CTA = one warpgroup (128 threads) per (request, split, 16 query rows), 2 CTAs an SM; keys
-// stream in tiles of 64 through kStages cp.async buffers as in attend.cu (attend_keys.cuh).
+// stream in tiles of 64 through kStages cp.async buffers as in attend.cu (attend_keys.cuh), through
+// L1 (cp.async.ca: through L2 only, every sector was requested twice and B64 took 171 µs, not 134).
+// The default attend for fp8 query x fp8 cache: faster than attend.cu on every shape measured.
 // P is rounded once to f16 (o ~3e-4): this kernel serves the step and a bf16 o, never an f32 o
 // held to 1e-4 (attend.cu's exact_p path).
 #include <cuda_fp16.h>
@@ -141,21 +143,20 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
   auto publish = [&](const KeyRow& k, int slot) {
     if (tid < kTileKeys) keys.publish(p, k, sm.rows[slot][tid], sm.pos[slot][tid]);
   };
-  // Warp w copies keys 16w .. 16w+15, 8 rows x 4 chunks an instruction, 4 consecutive lanes on one
-  // row's 64 contiguous bytes: each quarter-warp (the unit of a 16-byte access) then asks for whole
-  // 32-byte sectors. With lanes 0-7 on 8 different rows (v8b, v8c) every sector was requested
-  // twice: 20.4 M L2 requests for 301 MB read, an L2 hit rate of 57% (ncu, session 3). Shared
-  // memory side: four 128-byte core matrices an instruction, no bank conflict.
+  // Warp w copies keys 16w .. 16w+15, 8 rows x 4 chunks an instruction: 64 contiguous bytes of 8
+  // rows into four 128-byte core matrices (no bank conflict). Through L1 (cp.async.ca, the
+  // default here): through L2 only (.cg) every sector was requested twice (ncu: 21 M L2 requests
+  // for 301 MB, 57% L2 hits, whichever lanes share a row) and B64 took 171 µs instead of 134.
   auto issue_tile = [&](int slot, int buf) {
     const uint32_t dst = ptx::smem_addr(&sm.kv[buf][0]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int key = 16 * warp + 8 * h + lane / 4;
+      const int key = 16 * warp + 8 * h + lane % 8;
       const uint8_t* row = sm.rows[slot][key];
       const uint8_t* src = row ? row : static_cast<const uint8_t*>(p.cache);
 #pragma unroll
       for (int j = 0; j < kChunks / 4; ++j) {
-        const int chunk = 4 * j + lane % 4;
+        const int chunk = 4 * j + lane / 8;
         ptx::cp_async_16(dst + wgmma::kmajor_offset(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr,
                          p.l1_copies);
       }
@@ -366,11 +367,11 @@ int qk_group_steps() {
 }  // namespace
 
 bool attend_wgmma_applies(const AttendParams& p) {
-  // Opt-in (MLA_ATTEND_KERNEL=wgmma) until it is faster: on the H200 (v8c, docs/attention.md) the
-  // mma.sync kernel wins every multi-tile shape (B64 ctx8192: 144.5 vs 173.8 µs).
+  // The default where it applies: with its copies through L1 it beats the mma.sync kernel on
+  // every shape measured (H200, docs/attention.md v8d); MLA_ATTEND_KERNEL=mma for comparison.
   static const bool enabled = [] {
     const char* env = std::getenv("MLA_ATTEND_KERNEL");
-    return env && std::string_view(env) == "wgmma";
+    return !(env && std::string_view(env) == "mma");
   }();
   // o rows are written as pairs of dims (8-byte f32 / 4-byte bf16 stores).
   const int64_t elem = p.o_bf16 ? 2 : 4;

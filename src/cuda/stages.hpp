@@ -127,12 +127,12 @@ struct AttendParams {
   float v_scale;      // cache fp8 ? k_scale : 1
   int dcp_size, dcp_rank, dcp_interleave;
   uint32_t* error;
-  bool l1_copies = false;  // set by launch_attend from MLA_ATTEND_COPY=ca (measurement)
+  bool l1_copies = false;  // key-tile copies through L1 (cp.async.ca): set by launch_attend per kernel
 };
 void launch_attend(const AttendParams& p, cudaStream_t stream);
 // The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: fp8 query
-// and cache, P rounded once (not exact_p), o rows 8-byte aligned, and MLA_ATTEND_KERNEL=wgmma (it
-// is opt-in while the mma.sync kernel of attend.cu is faster).
+// and cache, P rounded once (not exact_p), o rows 8-byte aligned; MLA_ATTEND_KERNEL=mma makes the
+// mma.sync kernel (attend.cu) take every case, for comparison.
 bool attend_wgmma_applies(const AttendParams& p);
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 void prepare_attend_wgmma_kernels();
