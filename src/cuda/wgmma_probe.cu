@@ -3,6 +3,7 @@
 // the sums written out row-major.
 #include "cuda/check.hpp"
 #include "cuda/stages.hpp"
+#include "cuda/tma.cuh"
 #include "cuda/wgmma.cuh"
 #include "cuda/wgmma_probe.hpp"
 
@@ -59,7 +60,66 @@ __global__ void __launch_bounds__(128) qgmma_probe_kernel(const uint8_t* q, int6
   }
 }
 
+// Five 128-byte K slabs of 64 rows x 128 bytes a tile (the fifth half out of bounds: zeros).
+constexpr int kSlabs = (kRow + 127) / 128;
+constexpr int kSlabBytes = kProbeRows * 128;
+
+__global__ void __launch_bounds__(128) qgmma_probe_tma_kernel(const __grid_constant__ CUtensorMap q_map, int q_row,
+                                                              const __grid_constant__ CUtensorMap k_map, int k_row,
+                                                              float* s, int* ok) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  // 1024-byte alignment of the dynamic window is not guaranteed: align by hand.
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t qs = base, ks = base + kSlabs * kSlabBytes, bar = ks + kSlabs * kSlabBytes;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    tma::mbarrier_init(bar, 1);
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    tma::arrive_expect_tx(bar, 2 * kSlabs * kSlabBytes);
+    for (int j = 0; j < kSlabs; ++j) {
+      tma::load_2d(qs + j * kSlabBytes, &q_map, 128 * j, q_row, bar);
+      tma::load_2d(ks + j * kSlabBytes, &k_map, 128 * j, k_row, bar);
+    }
+  }
+  if (!tma::wait_parity(bar, 0)) {
+    if (tid == 0) *ok = 0;
+    return;
+  }
+
+  float d[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d[i] = 0.0f;
+  wgmma::fence();
+#pragma unroll
+  for (int step = 0; step < kChunks / 2; ++step) {
+    const uint32_t off = (step / 4) * kSlabBytes + (step % 4) * 32;
+    wgmma::mma_m64n64k32_e4m3(d, wgmma::descriptor_sw128(qs + off), wgmma::descriptor_sw128(ks + off), step > 0);
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::fence_operand(d);
+
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int row = 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * c + i % 2;
+    s[row * kProbeRows + col] = d[i];
+  }
+}
+
 }  // namespace
+
+void qgmma_qk_probe_tma(const CUtensorMap& q_map, int q_row, const CUtensorMap& k_map, int k_row, float* s, int* ok,
+                        cudaStream_t stream) {
+  const int smem = 2 * kSlabs * kSlabBytes + 1024 + 16;
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(qgmma_probe_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  qgmma_probe_tma_kernel<<<1, 128, smem, stream>>>(q_map, q_row, k_map, k_row, s, ok);
+  MLA_CUDA_CHECK_LAUNCH();
+}
 
 void qgmma_qk_probe(const uint8_t* q, int64_t q_stride, const uint8_t* k, int64_t k_stride, float* s,
                     int steps_per_group, cudaStream_t stream) {

@@ -2,6 +2,7 @@
 // A single-warpgroup probe of the wgmma building blocks (src/cuda/wgmma.cuh) for the GPU tests:
 // S = Q K^T for one 64-key tile with K = 576, on the fp8 tensor cores, from row-major device
 // buffers re-laid into the K-major core-matrix tiles attend will use. Not part of any step.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,5 +15,13 @@ namespace mla::cuda {
 // is narrower than f32, see tests/gpu/test_wgmma.cpp).
 void qgmma_qk_probe(const uint8_t* q, int64_t q_stride, const uint8_t* k, int64_t k_stride, float* s,
                     int steps_per_group, cudaStream_t stream);
+
+// The same product with both tiles brought by TMA in the 128-byte swizzle (tma.cuh) and QGMMA on
+// swizzled descriptors: q_map / k_map are tensor maps over byte matrices with 576-byte rows and
+// 64-row boxes (make_tensor_map_bytes_sw128); the tiles are rows q_row .. +63 and k_row .. +63.
+// One chain over K = 576. *ok (device) is set to 0 if the loads did not complete (a hang otherwise).
+// NOT YET RUN ON A GPU.
+void qgmma_qk_probe_tma(const CUtensorMap& q_map, int q_row, const CUtensorMap& k_map, int k_row, float* s,
+                        int* ok, cudaStream_t stream);
 
 }  // namespace mla::cuda

@@ -1,0 +1,49 @@
+#pragma once
+// Hopper bulk tensor copies (TMA) and the mbarriers they complete on, for the next attend kernel
+// (docs/attention.md, "Plan for that kernel"). NOT YET RUN ON A GPU: tests/gpu/test_wgmma.cpp
+// (Wgmma.TmaSwizzledQgmmaMatchesFloat64) checks a page-shaped load with the 128-byte swizzle and
+// QGMMA on it against float64 before any kernel builds on these.
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace mla::cuda::tma {
+
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// Makes the initialized barriers visible to the async proxy (TMA) and the other threads; follow it
+// with a CTA barrier.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` of transactions (the TMA loads of this phase).
+__device__ __forceinline__ void arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Waits for the phase with this parity to complete; false if it did not within max_polls polls (a
+// probe reports that instead of hanging).
+__device__ __forceinline__ bool wait_parity(uint32_t bar, uint32_t parity, uint32_t max_polls = 1u << 24) {
+  for (uint32_t i = 0; i < max_polls; ++i) {
+    uint32_t done;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return true;
+  }
+  return false;
+}
+
+// The box of `map` at (x = byte column, y = row) into shared memory at dst (1024-byte aligned for
+// the 128-byte swizzle), completing on bar.
+__device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
+}  // namespace mla::cuda::tma

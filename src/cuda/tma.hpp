@@ -1,0 +1,17 @@
+#pragma once
+// Host side of the TMA building blocks (tma.cuh): tensor maps over byte matrices. NOT YET RUN ON A
+// GPU (see tma.cuh).
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace mla::cuda {
+
+// A 2-D tensor map over `rows` rows of `row_bytes` bytes (uint8 elements) at `base`, rows
+// `row_stride` bytes apart (a multiple of 16), boxes of 128 bytes x box_rows rows, 128-byte
+// swizzle, out-of-bounds bytes filled with zero. Encoded through the driver entry point (no link
+// against libcuda).
+CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride,
+                                        int box_rows);
+
+}  // namespace mla::cuda
