@@ -42,6 +42,26 @@ struct DeviceBytes {
   ~DeviceBytes() { cudaFree(p); }
 };
 
+// rel L2 error of a probe's S (device, [64, 64] f32) against float64 from the fp8 rows of q and k;
+// infinity where S is not finite (unwritten: the poison, or NaN rows read).
+double rel_error(const std::vector<uint8_t>& q, int64_t q_stride, const std::vector<uint8_t>& k, int64_t k_stride,
+                 const float* device_s) {
+  std::vector<float> s(size_t(kRows) * kRows);
+  cudaMemcpy(s.data(), device_s, s.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  double err = 0.0, ref = 0.0;
+  for (int i = 0; i < kRows; ++i)
+    for (int j = 0; j < kRows; ++j) {
+      double want = 0.0;
+      for (int d = 0; d < kDims; ++d)
+        want += double(fp8e4m3_to_float(q[size_t(i * q_stride + d)])) * fp8e4m3_to_float(k[size_t(j * k_stride + d)]);
+      const double got = s[size_t(i) * kRows + size_t(j)];
+      if (!std::isfinite(got)) return INFINITY;
+      err += (got - want) * (got - want);
+      ref += want * want;
+    }
+  return std::sqrt(err / ref);
+}
+
 // rel L2 error of the probe's S against float64, with partials of steps_per_group k32 steps.
 double probe_error(int steps_per_group, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -54,20 +74,7 @@ double probe_error(int steps_per_group, uint32_t seed) {
   cuda::qgmma_qk_probe(static_cast<const uint8_t*>(dq.p), q_stride, static_cast<const uint8_t*>(dk.p), k_stride,
                        static_cast<float*>(ds.p), steps_per_group, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> s(size_t(kRows) * kRows);
-  cudaMemcpy(s.data(), ds.p, s.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  double err = 0.0, ref = 0.0;
-  for (int i = 0; i < kRows; ++i)
-    for (int j = 0; j < kRows; ++j) {
-      double want = 0.0;
-      for (int d = 0; d < kDims; ++d)
-        want += double(fp8e4m3_to_float(q[size_t(i * q_stride + d)])) * fp8e4m3_to_float(k[size_t(j * k_stride + d)]);
-      const double got = s[size_t(i) * kRows + size_t(j)];
-      if (!std::isfinite(got)) return INFINITY;  // unwritten (poison) or wrong
-      err += (got - want) * (got - want);
-      ref += want * want;
-    }
-  return std::sqrt(err / ref);
+  return rel_error(q, q_stride, k, k_stride, static_cast<const float*>(ds.p));
 }
 
 // The layout (K-major core matrices, LBO = 1024 along K, SBO = 128 between 8-row groups) is right
@@ -119,20 +126,7 @@ TEST(Wgmma, TmaSwizzledQgmmaMatchesFloat64) {
   int ok = 0;
   cudaMemcpy(&ok, dok.p, sizeof(int), cudaMemcpyDeviceToHost);
   ASSERT_EQ(ok, 1) << "the TMA loads never completed their mbarrier phase (expect-tx count?)";
-  std::vector<float> s(size_t(kRows) * kRows);
-  cudaMemcpy(s.data(), ds.p, s.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  double err = 0.0, ref = 0.0;
-  for (int i = 0; i < kRows; ++i)
-    for (int j = 0; j < kRows; ++j) {
-      double want = 0.0;
-      for (int d = 0; d < kDims; ++d)
-        want += double(fp8e4m3_to_float(q[size_t(i) * kDims + d])) * fp8e4m3_to_float(k_tile[size_t(j) * kDims + d]);
-      const double got = s[size_t(i) * kRows + size_t(j)];
-      ASSERT_TRUE(std::isfinite(got)) << "S[" << i << "][" << j << "] not finite: unwritten or NaN rows read";
-      err += (got - want) * (got - want);
-      ref += want * want;
-    }
-  const double rel = std::sqrt(err / ref);
+  const double rel = rel_error(q, kDims, k_tile, kDims, static_cast<const float*>(ds.p));
   std::printf("TMA 128B-swizzle + QGMMA q.k, one chain over K = 576: rel L2 %.3g\n", rel);
   EXPECT_LT(rel, 1e-3);
 }
