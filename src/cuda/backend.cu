@@ -261,6 +261,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
                  .o_bf16 = out.o.dtype == DType::bf16,
                  // The step's own partials (the workspace) feed post's bf16 out: one-rounded P.
                  .exact_p = out.o.dtype == DType::f32 && out.o.data != o_.get(),
+                 .step_partials = out.o.data == o_.get(),
                  .o_split_stride = split_form ? out.o.stride[0] : 0,
                  .o_s_stride = out.o.stride[split_form ? 1 : 0],
                  .o_h_stride = out.o.stride[split_form ? 2 : 1],

@@ -119,6 +119,10 @@ struct AttendParams {
   // P kept to ~2^-20 for p.v (two mma a fragment), as an f32 o held to SPEC.md's 1e-4 needs;
   // false: P rounded once to 16 bits (o ~3e-4), enough for a bf16 o and for the step's bf16 out.
   bool exact_p;
+  // o and lse are the step's own split partials (its workspace), which only feed post's bf16 out.
+  // The wgmma kernel takes only these: its fp8 MMA sums q.k with ~1e-4 relative error (docs/
+  // attention.md), so an LSE handed to a caller could miss SPEC's 1e-3 where scores are large.
+  bool step_partials = false;
   int64_t o_split_stride, o_s_stride, o_h_stride;
   float* lse;  // [splits, S, G] (splits == 1: [S, G])
   int64_t lse_split_stride, lse_s_stride, lse_h_stride;
@@ -130,9 +134,10 @@ struct AttendParams {
   bool l1_copies = false;  // key-tile copies through L1 (cp.async.ca): set by launch_attend per kernel
 };
 void launch_attend(const AttendParams& p, cudaStream_t stream);
-// The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: fp8 query
-// and cache, P rounded once (not exact_p), o rows 8-byte aligned; MLA_ATTEND_KERNEL=mma makes the
-// mma.sync kernel (attend.cu) take every case, for comparison.
+// The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: the step's
+// own partials (step_partials) with an fp8 query and cache, o rows 8-byte aligned;
+// MLA_ATTEND_KERNEL=mma makes the mma.sync kernel (attend.cu) take every case, for comparison, and
+// MLA_ATTEND_KERNEL=wgmma lets the wgmma kernel also take attend() into a bf16 o (for the tests).
 bool attend_wgmma_applies(const AttendParams& p);
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 void prepare_attend_wgmma_kernels();
