@@ -1,0 +1,62 @@
+// Which attend kernel serves which call (src/cuda/attend_wgmma.cu, attend_wgmma_applies): host
+// logic only, so it runs without a GPU too. The policy: the wgmma kernel takes the step's own split
+// partials with an fp8 query and cache; every result handed to a caller (a bf16 or f32 o), any bf16
+// operand and a misaligned o take the mma.sync kernel. Run with MLA_ATTEND_KERNEL unset (the
+// variable is read once per process; device-check sets it only for other test runs).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "cuda/stages.hpp"
+
+namespace mla {
+namespace {
+
+cuda::AttendParams step_partials_params(float* o) {
+  cuda::AttendParams p{};
+  p.q_fp8 = true;
+  p.cache_fp8 = true;
+  p.o = o;
+  p.o_bf16 = false;
+  p.exact_p = false;
+  p.step_partials = true;
+  p.o_split_stride = 4 * 12 * 512;
+  p.o_s_stride = 12 * 512;
+  p.o_h_stride = 512;
+  return p;
+}
+
+TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
+  if (std::getenv("MLA_ATTEND_KERNEL")) GTEST_SKIP() << "MLA_ATTEND_KERNEL is set: the default policy is not in force";
+  std::vector<float> o(8);
+  const cuda::AttendParams step = step_partials_params(o.data());
+  EXPECT_TRUE(cuda::attend_wgmma_applies(step));
+
+  cuda::AttendParams caller_bf16 = step;  // attend() into a caller's bf16 o
+  caller_bf16.step_partials = false;
+  caller_bf16.o_bf16 = true;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(caller_bf16));
+
+  cuda::AttendParams caller_f32 = step;  // attend() into a caller's f32 o: hi + lo P
+  caller_f32.step_partials = false;
+  caller_f32.exact_p = true;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(caller_f32));
+
+  cuda::AttendParams bf16_q = step;
+  bf16_q.q_fp8 = false;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q));
+  cuda::AttendParams bf16_cache = step;
+  bf16_cache.cache_fp8 = false;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_cache));
+
+  cuda::AttendParams odd_stride = step;  // o rows written as pairs of dims need even strides
+  odd_stride.o_h_stride = 513;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(odd_stride));
+  cuda::AttendParams odd_base = step;
+  odd_base.o = o.data() + 1;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(odd_base));
+}
+
+}  // namespace
+}  // namespace mla
