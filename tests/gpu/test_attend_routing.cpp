@@ -14,16 +14,10 @@ namespace mla {
 namespace {
 
 cuda::AttendParams step_partials_params(float* o) {
-  cuda::AttendParams p{};
-  p.q_fp8 = true;
-  p.cache_fp8 = true;
+  cuda::AttendParams p{};  // f32 o, one-rounded P
+  p.q_fp8 = p.cache_fp8 = p.step_partials = true;
   p.o = o;
-  p.o_bf16 = false;
-  p.exact_p = false;
-  p.step_partials = true;
-  p.o_split_stride = 4 * 12 * 512;
-  p.o_s_stride = 12 * 512;
-  p.o_h_stride = 512;
+  p.o_split_stride = 4 * 12 * 512, p.o_s_stride = 12 * 512, p.o_h_stride = 512;
   return p;
 }
 
