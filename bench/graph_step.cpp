@@ -4,13 +4,18 @@
 // issue-4 targets: the whole kimi-k3 step at batch 1 in a graph, and attend at batch 64.
 //
 //   mla_graph_bench [--preset kimi-k3] [--iters 100] [--json FILE] B:CONTEXT:QLEN:PAGE:KV[:HEADS[:SPLITS]] ...
-//   e.g. mla_graph_bench 1:8192:1:64:fp8 64:8192:1:64:fp8 64:8192:1:1:fp8
+//   e.g. mla_graph_bench 1:8192:1:64:fp8 64:8192:1:64:fp8 64:8192:1:1:fp8 64:u32768:1:64:fp8
+// CONTEXT uN: an uneven batch, each request's length drawn uniformly from [QLEN, N] (fixed seed);
+// bytes and FLOPs count the keys actually there (issue 5: within 10% of the even batch of the same
+// total, e.g. 64:16384 next to 64:u32768).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,6 +40,7 @@ double median(std::vector<double> v) {
 
 struct Config {
   int batch = 1, context = 8192, qlen = 1, page = 64;
+  bool uneven = false;  // CONTEXT "uN": lengths drawn from [qlen, context]
   std::string kv = "fp8";
   int heads = 0;   // 0: the preset's
   int splits = 0;  // 0: the backend's plan
@@ -50,7 +56,8 @@ Config parse(const std::string& s) {
     std::exit(2);
   }
   c.batch = std::stoi(parts[0]);
-  c.context = std::stoi(parts[1]);
+  c.uneven = !parts[1].empty() && parts[1][0] == 'u';
+  c.context = std::stoi(c.uneven ? parts[1].substr(1) : parts[1]);
   c.qlen = std::stoi(parts[2]);
   c.page = std::stoi(parts[3]);
   c.kv = parts[4];
@@ -102,8 +109,15 @@ int main(int argc, char** argv) {
       mla::LayerConfig cfg = base;
       if (c.heads > 0) cfg.total_heads = c.heads * cfg.tp_size;
       const mla::PreparedWeights w = mla::prepare_weights(cfg, mla::random_checkpoint_weights(cfg, 1));
+      std::vector<int32_t> seq_lens(size_t(c.batch), c.context);
+      if (c.uneven) {
+        std::mt19937 rng(1234 + unsigned(k));
+        std::uniform_int_distribution<int32_t> len(c.qlen, c.context);
+        for (int32_t& l : seq_lens) l = len(rng);
+      }
+      const double keys = std::accumulate(seq_lens.begin(), seq_lens.end(), 0.0);
       mla::synth::ScenarioSpec spec{.cfg = cfg,
-                                    .seq_lens = std::vector<int32_t>(size_t(c.batch), c.context),
+                                    .seq_lens = seq_lens,
                                     .qlen = c.qlen,
                                     .page_size = c.page,
                                     .kv_dtype = c.kv == "bf16" ? mla::DType::bf16 : mla::DType::fp8_e4m3,
@@ -124,20 +138,21 @@ int main(int argc, char** argv) {
       const double step_graph = graph_us(backend, stream, iters, [&] { layer.step(dev.hidden, meta, dev.kv(), out); });
       const double step_eager = median(backend.time_us([&] { layer.step(dev.hidden, meta, dev.kv(), out); }, 5, iters));
       const double attend = graph_us(backend, stream, iters, [&] { layer.attend(ws.pre.q, dev.kv(), meta, ws.attend); });
-      const double kv_bytes = double(c.batch) * c.context * 576 * (c.kv == "bf16" ? 2 : 1);
+      const double kv_bytes = keys * 576 * (c.kv == "bf16" ? 2 : 1);
       const double gbps = kv_bytes / (attend * 1e3);
       char line[320];
       // Useful tensor work: q.k over 576 dims and p.v over 512, per visible (row, key).
-      const double flops = 2.0 * (576 + 512) * double(c.batch) * c.context * cfg.heads() * c.qlen;
+      const double flops = 2.0 * (576 + 512) * keys * cfg.heads() * c.qlen;
+      const std::string ctx = (c.uneven ? "u" : "") + std::to_string(c.context);
       const double tflops = flops / (attend * 1e6);
-      std::snprintf(line, sizeof line, "%5d %7d %4d %5d %5s %5d %6d | %10.1f %10.1f | %10.1f %9.1f %6.1f%% %8.1f\n",
-                    c.batch, c.context, c.qlen, c.page, c.kv.c_str(), cfg.heads(), splits, step_graph, step_eager,
+      std::snprintf(line, sizeof line, "%5d %7s %4d %5d %5s %5d %6d | %10.1f %10.1f | %10.1f %9.1f %6.1f%% %8.1f\n",
+                    c.batch, ctx.c_str(), c.qlen, c.page, c.kv.c_str(), cfg.heads(), splits, step_graph, step_eager,
                     attend, gbps, 100 * gbps / ceil.copy_gbps, tflops);
       rows << line;
       std::fputs(line, stderr);
       std::ostringstream j;
       j << (json_rows.empty() ? "" : ",\n") << "    {\"batch\": " << c.batch << ", \"context\": " << c.context
-        << ", \"qlen\": " << c.qlen << ", \"heads\": " << cfg.heads() << ", \"page_size\": " << c.page << ", \"kv_dtype\": \"" << c.kv
+        << ", \"uneven\": " << (c.uneven ? "true" : "false") << ", \"total_keys\": " << keys << ", \"qlen\": " << c.qlen << ", \"heads\": " << cfg.heads() << ", \"page_size\": " << c.page << ", \"kv_dtype\": \"" << c.kv
         << "\", \"splits\": " << splits << ", \"step_graph_us\": " << step_graph << ", \"step_eager_us\": " << step_eager
         << ", \"attend_graph_us\": " << attend << ", \"attend_kv_gbps\": " << gbps
         << ", \"attend_pct_copy\": " << 100 * gbps / ceil.copy_gbps << ", \"attend_tflops\": " << tflops << "}";
