@@ -326,8 +326,7 @@ __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
     const uint32_t dst = ptx::smem_addr(&sm.kv[buf][r][q0 * 16]);
     const uint8_t* src = row ? row + q0 * 16 : cache;
 #pragma unroll
-    for (int q = 0; q < kChunks / 4; ++q)
-      ptx::cp_async_16(dst + q * 64, src + (row ? q * 64 : 0), row != nullptr, p.l1_copies);
+    for (int q = 0; q < kChunks / 4; ++q) ptx::cp_async_16(dst + q * 64, src + (row ? q * 64 : 0), row != nullptr);
     ptx::cp_async_commit();
   };
 
@@ -485,26 +484,25 @@ void prepare_attend_kernels() {
   set_smem_limit<Bf16Exact>();
 }
 
-// The key-tile copies' path: through L1 (cp.async.ca) for the wgmma kernel, L2 only (.cg) for the
-// mma.sync one: each is the faster for its kernel on the H200 (docs/attention.md, v8d: wgmma B64
-// 134 vs 171 µs; mma.sync 142 vs 167). MLA_ATTEND_COPY=ca|cg overrides, for measurement.
-bool l1_copies(bool wgmma_kernel) {
-  static const int forced = [] {
+// The wgmma kernel's key-tile copies go through L1 (cp.async.ca): through L2 only (.cg) every 16-byte
+// copy was its own L2 request and B64 took 171 µs instead of 134 (docs/attention.md, v8d).
+// MLA_ATTEND_COPY=cg gives it .cg again, for measurement. (The mma.sync kernel keeps .cg: through
+// L1 it was slower, 167 vs 142 µs.)
+bool wgmma_l1_copies() {
+  static const bool on = [] {
     const char* env = std::getenv("MLA_ATTEND_COPY");
-    if (!env) return -1;
-    return std::string_view(env) == "ca" ? 1 : std::string_view(env) == "cg" ? 0 : -1;
+    return !(env && std::string_view(env) == "cg");
   }();
-  return forced < 0 ? wgmma_kernel : forced == 1;
+  return on;
 }
 
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
   AttendParams p = in;
   if (attend_wgmma_applies(p)) {
-    p.l1_copies = l1_copies(true);
+    p.l1_copies = wgmma_l1_copies();
     return launch_attend_wgmma(p, stream);
   }
-  p.l1_copies = l1_copies(false);
   const int m_tiles = (p.heads * p.qlen + kMTile - 1) / kMTile;
   const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
   if (!p.cache_fp8) {

@@ -131,7 +131,7 @@ struct AttendParams {
   float v_scale;      // cache fp8 ? k_scale : 1
   int dcp_size, dcp_rank, dcp_interleave;
   uint32_t* error;
-  bool l1_copies = false;  // key-tile copies through L1 (cp.async.ca): set by launch_attend per kernel
+  bool l1_copies = false;  // wgmma kernel: key-tile copies through L1 (cp.async.ca), set by launch_attend
 };
 void launch_attend(const AttendParams& p, cudaStream_t stream);
 // The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: the step's
