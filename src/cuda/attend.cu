@@ -503,8 +503,7 @@ void launch_attend(const AttendParams& in, cudaStream_t stream) {
     p.l1_copies = wgmma_l1_copies();
     return launch_attend_wgmma(p, stream);
   }
-  const int m_tiles = (p.heads * p.qlen + kMTile - 1) / kMTile;
-  const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
+  const dim3 grid = attend_grid(p, kMTile);
   if (!p.cache_fp8) {
     if (p.exact_p) launch<Bf16Exact>(p, grid, stream);
     else launch<Bf16>(p, grid, stream);

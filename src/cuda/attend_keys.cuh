@@ -20,6 +20,13 @@ __device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, in
   return (int64_t(b) * p.qlen + m / p.heads) * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
 }
 
+// The grid of an attend launch: one CTA per (request, split, tile of rows_per_cta query rows), the
+// row tiles of one (request, split) adjacent (CtaWork decodes it).
+inline dim3 attend_grid(const AttendParams& p, int rows_per_cta) {
+  const int m_tiles = (p.heads * p.qlen + rows_per_cta - 1) / rows_per_cta;
+  return dim3(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
+}
+
 // What a CTA serves: request b, split `split` and query rows m_base .. m_base + rows_per_cta - 1
 // (rows m = i*G + h: query i, head h). The row tiles of one (request, split) are adjacent in the
 // grid, so the CTAs that read the same keys run together and all but the first find them in L2.

@@ -16,7 +16,7 @@
 // One CTA = one warpgroup (128 threads) per (request, split, 16 query rows), 2 CTAs an SM; keys
 // stream in tiles of 64 through kStages cp.async buffers as in attend.cu (attend_keys.cuh), through
 // L1 (cp.async.ca: through L2 only, every sector was requested twice and B64 took 171 µs, not 134).
-// The default attend for fp8 query x fp8 cache: faster than attend.cu on every shape measured.
+// The step's attend for fp8 query x fp8 cache: faster than attend.cu on every shape measured.
 // P is rounded once to f16 (o ~3e-4) and q.k carries the fp8 MMA's ~1e-4 relative error: this
 // kernel serves only the step's own partials (AttendParams.step_partials), which feed post's bf16
 // out; attend() results handed to a caller come from attend.cu (exact fp8 products, f32 sums).
@@ -390,8 +390,7 @@ void prepare_attend_wgmma_kernels() {
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
-  const int m_tiles = (p.heads * p.qlen + kN - 1) / kN;
-  const dim3 grid(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
+  const dim3 grid = attend_grid(p, kN);
   if (qk_group_steps() == 2) attend_wgmma_kernel<2, 2><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
   else attend_wgmma_kernel<2, 1><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
   MLA_CUDA_CHECK_LAUNCH();

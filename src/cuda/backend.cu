@@ -244,6 +244,8 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   require_unit_inner(out.o, "attend's o");
   const bool split_form = out.o.rank == 4;
   const bool q_fp8 = q.dtype == DType::fp8_e4m3, cache_fp8 = cache.pages.dtype == DType::fp8_e4m3;
+  // The step's own partials (the workspace) feed post's bf16 out: one-rounded P suffices there.
+  const bool step_partials = out.o.data == o_.get();
   launch_attend({.q = q.data,
                  .q_fp8 = q_fp8,
                  .q_s_stride = q.stride[0],
@@ -259,9 +261,8 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
                  .kv_indices = meta.kv_indices.ptr<int32_t>(),
                  .o = out.o.data,
                  .o_bf16 = out.o.dtype == DType::bf16,
-                 // The step's own partials (the workspace) feed post's bf16 out: one-rounded P.
-                 .exact_p = out.o.dtype == DType::f32 && out.o.data != o_.get(),
-                 .step_partials = out.o.data == o_.get(),
+                 .exact_p = out.o.dtype == DType::f32 && !step_partials,
+                 .step_partials = step_partials,
                  .o_split_stride = split_form ? out.o.stride[0] : 0,
                  .o_s_stride = out.o.stride[split_form ? 1 : 0],
                  .o_h_stride = out.o.stride[split_form ? 2 : 1],

@@ -14,6 +14,16 @@ constexpr int kProbeRows = wgmma::kTileRows;  // 64 query rows, 64 keys
 constexpr int kChunks = kRow / 16;            // 36 chunks of 16 bytes a row
 constexpr int kTileBytes = kChunks * wgmma::kChunkStride;
 
+// The warpgroup's m64n64 accumulator (wgmma::mma_m64n64k32_e4m3's layout) to s [64, 64] row-major.
+__device__ __forceinline__ void store_s(const float (&d)[32], float* s, int tid) {
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int row = 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * c + i % 2;
+    s[row * kProbeRows + col] = d[i];
+  }
+}
+
 __global__ void __launch_bounds__(128) qgmma_probe_kernel(const uint8_t* q, int64_t q_stride, const uint8_t* k,
                                                           int64_t k_stride, float* s, int steps_per_group) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -52,12 +62,7 @@ __global__ void __launch_bounds__(128) qgmma_probe_kernel(const uint8_t* q, int6
     }
   }
 
-  const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int row = 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * c + i % 2;
-    s[row * kProbeRows + col] = total[i];
-  }
+  store_s(total, s, tid);
 }
 
 // Five 128-byte K slabs of 64 rows x 128 bytes a tile (the fifth half out of bounds: zeros).
@@ -103,12 +108,7 @@ __global__ void __launch_bounds__(128) qgmma_probe_tma_kernel(const __grid_const
   wgmma::wait<0>();
   wgmma::fence_operand(d);
 
-  const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int row = 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * c + i % 2;
-    s[row * kProbeRows + col] = d[i];
-  }
+  store_s(d, s, tid);
 }
 
 }  // namespace
