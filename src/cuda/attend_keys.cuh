@@ -56,7 +56,9 @@ struct KeyRow {
 
 // The local keys of request b's split `split` (SPEC.md: chunk c covers [c*ceil(n/splits),
 // min(n, (c+1)*ceil(n/splits)))), seen by query rows m_base .. last_row of the CTA. `reporter`
-// (one thread of the request) reports a bad length or a short page table.
+// (one thread of the request) reports a bad length or a short page table. chunk_align > 1 rounds
+// the chunk up to a multiple of it (the TMA kernel's page-aligned tiles; the merged result does
+// not depend on the chunking, only the partials do).
 struct KeyStream {
   int32_t seq_len;
   bool len_ok;
@@ -68,13 +70,13 @@ struct KeyStream {
   bool plain_positions;  // W = 1: a key's local index is its position
   int elem_bytes;        // 1 (fp8 cache) or 2 (bf16)
 
-  __device__ KeyStream(const AttendParams& p, int b, int split, int last_row, bool reporter) {
+  __device__ KeyStream(const AttendParams& p, int b, int split, int last_row, bool reporter, int chunk_align = 1) {
     seq_len = p.seq_lens[b];
     len_ok = seq_len == 0 || seq_len >= p.qlen;
     if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
     const int64_t n_local =
         len_ok && seq_len > 0 ? dcp_local_length(seq_len, p.dcp_size, p.dcp_rank, p.dcp_interleave) : 0;
-    const int64_t chunk = (n_local + p.splits - 1) / p.splits;
+    const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
     k_begin = min(n_local, int64_t(split) * chunk);
     k_end = min(n_local, k_begin + chunk);
     page_begin = p.kv_indptr[b];

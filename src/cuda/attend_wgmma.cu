@@ -22,6 +22,7 @@
 // out; attend() results handed to a caller come from attend.cu (exact fp8 products, f32 sums).
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdlib>
 #include <string_view>
 
@@ -31,6 +32,8 @@
 #include "cuda/device_math.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
+#include "cuda/tma.cuh"
+#include "cuda/tma.hpp"
 #include "cuda/wgmma.cuh"
 
 namespace mla::cuda {
@@ -45,20 +48,46 @@ constexpr int kQkWave = 9;           // q.k accumulators in flight at once (regi
 constexpr int kDimBlocks = kLatent / 64;  // p.v: 8 wgmma M blocks of 64 latent dims
 constexpr int kPvSteps = kTileKeys / 16;  // p.v: 4 k16 steps a tile
 static_assert(kTileKeys == wgmma::kTileRows);
+// TMA tiles: five slabs of 64 keys x 128 bytes in the 128-byte swizzle (the fifth half past the
+// 576-byte row: zero-filled, never read), one 2-D box of the cache viewed as [rows, 576] each.
+constexpr int kSlabBytes = kTileKeys * 128;
+constexpr int kSlabs = (kRow + 127) / 128;
+constexpr int kTmaTileBytes = kSlabs * kSlabBytes;
+
+// Byte offset of a key's 16-byte chunk in a tile: K-major core matrices (cp.async) or the swizzled
+// slabs (TMA: chunk c of a 128-byte line at c ^ (line % 8)).
+template <bool kTma>
+__device__ __forceinline__ int tile_offset(int key, int chunk) {
+  if constexpr (kTma) return (chunk >> 3) * kSlabBytes + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
+  else return wgmma::kmajor_offset(key, chunk);
+}
+// q.k's A descriptor (64 keys x 32 bytes) of k32 step `step`.
+template <bool kTma>
+__device__ __forceinline__ uint64_t key_descriptor(uint32_t tile, int step) {
+  if constexpr (kTma) return wgmma::descriptor_sw128(tile + (step >> 2) * kSlabBytes + (step & 3) * 32);
+  else return wgmma::descriptor(tile + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
+}
 
 // B operands (16 rows) in K-major core matrices of 8 rows x 16 bytes: chunk k of row n.
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes: the descriptors' leading byte offset
 __host__ __device__ constexpr int b_offset(int n, int chunk) { return chunk * kBChunkStride + (n / 8) * 128 + (n % 8) * 16; }
 
-template <int kStages>
+template <int kStages, bool kTma>
 struct WgSmem {
-  alignas(1024) uint8_t kv[kStages][kTileBytes];  // key tiles, wgmma::kmajor_offset(key, chunk)
-  alignas(128) uint8_t q[kN * kRow];               // e4m3 query rows, b_offset(n, chunk)
-  alignas(128) uint16_t p[kN * kTileKeys];         // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
-  const uint8_t* rows[kStages + 1][kTileKeys];     // tiles t .. t+kStages: row address (null: masked)
-  int32_t pos[kStages + 1][kTileKeys];             // global position (INT_MAX: masked)
-  float red[4][kN];                                // per-warp row maxima, then row sums
+  alignas(1024) uint8_t kv[kStages][kTma ? kTmaTileBytes : kTileBytes];  // key tiles, tile_offset<kTma>
+  alignas(128) uint8_t q[kN * kRow];        // e4m3 query rows, b_offset(n, chunk)
+  alignas(128) uint16_t p[kN * kTileKeys];  // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
+  // cp.async: tiles t .. t+kStages: row address (null: masked) and global position (INT_MAX: masked)
+  const uint8_t* rows[kTma ? 1 : kStages + 1][kTileKeys];
+  int32_t pos[kTma ? 1 : kStages + 1][kTileKeys];
+  float red[4][kN];  // per-warp row maxima, then row sums
+  // TMA: a stage's loads landed (mbarrier), and which of its keys are real (bit k: key k is in the
+  // split and on a good page; the rest of the tile may hold anything, NaN included).
+  alignas(8) uint64_t full[kStages];
+  uint64_t key_mask[kStages];
 };
+template <int kStages, bool kTma>
+constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTma>)) + 1024; }  // + alignment slack
 
 // This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
 // N column col(i, c).
@@ -70,8 +99,8 @@ __device__ __forceinline__ int slot_col(int r, int c) { return 8 * (r >> 1) + 2 
 
 // The query rows m_base .. m_base+15 of request b (fp8, zero past the request's rows) into
 // shared memory, every load of a thread issued before any store.
-template <int kStages>
-__device__ __forceinline__ void load_query(WgSmem<kStages>& sm, const AttendParams& p, int b, int m_base,
+template <int kStages, bool kTma>
+__device__ __forceinline__ void load_query(WgSmem<kStages, kTma>& sm, const AttendParams& p, int b, int m_base,
                                            int rows_total, int tid) {
   constexpr int kUnits = kN * kChunks, kPerThread = (kUnits + kThreads - 1) / kThreads;
   const uint8_t* q = static_cast<const uint8_t*>(p.q);
@@ -107,10 +136,20 @@ __device__ __forceinline__ void load_query(WgSmem<kStages>& sm, const AttendPara
 // (fragment row g) and dim 2g+1 (row g+8). So A row r of the warp is dim 2r (r < 8) or
 // 2(r - 8) + 1 of its 16: accumulator M row g + 8 h holds dim 64 blk + 16 warp + 2g + h.
 // (v_load issues the ldmatrix early, v_convert makes the fragments when they are needed.)
+template <bool kTma>
 __device__ __forceinline__ void v_load(uint32_t tile, int ks, int j, int warp, int lane, uint32_t (&r)[4]) {
   const int key = 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8;
   const int chunk = 4 * (2 * j + (lane >> 4)) + warp;
-  ptx::ldmatrix_x4_trans(r, tile + wgmma::kmajor_offset(key, chunk));
+  ptx::ldmatrix_x4_trans(r, tile + tile_offset<kTma>(key, chunk));
+}
+// TMA tiles are not zero-filled where keys are masked, and 0 x NaN is NaN in p.v: the raw V bytes
+// of masked keys are zeroed before widening. Lane (g, c) holds keys 16 ks + 2c, +1 (r[0], r[2]) and
+// 16 ks + 8 + 2c, +1 (r[1], r[3]), one 16-bit half each.
+__device__ __forceinline__ void v_mask(uint32_t (&r)[4], uint64_t key_mask, int ks, int c) {
+  const uint32_t bits = uint32_t(key_mask >> (16 * ks + 2 * c));
+  const uint32_t lo = ((bits & 1) ? 0xFFFFu : 0u) | ((bits & 2) ? 0xFFFF0000u : 0u);
+  const uint32_t hi = ((bits & 0x100) ? 0xFFFFu : 0u) | ((bits & 0x200) ? 0xFFFF0000u : 0u);
+  r[0] &= lo, r[2] &= lo, r[1] &= hi, r[3] &= hi;
 }
 __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)[4], uint32_t (&a1)[4]) {
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[0], 0, 0x3120), a0[0], a0[1]);  // keys 2c, 2c+1
@@ -121,26 +160,83 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
 
 // kGroupSteps: k32 steps a q.k accumulator takes before the f32 sum (1: the most accurate, two waves
 // of 9 accumulators; 2: one wave, 1.6e-4 vs 1.1e-4 rel L2 in tests/gpu/test_wgmma.cpp).
-template <int kStages, int kGroupSteps>
-__global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_kernel(const __grid_constant__ AttendParams p) {
+// kTma: the key tiles come as whole pages by TMA (one elected warp issues a tile's boxes, which
+// complete on the stage's mbarrier), else by cp.async from every thread (page size 1 to 4, pages
+// not contiguous in the cache, or a caller's partials whose chunks are not page-aligned).
+template <int kStages, int kGroupSteps, bool kTma>
+__global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
+    attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr int kAccs = kQkSteps / kGroupSteps, kWave = kAccs < kQkWave ? kAccs : kQkWave;
   static_assert(kQkSteps % kGroupSteps == 0 && kAccs % kWave == 0);
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<WgSmem<kStages>*>(smem_raw);
+  // The dynamic window is not guaranteed 1024-byte aligned (the 128-byte swizzle needs it): by hand.
+  extern __shared__ uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<WgSmem<kStages, kTma>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   constexpr int kSlots = kStages + 1;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kN, tid);
   const int rows_total = cta.rows_total, b = cta.b, split = cta.split, m_base = cta.m_base;
-  const KeyStream keys(p, b, split, cta.last_row(kN), cta.reporter);
+  // TMA tiles start on a page (chunks rounded up to whole tiles).
+  const KeyStream keys(p, b, split, cta.last_row(kN), cta.reporter, kTma ? kTileKeys : 1);
   int32_t limit[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
 
+  const int n_tiles = keys.n_tiles();
+
+  // --- TMA: warp 0's lane i < kTileKeys / box_rows loads box i of a tile: box_rows keys of one page
+  // (the whole 64-key tile for pages of 64 or more), five slabs of 128 bytes. Its page id is
+  // loaded one tile ahead (box_page), the loads issued when the stage is free (issue_tma).
+  const int box_rows = min(p.page_size, kTileKeys), boxes = kTileKeys / box_rows;
+  auto box_index = [&](int tile, int64_t& j0) -> int64_t {  // page index of the lane's box, -1: none
+    j0 = keys.k_begin + int64_t(tile) * kTileKeys + int64_t(lane) * box_rows;
+    if (lane >= boxes || j0 >= keys.k_end) return -1;
+    const int64_t page_index = j0 >> keys.page_shift;
+    return page_index < keys.pages_avail ? page_index : -1;
+  };
+  auto box_page = [&](int tile) -> int32_t {
+    int64_t j0;
+    const int64_t i = box_index(tile, j0);
+    return i < 0 ? -1 : p.kv_indices[keys.page_begin + i];
+  };
+  auto issue_tma = [&](int tile, int32_t page) {
+    int64_t j0;
+    const bool have = box_index(tile, j0) >= 0;
+    const bool ok = have && page >= 0 && page < p.num_pages;
+    if (have && !ok) atomicOr(p.error, kBadPage);  // never read: its keys are masked
+    const uint64_t mine = ok ? (box_rows == 64 ? ~0ull : ((1ull << box_rows) - 1) << (lane * box_rows)) : 0ull;
+    const uint64_t loaded = uint64_t(__reduce_or_sync(~0u, uint32_t(mine >> 32))) << 32 |
+                            __reduce_or_sync(~0u, uint32_t(mine));
+    const int64_t left = keys.k_end - (keys.k_begin + int64_t(tile) * kTileKeys);
+    const int stage = tile % kStages;
+    const uint32_t bar = ptx::smem_addr(&sm.full[stage]);
+    if (lane == 0) {
+      sm.key_mask[stage] = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
+      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabs);  // the boxes' bytes
+    }
+    __syncwarp();
+    if (ok) {
+      const uint32_t dst = ptx::smem_addr(&sm.kv[stage][0]) + lane * box_rows * 128;
+      const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s) tma::load_2d(dst + s * kSlabBytes, &cache_map, 128 * s, y, bar);
+    }
+  };
+  int32_t next_page = -1;  // warp 0, TMA: the lane's page id for the next tile to issue
+  if constexpr (kTma) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), 1);
+      tma::fence_barrier_init();
+    }
+    if (warp == 0 && n_tiles > 0) next_page = box_page(0);
+  }
+
   load_query(sm, p, b, m_base, rows_total, tid);
 
-  const int n_tiles = keys.n_tiles();
+  // --- cp.async: thread `key` of a tile turns its page id into a row address and position
+  // (publish), and every thread copies (issue_tile).
   auto publish = [&](const KeyRow& k, int slot) {
     if (tid < kTileKeys) keys.publish(p, k, sm.rows[slot][tid], sm.pos[slot][tid]);
   };
@@ -158,22 +254,32 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
 #pragma unroll
       for (int j = 0; j < kChunks / 4; ++j) {
         const int chunk = 4 * j + lane / 8;
-        ptx::cp_async_16(dst + wgmma::kmajor_offset(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr,
+        ptx::cp_async_16(dst + tile_offset<false>(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr,
                          p.l1_copies);
       }
     }
     ptx::cp_async_commit();
   };
 
-  for (int t = 0; t < kStages && t < n_tiles; ++t) publish(keys.page_of(p, t, tid), t);
-  // The page ids of tile t+kStages are loaded during tile t-1 and published in tile t: a whole tile
-  // hides the dependent DRAM load (q.k alone is too short for it).
-  KeyRow ahead = kStages < n_tiles ? keys.page_of(p, kStages, tid) : KeyRow{};
+  KeyRow ahead{};
+  if constexpr (!kTma) {
+    for (int t = 0; t < kStages && t < n_tiles; ++t) publish(keys.page_of(p, t, tid), t);
+    // The page ids of tile t+kStages are loaded during tile t-1 and published in tile t: a whole
+    // tile hides the dependent DRAM load (q.k alone is too short for it).
+    ahead = kStages < n_tiles ? keys.page_of(p, kStages, tid) : KeyRow{};
+  }
   wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
-  __syncthreads();             // the query tile and the first tiles' rows
-  for (int t = 0; t < kStages - 1; ++t) {
-    if (t < n_tiles) issue_tile(t, t);
-    else ptx::cp_async_commit();
+  __syncthreads();             // the query tile, the first tiles' rows, the initialized mbarriers
+  if constexpr (kTma) {
+    if (warp == 0 && n_tiles > 0) {
+      issue_tma(0, next_page);
+      next_page = n_tiles > 1 ? box_page(1) : -1;
+    }
+  } else {
+    for (int t = 0; t < kStages - 1; ++t) {
+      if (t < n_tiles) issue_tile(t, t);
+      else ptx::cp_async_commit();
+    }
   }
 
   // Online softmax of the thread's 4 rows in log2 units: running max (all threads agree) and this
@@ -189,14 +295,26 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
 
   for (int t = 0; t < n_tiles; ++t) {
     const int buf = t % kStages, slot = t % kSlots;
-    ptx::cp_async_wait_group<kStages - 2>();
-    wgmma::fence_proxy_async();  // this thread's cp.async writes, before the tensor cores read them
-    // Tile t has landed for every thread, tile t+kStages-1's rows are published, and tile t-1's
-    // products are complete (its buffer is refilled next).
-    __syncthreads();
-    const int next = t + kStages - 1;
-    if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
-    else ptx::cp_async_commit();
+    uint64_t key_mask = ~0ull;
+    if constexpr (kTma) {
+      // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
+      // for all four warps at once), so its stage takes tile t+1 now.
+      if (warp == 0 && t + 1 < n_tiles) {
+        issue_tma(t + 1, next_page);
+        next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
+      }
+      tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), (t / kStages) & 1);
+      key_mask = sm.key_mask[buf];
+    } else {
+      ptx::cp_async_wait_group<kStages - 2>();
+      wgmma::fence_proxy_async();  // this thread's cp.async writes, before the tensor cores read them
+      // Tile t has landed for every thread, tile t+kStages-1's rows are published, and tile t-1's
+      // products are complete (its buffer is refilled next).
+      __syncthreads();
+      const int next = t + kStages - 1;
+      if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
+      else ptx::cp_async_commit();
+    }
 
     // q.k: kGroupSteps k32 steps an accumulator (the first with scale-d = 0), summed in f32.
     const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
@@ -216,14 +334,15 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
 #pragma unroll
         for (int u = 0; u < kGroupSteps; ++u) {
           const int step = (wave * kWave + k) * kGroupSteps + u;
-          const uint64_t a = wgmma::descriptor(kv_addr + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
           const uint64_t bq = wgmma::descriptor(q_addr + step * 2 * kBChunkStride, kBChunkStride, 128);
-          wgmma::mma_m64n16k32_e4m3(sg[k], a, bq, u > 0);
+          wgmma::mma_m64n16k32_e4m3(sg[k], key_descriptor<kTma>(kv_addr, step), bq, u > 0);
         }
       wgmma::commit();
-      if (wave == 0 && t + kStages < n_tiles) {
-        publish(ahead, (t + kStages) % kSlots);
-        ahead = t + kStages + 1 < n_tiles ? keys.page_of(p, t + kStages + 1, tid) : KeyRow{};
+      if constexpr (!kTma) {
+        if (wave == 0 && t + kStages < n_tiles) {
+          publish(ahead, (t + kStages) % kSlots);
+          ahead = t + kStages + 1 < n_tiles ? keys.page_of(p, t + kStages + 1, tid) : KeyRow{};
+        }
       }
       wgmma::wait<0>();
 #pragma unroll
@@ -237,15 +356,30 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
     // The first k16 step of V^T, loaded now: its shared-memory latency hides behind the softmax.
     uint32_t vraw[kDimBlocks / 2][4];
 #pragma unroll
-    for (int j = 0; j < kDimBlocks / 2; ++j) v_load(kv_addr, 0, j, warp, lane, vraw[j]);
+    for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTma>(kv_addr, 0, j, warp, lane, vraw[j]);
 
+    // The thread's two keys (accumulator rows g and g + 8 of its warp): global positions, INT_MAX
+    // where masked (past the chunk, causal limit of every row of the CTA, bad page).
+    int32_t key_pos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = 16 * warp + g + 8 * h;
+      if constexpr (kTma) {
+        const int64_t j = keys.k_begin + int64_t(t) * kTileKeys + key;
+        key_pos[h] = (key_mask >> key) & 1 ? int32_t(keys.plain_positions ? j
+                                                                          : dcp_global_position(j, p.dcp_size, p.dcp_rank,
+                                                                                                p.dcp_interleave))
+                                           : INT_MAX;
+      } else {
+        key_pos[h] = sm.pos[slot][key];
+      }
+    }
     // Scores in log2 units (scaled by log2 e: exp2 is one MUFU), masked (chunk, causal, bad page),
-    // row maxima over the tile's 64 keys.
+    // row maxima over the tile's 64 keys. A select, so a NaN score of a masked key goes too.
     float s[8], mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int32_t pos = sm.pos[slot][16 * warp + g + 8 * acc_half(i)];
-      s[i] = pos <= limit[row_slot(i)] ? x[i] * scale_log2 : -INFINITY;
+      s[i] = key_pos[acc_half(i)] <= limit[row_slot(i)] ? x[i] * scale_log2 : -INFINITY;
       mx[row_slot(i)] = fmaxf(mx[row_slot(i)], s[i]);
     }
 #pragma unroll
@@ -295,8 +429,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
     for (int ks = 0; ks < kPvSteps; ++ks) {
 #pragma unroll
       for (int j = 0; j < kDimBlocks / 2; ++j) {
+        if (kTma && key_mask != ~0ull) v_mask(vraw[j], key_mask, ks, c);
         v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
-        if (ks + 1 < kPvSteps) v_load(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
+        if (ks + 1 < kPvSteps) v_load<kTma>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
       }
       wgmma::fence();
       const uint64_t bp = wgmma::descriptor(p_addr + ks * 2 * kBChunkStride, kBChunkStride, 128);
@@ -350,19 +485,39 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1) attend_wgmma_k
   }
 }
 
-template <int kStages, int kGroupSteps>
+template <int kStages, int kGroupSteps, bool kTma>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(WgSmem<kStages>))));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTma>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTma>()));
 }
 
-// MLA_ATTEND_QK_GROUP=2: q.k accumulators of 2 k32 steps (one wave), for measurement.
+// q.k accumulators of 2 k32 steps (one wave of 9) by default: B64 127.0 vs 130.7 µs, rel L2 of q.k
+// 1.6e-4 vs 1.1e-4 (H200, session 4); MLA_ATTEND_QK_GROUP=1 gives one accumulator a step.
 int qk_group_steps() {
   static const int steps = [] {
     const char* env = std::getenv("MLA_ATTEND_QK_GROUP");
-    return env && std::atoi(env) == 2 ? 2 : 1;
+    return env && std::atoi(env) == 1 ? 1 : 2;
   }();
   return steps;
+}
+
+// The cache's tensor map for TMA boxes of box_rows rows, encoded once per (cache, shape) and reused
+// (a host call of a few µs; a graph captures the map by value with the launch).
+const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
+  struct Key {
+    const void* base;
+    int64_t rows, stride;
+    int box_rows;
+    bool operator==(const Key&) const = default;
+  };
+  thread_local Key key{};
+  thread_local CUtensorMap map{};
+  const Key want{p.cache, p.num_pages * p.page_size, p.row_stride, box_rows};
+  if (!(key == want)) {
+    map = make_tensor_map_bytes_sw128(p.cache, want.rows, kRow, p.row_stride, box_rows);
+    key = want;
+  }
+  return map;
 }
 
 }  // namespace
@@ -384,15 +539,41 @@ bool attend_wgmma_applies(const AttendParams& p) {
   return mode > 0 && (p.step_partials || mode == 2) && p.q_fp8 && p.cache_fp8 && !p.exact_p && o_aligned;
 }
 
+bool attend_wgmma_uses_tma(const AttendParams& p) {
+  // MLA_ATTEND_TMA=0: cp.async tiles everywhere (comparison).
+  static const bool allowed = [] {
+    const char* env = std::getenv("MLA_ATTEND_TMA");
+    return !(env && std::string_view(env) == "0");
+  }();
+  // A box is box_rows = min(page, 64) rows of one page, 1024-byte aligned in shared memory: pages of
+  // 8 or more rows (a power of two), rows of a page contiguous (the cache is one [rows, 576] matrix),
+  // 16-byte aligned rows. The chunks are rounded to whole tiles, which changes the partials: only
+  // the step's own (merged by post) or a single split.
+  const bool pow2_page = p.page_size >= 8 && (p.page_size & (p.page_size - 1)) == 0;
+  return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride && p.row_stride % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.num_pages * p.page_size <= INT32_MAX &&
+         (p.step_partials || p.splits == 1);
+}
+
 void prepare_attend_wgmma_kernels() {
-  set_smem_limit<2, 1>();
-  set_smem_limit<2, 2>();
+  set_smem_limit<2, 1, false>();
+  set_smem_limit<2, 2, false>();
+  set_smem_limit<2, 1, true>();
+  set_smem_limit<2, 2, true>();
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   const dim3 grid = attend_grid(p, kN);
-  if (qk_group_steps() == 2) attend_wgmma_kernel<2, 2><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
-  else attend_wgmma_kernel<2, 1><<<grid, kThreads, sizeof(WgSmem<2>), stream>>>(p);
+  const bool tma = attend_wgmma_uses_tma(p);
+  const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};
+  auto go = [&](auto kernel, int smem) { kernel<<<grid, kThreads, smem, stream>>>(p, map); };
+  if (tma) {
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, true>, smem_bytes<2, true>());
+    else go(attend_wgmma_kernel<2, 1, true>, smem_bytes<2, true>());
+  } else {
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, false>, smem_bytes<2, false>());
+    else go(attend_wgmma_kernel<2, 1, false>, smem_bytes<2, false>());
+  }
   MLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -139,6 +139,10 @@ void launch_attend(const AttendParams& p, cudaStream_t stream);
 // MLA_ATTEND_KERNEL=mma makes the mma.sync kernel (attend.cu) take every case, for comparison, and
 // MLA_ATTEND_KERNEL=wgmma lets the wgmma kernel also take attend() into a bf16 o (for the tests).
 bool attend_wgmma_applies(const AttendParams& p);
+// Where it applies, the wgmma kernel loads whole pages by TMA when the cache allows (pages of 8 or
+// more rows, a power of two, rows of a page contiguous) and the partials may be chunked by whole
+// tiles (the step's own, or one split); else by cp.async.
+bool attend_wgmma_uses_tma(const AttendParams& p);
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 void prepare_attend_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the attend kernels; once per process and device,

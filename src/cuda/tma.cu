@@ -1,4 +1,4 @@
-// Tensor maps for TMA (tma.hpp). NOT YET RUN ON A GPU.
+// Tensor maps for TMA (tma.hpp), checked on the H200 by Wgmma.TmaSwizzledQgmmaMatchesFloat64.
 #include "cuda/tma.hpp"
 
 #include <cuda_runtime.h>

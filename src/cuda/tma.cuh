@@ -1,8 +1,8 @@
 #pragma once
-// Hopper bulk tensor copies (TMA) and the mbarriers they complete on, for the next attend kernel
-// (docs/attention.md, "Plan for that kernel"). NOT YET RUN ON A GPU: tests/gpu/test_wgmma.cpp
-// (Wgmma.TmaSwizzledQgmmaMatchesFloat64) checks a page-shaped load with the 128-byte swizzle and
-// QGMMA on it against float64 before any kernel builds on these.
+// Hopper bulk tensor copies (TMA) and the mbarriers they complete on, for the wgmma attend kernel's
+// page loads (docs/attention.md). tests/gpu/test_wgmma.cpp (Wgmma.TmaSwizzledQgmmaMatchesFloat64)
+// checks a page-shaped load with the 128-byte swizzle and QGMMA on it against float64 (H200,
+// session 4: rel L2 4.5e-4, the fp8 accumulator's one-chain figure).
 #include <cuda.h>
 
 #include <cstdint>
@@ -34,6 +34,14 @@ __device__ __forceinline__ bool wait_parity(uint32_t bar, uint32_t parity, uint3
     if (done) return true;
   }
   return false;
+}
+
+// Waits for the phase with this parity to complete, however long it takes (kernels).
+__device__ __forceinline__ void wait_parity_forever(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
 
 // The box of `map` at (x = byte column, y = row) into shared memory at dst (1024-byte aligned for

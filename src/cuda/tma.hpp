@@ -1,6 +1,5 @@
 #pragma once
-// Host side of the TMA building blocks (tma.cuh): tensor maps over byte matrices. NOT YET RUN ON A
-// GPU (see tma.cuh).
+// Host side of the TMA building blocks (tma.cuh): tensor maps over byte matrices.
 #include <cuda.h>
 
 #include <cstdint>

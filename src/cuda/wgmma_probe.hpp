@@ -20,7 +20,7 @@ void qgmma_qk_probe(const uint8_t* q, int64_t q_stride, const uint8_t* k, int64_
 // swizzled descriptors: q_map / k_map are tensor maps over byte matrices with 576-byte rows and
 // 64-row boxes (make_tensor_map_bytes_sw128); the tiles are rows q_row .. +63 and k_row .. +63.
 // One chain over K = 576. *ok (device) is set to 0 if the loads did not complete (a hang otherwise).
-// NOT YET RUN ON A GPU.
+// H200 (session 4): rel L2 4.5e-4, as the no-swizzle probe's one chain.
 void qgmma_qk_probe_tma(const CUtensorMap& q_map, int q_row, const CUtensorMap& k_map, int k_row, float* s,
                         int* ok, cudaStream_t stream);
 

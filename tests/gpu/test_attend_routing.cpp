@@ -5,6 +5,7 @@
 // variable is read once per process; device-check sets it only for other test runs).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <vector>
 
@@ -50,6 +51,41 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
   cuda::AttendParams odd_base = step;
   odd_base.o = o.data() + 1;
   EXPECT_FALSE(cuda::attend_wgmma_applies(odd_base));
+}
+
+// The wgmma kernel loads whole pages by TMA where the cache is one [rows, 576] matrix with pages of
+// 8+ rows (a power of two) and the partials may be chunked by whole tiles; else by cp.async.
+TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
+  if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
+  std::vector<float> o(8);
+  alignas(16) static uint8_t cache[16];
+  cuda::AttendParams p = step_partials_params(o.data());
+  p.cache = cache;
+  p.row_stride = 576, p.num_pages = 100, p.splits = 4;
+  for (int page : {8, 16, 32, 64, 128}) {
+    p.page_size = page, p.page_stride = int64_t(page) * 576;
+    EXPECT_TRUE(cuda::attend_wgmma_uses_tma(p)) << "page " << page;
+  }
+  p.page_size = 64, p.page_stride = 64 * 576;
+  cuda::AttendParams q = p;
+  for (int page : {1, 2, 4, 48}) {
+    q.page_size = page, q.page_stride = int64_t(page) * 576;
+    EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q)) << "page " << page;
+  }
+  q = p;
+  q.page_stride += 576;  // a gap between pages
+  EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q));
+  q = p;
+  q.row_stride = 584, q.page_stride = 64 * 584;  // rows not 16-byte aligned
+  EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q));
+  q = p;
+  q.cache = cache + 1;
+  EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q));
+  q = p;  // a caller's split partials keep SPEC's chunks: cp.async
+  q.step_partials = false;
+  EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q));
+  q.splits = 1;  // one split: the same chunk either way
+  EXPECT_TRUE(cuda::attend_wgmma_uses_tma(q));
 }
 
 }  // namespace

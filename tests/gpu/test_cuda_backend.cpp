@@ -1,6 +1,6 @@
 // The CUDA backend against the CPU backend on the same inputs (SPEC.md tolerances), over the CPU
 // tests' random configurations: presets and gate layouts, uneven batches with empty requests,
-// qlen 1..8, page sizes 1/16/64, shuffled page tables with NaN in unused pages and page tails,
+// qlen 1..8, page sizes 1/16/64 (steps also 8/32/128), shuffled page tables with NaN in unused pages and page tails,
 // fp8/bf16 query and cache, head-padded queries, split partials. Outputs are poisoned before each
 // call and must come back fully written. Whole steps, CUDA-graph capture and replay with new
 // inputs, and device-side metadata errors (a bad slot is never written). Without a GPU every test
@@ -179,8 +179,13 @@ TEST(CudaBackend, StepMatchesCpu) {
   decode.max_batch = 2;
   decode.max_qlen = 2;
   decode.empty_fraction = 0;
-  for (int k = 0; k < kCases + 3; ++k) {
-    Fixture f(300 + k, k < kCases ? limits() : decode);
+  // The TMA box shapes beyond the random pages 1/16/64 (fp8: the wgmma kernel's TMA tiles): 8 boxes
+  // of 8 rows, 2 of 32, one 64-row box inside a page of 128.
+  testing::RandomCaseLimits boxes = limits();
+  boxes.page_sizes = {8, 32, 128};
+  boxes.allow_bf16_q = boxes.allow_bf16_kv = false;
+  for (int k = 0; k < kCases + 6; ++k) {
+    Fixture f(300 + k, k < kCases ? limits() : k < kCases + 3 ? decode : boxes);
     SCOPED_TRACE(f.rc.describe());
     if (f.s() == 0) continue;
     synth::Scenario dev = synth::to_device(f.host);
