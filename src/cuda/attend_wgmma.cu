@@ -25,6 +25,7 @@
 #include <climits>
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -61,12 +62,13 @@ __device__ __forceinline__ int tile_offset(int key, int chunk) {
   if constexpr (kTma) return (chunk >> 3) * kSlabBytes + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
   else return wgmma::kmajor_offset(key, chunk);
 }
-// q.k's A descriptor (64 keys x 32 bytes) of k32 step `step`.
+// Byte offset of q.k's A operand (64 keys x 32 bytes) for k32 step `step` from the tile's start.
 template <bool kTma>
-__device__ __forceinline__ uint64_t key_descriptor(uint32_t tile, int step) {
-  if constexpr (kTma) return wgmma::descriptor_sw128(tile + (step >> 2) * kSlabBytes + (step & 3) * 32);
-  else return wgmma::descriptor(tile + step * 2 * wgmma::kChunkStride, wgmma::kChunkStride, 128);
+__host__ __device__ constexpr int key_step_offset(int step) {
+  return kTma ? (step >> 2) * kSlabBytes + (step & 3) * 32 : step * 2 * wgmma::kChunkStride;
 }
+// Running maxima move only by more than this (log2 units): weights stay <= 2^8.
+constexpr float kLazyRescale = 8.0f;
 
 // B operands (16 rows) in K-major core matrices of 8 rows x 16 bytes: chunk k of row n.
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes: the descriptors' leading byte offset
@@ -291,7 +293,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   for (int blk = 0; blk < kDimBlocks; ++blk)
 #pragma unroll
     for (int i = 0; i < 8; ++i) o[blk][i] = 0.0f;
-  const uint32_t q_addr = ptx::smem_addr(sm.q), p_addr = ptx::smem_addr(sm.p);
+  // Descriptors advance from a base by their byte offsets (one add, not a rebuild per MMA).
+  const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q), kBChunkStride, 128);
+  const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p), kBChunkStride, 128);
 
   for (int t = 0; t < n_tiles; ++t) {
     const int buf = t % kStages, slot = t % kSlots;
@@ -318,6 +322,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 
     // q.k: kGroupSteps k32 steps an accumulator (the first with scale-d = 0), summed in f32.
     const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
+    const uint64_t k_desc = kTma ? wgmma::descriptor_sw128(kv_addr) : wgmma::descriptor(kv_addr, wgmma::kChunkStride, 128);
     float x[8] = {};
 #pragma unroll
     for (int wave = 0; wave < kAccs / kWave; ++wave) {
@@ -334,8 +339,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 #pragma unroll
         for (int u = 0; u < kGroupSteps; ++u) {
           const int step = (wave * kWave + k) * kGroupSteps + u;
-          const uint64_t bq = wgmma::descriptor(q_addr + step * 2 * kBChunkStride, kBChunkStride, 128);
-          wgmma::mma_m64n16k32_e4m3(sg[k], key_descriptor<kTma>(kv_addr, step), bq, u > 0);
+          wgmma::mma_m64n16k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTma>(step)),
+                                    wgmma::advance(q_desc, step * 2 * kBChunkStride), u > 0);
         }
       wgmma::commit();
       if constexpr (!kTma) {
@@ -374,49 +379,58 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
         key_pos[h] = sm.pos[slot][key];
       }
     }
-    // Scores in log2 units (scaled by log2 e: exp2 is one MUFU), masked (chunk, causal, bad page),
-    // row maxima over the tile's 64 keys. A select, so a NaN score of a masked key goes too.
-    float s[8], mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    // Scores in log2 units (scaled by log2 e: exp2 is one MUFU), masked (chunk, causal, bad page)
+    // by a select, so a NaN score of a masked key goes too.
+    float s[8];
+    bool grows = false;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       s[i] = key_pos[acc_half(i)] <= limit[row_slot(i)] ? x[i] * scale_log2 : -INFINITY;
-      mx[row_slot(i)] = fmaxf(mx[row_slot(i)], s[i]);
+      grows |= s[i] > m_run[row_slot(i)] + kLazyRescale;
     }
+    // The running maxima move only when a score passes them by more than kLazyRescale (log2 units;
+    // always on a row's first visible tile): the weights stay <= 2^kLazyRescale (f16 holds them
+    // with the same relative precision) and most tiles skip the cross-warp maxima exchange, the
+    // rescale of o and its barrier. All threads move every row at once, so they keep agreeing.
+    if (__syncthreads_or(grows)) {
+      float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
-      if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
-    }
-    __syncthreads();  // every warp's row maxima
-    // Every thread moves its rows to the same maxima, so the per-thread sums add up at the end.
-    // Branch-free -inf handling (the rules of core/softmax_state.hpp): a row that has seen nothing
-    // keeps m = -inf and gets weights 0 (exp2(-inf - 0)); its first visible tile gets alpha =
-    // exp2(-inf) = 0 for the (zero) past.
-    float alpha[4], m_use[4];
+      for (int i = 0; i < 8; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], s[i]);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int n = slot_col(r, c);
-      const float m_new = fmaxf(m_run[r], fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n])));
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m_run[r] - m_use[r]);
-      m_run[r] = m_new;
-      d_run[r] *= alpha[r];
+      for (int r = 0; r < 4; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
+        if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
+      }
+      __syncthreads();  // every warp's row maxima
+      // Branch-free -inf handling (the rules of core/softmax_state.hpp): a row that has seen
+      // nothing keeps m = -inf and gets weights 0 (exp2(-inf - 0)); its first visible tile gets
+      // alpha = exp2(-inf) = 0 for the (zero) past.
+      float alpha[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int n = slot_col(r, c);
+        const float m_new = fmaxf(m_run[r], fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n])));
+        alpha[r] = exp2f(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
+        m_run[r] = m_new;
+        d_run[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int blk = 0; blk < kDimBlocks; ++blk) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[blk][i] *= alpha[row_slot(i)];
+        wgmma::fence_operand(o[blk]);  // the rescale stays before the MMAs (else they serialize)
+      }
     }
     uint8_t* pb = reinterpret_cast<uint8_t*>(sm.p);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float w = exp2f(s[i] - m_use[row_slot(i)]);
+      const float m = m_run[row_slot(i)];
+      const float w = exp2f(s[i] - (m == -INFINITY ? 0.0f : m));
       d_run[row_slot(i)] += w;
       const int key = 16 * warp + g + 8 * acc_half(i);
       *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
-    }
-#pragma unroll
-    for (int blk = 0; blk < kDimBlocks; ++blk) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o[blk][i] *= alpha[row_slot(i)];
-      wgmma::fence_operand(o[blk]);  // the rescale stays before the MMAs (else they serialize)
     }
     wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
     __syncthreads();             // the whole P tile; every warp has read red
@@ -424,23 +438,29 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     // p.v: per k16 step, 8 dim blocks; fragments double-buffered across steps (an in-flight
     // wgmma reads its A registers until wait). The last step drains: MMAs left in flight into
     // the next tile's q.k make ptxas serialize every wgmma (C7515).
-    uint32_t frag[2][kDimBlocks][4];
+    // The masked variant (zeroed V bytes) only for a TMA tile with masked keys (a split's last):
+    // predicated, the masking cost every tile 64 instructions a thread.
+    auto pv = [&](auto masked) {
+      uint32_t frag[2][kDimBlocks][4];
 #pragma unroll
-    for (int ks = 0; ks < kPvSteps; ++ks) {
+      for (int ks = 0; ks < kPvSteps; ++ks) {
 #pragma unroll
-      for (int j = 0; j < kDimBlocks / 2; ++j) {
-        if (kTma && key_mask != ~0ull) v_mask(vraw[j], key_mask, ks, c);
-        v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
-        if (ks + 1 < kPvSteps) v_load<kTma>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
+        for (int j = 0; j < kDimBlocks / 2; ++j) {
+          if constexpr (decltype(masked)::value) v_mask(vraw[j], key_mask, ks, c);
+          v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
+          if (ks + 1 < kPvSteps) v_load<kTma>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
+        }
+        wgmma::fence();
+        const uint64_t bp = wgmma::advance(p_desc, ks * 2 * kBChunkStride);
+#pragma unroll
+        for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::mma_m64n16k16_f16_rs(o[blk], frag[ks & 1][blk], bp);
+        wgmma::commit();
+        if (ks == kPvSteps - 1) wgmma::wait<0>();
+        else if (ks > 0) wgmma::wait<1>();
       }
-      wgmma::fence();
-      const uint64_t bp = wgmma::descriptor(p_addr + ks * 2 * kBChunkStride, kBChunkStride, 128);
-#pragma unroll
-      for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::mma_m64n16k16_f16_rs(o[blk], frag[ks & 1][blk], bp);
-      wgmma::commit();
-      if (ks == kPvSteps - 1) wgmma::wait<0>();
-      else if (ks > 0) wgmma::wait<1>();
-    }
+    };
+    if (kTma && key_mask != ~0ull) pv(std::true_type{});
+    else pv(std::false_type{});
   }
   wgmma::wait<0>();
 #pragma unroll

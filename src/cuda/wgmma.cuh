@@ -35,6 +35,13 @@ __device__ __forceinline__ uint64_t descriptor_sw128(uint32_t smem_addr) {
   return uint64_t((smem_addr >> 4) & 0x3FFF) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
 }
 
+// The descriptor of the same layout `bytes` further on: the start address is the low 14 bits (>> 4)
+// and shared memory ends below 2^18 bytes, so the add never carries out of the field.
+__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = uint32_t(desc) + (bytes >> 4), hi = uint32_t(desc >> 32);
+  return uint64_t(hi) << 32 | lo;
+}
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
