@@ -31,6 +31,7 @@
 #include "cuda/attend_keys.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 #include "cuda/tma.cuh"
@@ -174,6 +175,11 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<WgSmem<kStages, kTma>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   constexpr int kSlots = kStages + 1;
+
+  // Launched as a dependent (pdl.cuh): post may launch now; everything below may read what the
+  // kernels before it wrote (the query, the new cache rows, the error word).
+  allow_dependents();
+  wait_for_prior_grids();
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
@@ -511,12 +517,12 @@ void set_smem_limit() {
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTma>()));
 }
 
-// q.k accumulators of 2 k32 steps (one wave of 9) by default: B64 127.0 vs 130.7 µs, rel L2 of q.k
-// 1.6e-4 vs 1.1e-4 (H200, session 4); MLA_ATTEND_QK_GROUP=1 gives one accumulator a step.
+// One q.k accumulator a k32 step (the most accurate: rel L2 of q.k 1.1e-4 vs 1.6e-4 with 2-step
+// groups); since v11 both time the same (B64 92.3 vs 92.6 µs, H200). MLA_ATTEND_QK_GROUP=2: 2-step.
 int qk_group_steps() {
   static const int steps = [] {
     const char* env = std::getenv("MLA_ATTEND_QK_GROUP");
-    return env && std::atoi(env) == 1 ? 1 : 2;
+    return env && std::atoi(env) == 2 ? 2 : 1;
   }();
   return steps;
 }
@@ -586,7 +592,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   const dim3 grid = attend_grid(p, kN);
   const bool tma = attend_wgmma_uses_tma(p);
   const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};
-  auto go = [&](auto kernel, int smem) { kernel<<<grid, kThreads, smem, stream>>>(p, map); };
+  auto go = [&](auto kernel, int smem) { launch_dependent(kernel, grid, dim3(kThreads), smem, stream, p, map); };
   if (tma) {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, true>, smem_bytes<2, true>());
     else go(attend_wgmma_kernel<2, 1, true>, smem_bytes<2, true>());
