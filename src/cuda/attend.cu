@@ -503,6 +503,7 @@ void launch_attend(const AttendParams& in, cudaStream_t stream) {
     p.l1_copies = wgmma_l1_copies();
     return launch_attend_wgmma(p, stream);
   }
+  MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");
   const dim3 grid = attend_grid(p, kMTile);
   if (!p.cache_fp8) {
     if (p.exact_p) launch<Bf16Exact>(p, grid, stream);

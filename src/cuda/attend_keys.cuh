@@ -47,6 +47,18 @@ struct CtaWork {
   __device__ int last_row(int rows_per_cta) const { return min(rows_total, m_base + rows_per_cta) - 1; }
 };
 
+// The flat plan (AttendParams.flat_ctas > 0; the wgmma kernel's TMA tiles at W = 1): the requests'
+// key tiles laid end to end, T in all, and key-CTA c serves tiles [c K, (c+1) K) of that sequence,
+// K = max(kMinFlatTiles, ceil(T / flat_ctas)): every CTA the same work whatever the lengths. A CTA
+// whose range crosses requests serves one segment of each; segment (request b, CTA c) writes
+// partial c + b (unique: a request's segments take consecutive CTAs, the next request starts at
+// the CTA where it ends or later), and the CTA that starts request b records its partials'
+// first index and count for post (part_first, part_count).
+__device__ __forceinline__ int32_t flat_request_tiles(const AttendParams& p, int b) {
+  const int32_t len = p.seq_lens[b];
+  return len > 0 && len >= p.qlen ? (len + kTileKeys - 1) / kTileKeys : 0;  // W = 1: local = global length
+}
+
 // A key of a tile as page_of found it: local index, page id as loaded, global position.
 struct KeyRow {
   int32_t j = -1;     // local key index, -1: none
@@ -71,22 +83,39 @@ struct KeyStream {
   int elem_bytes;        // 1 (fp8 cache) or 2 (bf16)
 
   __device__ KeyStream(const AttendParams& p, int b, int split, int last_row, bool reporter, int chunk_align = 1) {
-    seq_len = p.seq_lens[b];
-    len_ok = seq_len == 0 || seq_len >= p.qlen;
-    if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
-    const int64_t n_local =
-        len_ok && seq_len > 0 ? dcp_local_length(seq_len, p.dcp_size, p.dcp_rank, p.dcp_interleave) : 0;
+    const int64_t n_local = init(p, b, last_row, reporter);
     const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
     k_begin = min(n_local, int64_t(split) * chunk);
     k_end = min(n_local, k_begin + chunk);
+    check_pages(p, n_local, reporter);
+  }
+  // Local keys [begin, end) of request b (the flat plan's segments; end is clipped to the length).
+  __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, int last_row, bool reporter) {
+    const int64_t n_local = init(p, b, last_row, reporter);
+    k_begin = min(n_local, begin);
+    k_end = min(n_local, end);
+    check_pages(p, n_local, reporter);
+  }
+
+ private:
+  // Everything but the key range; returns the request's local length.
+  __device__ int64_t init(const AttendParams& p, int b, int last_row, bool reporter) {
+    seq_len = p.seq_lens[b];
+    len_ok = seq_len == 0 || seq_len >= p.qlen;
+    if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
     page_begin = p.kv_indptr[b];
     pages_avail = int64_t(p.kv_indptr[b + 1]) - page_begin;
-    if (reporter && (pages_avail < 0 || n_local > pages_avail * p.page_size)) atomicOr(p.error, kShortPageTable);
     tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
     page_shift = __popc(p.page_size) == 1 ? __ffs(p.page_size) - 1 : -1;
     plain_positions = p.dcp_size == 1;
     elem_bytes = p.cache_fp8 ? 1 : 2;
+    return len_ok && seq_len > 0 ? dcp_local_length(seq_len, p.dcp_size, p.dcp_rank, p.dcp_interleave) : 0;
   }
+  __device__ void check_pages(const AttendParams& p, int64_t n_local, bool reporter) const {
+    if (reporter && (pages_avail < 0 || n_local > pages_avail * p.page_size)) atomicOr(p.error, kShortPageTable);
+  }
+
+ public:
 
   __device__ int n_tiles() const { return int((k_end - k_begin + kTileKeys - 1) / kTileKeys); }
 

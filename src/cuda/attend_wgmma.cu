@@ -87,6 +87,7 @@ struct WgSmem {
   // split and on a good page; the rest of the tile may hold anything, NaN included).
   alignas(8) uint64_t full[kStages];
   uint64_t key_mask[kStages];
+  int32_t flat_start[kTma ? kMaxFlatBatch + 1 : 1];  // the flat plan: request b's first tile
 };
 template <int kStages, bool kTma>
 constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTma>)) + 1024; }  // + alignment slack
@@ -178,9 +179,19 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kN, tid);
-  const int rows_total = cta.rows_total, b = cta.b, split = cta.split, m_base = cta.m_base;
-  // TMA tiles start on a page (chunks rounded up to whole tiles).
-  const KeyStream keys(p, b, split, cta.last_row(kN), cta.reporter, kTma ? kTileKeys : 1);
+  const int rows_total = cta.rows_total, m_base = cta.m_base;
+  if constexpr (kTma) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), 1);
+      tma::fence_barrier_init();  // published by the first segment's CTA barrier
+    }
+  }
+  int done = 0;  // TMA: tiles consumed by earlier segments (stage and mbarrier parity run on)
+
+  // One segment: request b's local keys as `keys` says, into partial `part` at token rows
+  // tok_base + i (the query's i-th token).
+  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base) {
   int32_t limit[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
@@ -211,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     const uint64_t loaded = uint64_t(__reduce_or_sync(~0u, uint32_t(mine >> 32))) << 32 |
                             __reduce_or_sync(~0u, uint32_t(mine));
     const int64_t left = keys.k_end - (keys.k_begin + int64_t(tile) * kTileKeys);
-    const int stage = tile % kStages;
+    const int stage = (done + tile) % kStages;
     const uint32_t bar = ptx::smem_addr(&sm.full[stage]);
     if (lane == 0) {
       sm.key_mask[stage] = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
@@ -227,11 +238,6 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   };
   int32_t next_page = -1;  // warp 0, TMA: the lane's page id for the next tile to issue
   if constexpr (kTma) {
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), 1);
-      tma::fence_barrier_init();
-    }
     if (warp == 0 && n_tiles > 0) next_page = box_page(0);
   }
 
@@ -298,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p), kBChunkStride, 128);
 
   for (int t = 0; t < n_tiles; ++t) {
-    const int buf = t % kStages, slot = t % kSlots;
+    const int buf = (kTma ? done + t : t) % kStages, slot = t % kSlots;
     uint64_t key_mask = ~0ull;
     if constexpr (kTma) {
       // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
@@ -307,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
         issue_tma(t + 1, next_page);
         next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
       }
-      tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), (t / kStages) & 1);
+      tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
       key_mask = sm.key_mask[buf];
     } else {
       ptx::cp_async_wait_group<kStages - 2>();
@@ -490,9 +496,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
     f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
     const float scale = f.inv_sum() * p.v_scale;
-    const int64_t s_idx = int64_t(b) * p.qlen + m / p.heads;
+    const int64_t s_idx = tok_base + m / p.heads;
     const int h = m % p.heads;
-    const int64_t base = int64_t(split) * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
+    const int64_t base = part * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
     const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
     for (int blk = 0; blk < kDimBlocks; ++blk) {
@@ -501,7 +507,79 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       if (p.o_bf16) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = ptx::pack_bf16x2(x0, x1);
       else *reinterpret_cast<float2*>(static_cast<float*>(p.o) + off) = make_float2(x0, x1);
     }
-    if (warp == 0 && g == 0) p.lse[int64_t(split) * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
+    if (warp == 0 && g == 0) p.lse[part * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
+  }
+  done += n_tiles;
+  };  // serve
+
+  // The segments: one (request, split) for fixed splits; with the flat plan (attend_keys.cuh), the
+  // requests overlapping this key-CTA's tiles [begin, end). One call site, so one copy of serve.
+  const bool flat = kTma && p.flat_ctas > 0;
+  const int batch = p.batch;
+  int32_t begin = 0, end = 0, per_cta = 1;
+  int cta_key = 0, b = cta.b;
+  if (flat) {
+    for (int i = tid; i < batch; i += kThreads) {
+      sm.flat_start[i] = flat_request_tiles(p, i);  // the count, made the prefix below
+      const int32_t len = p.seq_lens[i];
+      if (blockIdx.x == 0 && len != 0 && len < p.qlen) atomicOr(p.error, kBadSeqLen);
+    }
+    __syncthreads();
+    if (warp == 0) {  // an exclusive scan: a lane sums a run of requests, then the runs
+      const int per = (batch + 31) / 32, lo = min(batch, lane * per), hi = min(batch, lo + per);
+      int32_t run = 0;
+      for (int i = lo; i < hi; ++i) run += sm.flat_start[i];
+      int32_t before = run;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int32_t v = __shfl_up_sync(~0u, before, off);
+        if (lane >= off) before += v;
+      }
+      before -= run;
+      for (int i = lo; i < hi; ++i) {  // each lane its own slots
+        const int32_t t = sm.flat_start[i];
+        sm.flat_start[i] = before;  // request i's first tile
+        before += t;
+      }
+      if (lane == 31) sm.flat_start[batch] = before;
+    }
+    __syncthreads();
+    const int m_tiles = (rows_total + kN - 1) / kN;
+    cta_key = blockIdx.x / m_tiles;
+    const int32_t total = sm.flat_start[batch];
+    per_cta = max(kMinFlatTiles, (total + p.flat_ctas - 1) / p.flat_ctas);
+    begin = min(total, cta_key * per_cta);
+    end = min(total, begin + per_cta);
+    if (blockIdx.x == 0)  // post merges nothing for an empty request
+      for (int i = tid; i < batch; i += kThreads)
+        if (sm.flat_start[i + 1] == sm.flat_start[i]) p.part_count[i] = 0;
+    int lo = 0, hi = batch - 1;  // the request holding tile `begin`: the last b with start <= begin
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (sm.flat_start[mid] <= begin) lo = mid;
+      else hi = mid - 1;
+    }
+    b = lo;
+  }
+  for (bool first_segment = true;; first_segment = false, ++b) {
+    if (!flat && !first_segment) break;
+    if (flat) {
+      while (b < batch && sm.flat_start[b + 1] == sm.flat_start[b]) ++b;  // empty requests
+      if (begin >= end || b >= batch || sm.flat_start[b] >= end) break;
+    }
+    const int32_t start = flat ? sm.flat_start[b] : 0, tiles = flat ? sm.flat_start[b + 1] - start : 0;
+    const bool opens = flat && start >= begin;  // this CTA serves the request's first tile
+    if (opens && cta.m_tile == 0 && tid == 0) {
+      p.part_first[b] = cta_key + b;
+      p.part_count[b] = (start + tiles - 1) / per_cta - cta_key + 1;
+    }
+    // Fixed splits: TMA tiles start on a page (chunks rounded up to whole tiles).
+    const KeyStream keys =
+        flat ? KeyStream(p, b, int64_t(max(begin, start) - start) * kTileKeys,
+                         int64_t(min(end, start + tiles) - start) * kTileKeys, cta.last_row(kN),
+                         opens && cta.m_tile == 0 && tid == 0)
+             : KeyStream(p, cta.b, cta.split, cta.last_row(kN), cta.reporter, kTma ? kTileKeys : 1);
+    serve(keys, b, flat ? int64_t(cta_key) + b : cta.split, flat ? 0 : int64_t(cta.b) * p.qlen);
   }
 }
 
@@ -583,8 +661,12 @@ void prepare_attend_wgmma_kernels() {
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
-  const dim3 grid = attend_grid(p, kN);
   const bool tma = attend_wgmma_uses_tma(p);
+  MLA_REQUIRE(p.flat_ctas == 0 || (tma && p.dcp_size == 1 && p.batch <= kMaxFlatBatch),
+              "attend: the flat plan needs the wgmma kernel's TMA tiles at W = 1 and B <= ", kMaxFlatBatch);
+  // The flat plan: flat_ctas key-CTAs x the row tiles; else one CTA per (request, split, row tile).
+  const dim3 grid = p.flat_ctas > 0 ? dim3(unsigned(p.flat_ctas) * unsigned((p.heads * p.qlen + kN - 1) / kN))
+                                    : attend_grid(p, kN);
   const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
   // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283).

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -32,6 +34,15 @@ constexpr int kMaxSplits = 256;
 constexpr int kMinKeysPerSplit = 128;  // two of attend's key tiles
 
 int m_tiles(int heads, int qlen) { return (heads * qlen + 15) / 16; }
+
+// MLA_ATTEND_FLAT=0: the step's attend keeps fixed splits a request (comparison).
+bool flat_plan_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ATTEND_FLAT");
+    return !(env && std::string_view(env) == "0");
+  }();
+  return on;
+}
 
 }  // namespace
 
@@ -75,10 +86,12 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   q_heads_ = opts.q_head_pad > 0 ? opts.q_head_pad : g;
   q_ = DeviceBuffer(size_t(t) * q_heads_ * kRow * dtype_size(opts.q_dtype));
   if (cfg.gate_dim() > 0) gate_ = DeviceBuffer(size_t(t) * cfg.gate_dim() * 2);
-  // Partials: the most split rows (splits * S) any step up to max_tokens can plan.
+  // Partials: the most split rows any step up to max_tokens can plan: splits * S, and (splits + 1) * S
+  // for the flat plan (B * splits key-CTAs write up to B * splits + B partials of Q rows).
   int64_t partial_rows = 0;
   for (int qlen = 1; qlen <= 8; ++qlen)
-    for (int b = 1; int64_t(b) * qlen <= t; ++b) partial_rows = std::max(partial_rows, int64_t(plan_splits(b, qlen, {})) * b * qlen);
+    for (int b = 1; int64_t(b) * qlen <= t; ++b)
+      partial_rows = std::max(partial_rows, int64_t(plan_splits(b, qlen, {}) + 1) * b * qlen);
   partial_rows_ = std::max(partial_rows, t);
   o_ = DeviceBuffer(size_t(partial_rows_) * g * kLatent * sizeof(float));
   lse_ = DeviceBuffer(size_t(partial_rows_) * g * sizeof(float));
@@ -86,6 +99,8 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
     exchanged_o_ = DeviceBuffer(o_.bytes());
     exchanged_lse_ = DeviceBuffer(lse_.bytes());
   }
+  part_first_ = DeviceBuffer(size_t(t) * sizeof(int32_t));
+  part_count_ = DeviceBuffer(size_t(t) * sizeof(int32_t));
   error_ = DeviceBuffer(sizeof(uint32_t));
   MLA_CUDA_CHECK(cudaMemset(error_.get(), 0, sizeof(uint32_t)));
   cublas_workspace_ = DeviceBuffer(kCublasWorkspace);
@@ -246,7 +261,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   const bool q_fp8 = q.dtype == DType::fp8_e4m3, cache_fp8 = cache.pages.dtype == DType::fp8_e4m3;
   // The step's own partials (the workspace) feed post's bf16 out: one-rounded P suffices there.
   const bool step_partials = out.o.data == o_.get();
-  launch_attend({.q = q.data,
+  AttendParams p{.q = q.data,
                  .q_fp8 = q_fp8,
                  .q_s_stride = q.stride[0],
                  .q_h_stride = q.stride[1],
@@ -279,8 +294,23 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
                  .dcp_size = opts.dcp.size,
                  .dcp_rank = opts.dcp.rank,
                  .dcp_interleave = opts.dcp.interleave,
-                 .error = error_.get<uint32_t>()},
-                stream_);
+                 .error = error_.get<uint32_t>()};
+  // The step's partials at W = 1 where the wgmma kernel takes TMA tiles: the flat plan, the same
+  // B * splits key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
+  const int64_t g = query_heads(), qlen = meta.qlen;
+  const int flat_ctas = p.batch * p.splits;
+  const bool flat = step_partials && opts.dcp.size == 1 && flat_plan_enabled() && attend_wgmma_applies(p) &&
+                    attend_wgmma_uses_tma(p) && p.batch <= kMaxFlatBatch && flat_ctas + 1 <= kMaxPostPartials &&
+                    int64_t(flat_ctas + p.batch) * qlen <= partial_rows_ && p.batch <= opts.max_tokens;
+  if (flat) {
+    p.flat_ctas = flat_ctas;
+    p.part_first = part_first_.get<int32_t>();
+    p.part_count = part_count_.get<int32_t>();
+    p.o_h_stride = kLatent, p.o_s_stride = g * kLatent, p.o_split_stride = qlen * g * kLatent;
+    p.lse_h_stride = 1, p.lse_s_stride = g, p.lse_split_stride = qlen * g;
+  }
+  if (step_partials) partials_flat_ = flat;
+  launch_attend(p, stream_);
 }
 
 void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta, const TensorView& out) {
@@ -304,7 +334,7 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
     head_offset = 0;
   }
   const bool split_form = in.o.rank == 4;
-  launch_post({.o = in.o.data,
+  PostParams p{.o = in.o.data,
                .o_bf16 = in.o.dtype == DType::bf16,
                .splits = split_form ? int(in.o.shape[0]) : 1,
                .o_split_stride = split_form ? in.o.stride[0] : 0,
@@ -323,8 +353,17 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
                .tokens = meta.tokens(),
                .heads = cfg.heads(),
                .head_offset = head_offset,
-               .v_dim = cfg.v_head_dim},
-              stream_);
+               .v_dim = cfg.v_head_dim};
+  if (partials_flat_ && attn.o.data == o_.get() && opts.dcp.size == 1) {  // attend's flat plan (above)
+    const int64_t g = query_heads();
+    p.part_first = part_first_.get<int32_t>();
+    p.part_count = part_count_.get<int32_t>();
+    p.qlen = meta.qlen;
+    p.splits = 1;  // per token: its request's part_count (at most B * splits + 1)
+    p.o_h_stride = kLatent, p.o_s_stride = g * kLatent, p.o_split_stride = meta.qlen * g * kLatent;
+    p.lse_h_stride = 1, p.lse_s_stride = g, p.lse_split_stride = meta.qlen * g;
+  }
+  launch_post(p, stream_);
 }
 
 uint32_t CudaBackend::take_errors() {

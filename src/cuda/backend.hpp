@@ -54,6 +54,10 @@ class CudaBackend final : public detail::BackendImpl {
   DeviceBuffer y_, q_c_, q_full_, q_, gate_, o_, lse_, error_, cublas_workspace_;
   DeviceBuffer exchanged_o_, exchanged_lse_;  // W > 1: the combine's [W*splits, S, N, L] partials
   int64_t q_heads_ = 0, partial_rows_ = 0;
+  // The flat plan's partial index ranges per request (AttendParams.flat_ctas), and whether the
+  // workspace partials were last written that way (post reads them accordingly).
+  DeviceBuffer part_first_, part_count_;
+  bool partials_flat_ = false;
   std::unique_ptr<Gemm> gemm_qkv_a_, gemm_q_b_;
   DeviceBuffer flush_;  // time_us's L2 flush, allocated on first use
 };

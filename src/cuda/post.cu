@@ -47,6 +47,9 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
   __shared__ __align__(16) float o[kPostTokens][kLatent];
   __shared__ float weight[kPostTokens][kMaxPartials];
   __shared__ __align__(16) float group_sum[kPostGroups - 1][kLatent];
+  // Token t's partials: count, and the offsets of partial 0's o row and lse (partial c: + c strides).
+  __shared__ int tok_count[kPostTokens];
+  __shared__ int64_t tok_o[kPostTokens], tok_lse[kPostTokens];
   const int n = blockIdx.x, h = p.head_offset + n;
   const int v0 = blockIdx.y * kPostRows;
   const int64_t s0 = int64_t(blockIdx.z) * kPostTokens;
@@ -79,29 +82,52 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
                   : 1.0f;
   }
 
-  // This group's partials [c_begin, c_end) and the first batch of their o rows (token 0).
-  const int per_group = (p.splits + kPostGroups - 1) / kPostGroups;
-  const int c_begin = min(g * per_group, p.splits), c_end = min(c_begin + per_group, p.splits);
+  // Each token's partials: `splits` at its own row, or (the flat plan) its request's run of them.
+  if (tid < tokens) {
+    const int64_t s = s0 + tid;
+    int64_t first = 0, row = s;
+    int count = p.splits;
+    if (p.part_first) {
+      const int64_t b = s / p.qlen;
+      row = s % p.qlen;
+      count = min(max(p.part_count[b], 0), kMaxPartials);
+      first = count > 0 ? p.part_first[b] : 0;
+    }
+    tok_count[tid] = count;
+    tok_o[tid] = first * p.o_split_stride + row * p.o_s_stride + int64_t(h) * p.o_h_stride;
+    tok_lse[tid] = first * p.lse_split_stride + row * p.lse_s_stride + int64_t(h) * p.lse_h_stride;
+  }
+  __syncthreads();
+
+  // This group's partials [c_begin, c_end) of token t, and the first batch of their o rows (token 0).
+  int c_begin = 0, c_end = 0;
+  auto group_range = [&](int t) {
+    const int count = tok_count[t], per_group = (count + kPostGroups - 1) / kPostGroups;
+    c_begin = min(g * per_group, count);
+    c_end = min(c_begin + per_group, count);
+  };
   const bool vec = reinterpret_cast<uintptr_t>(p.o) % (p.o_bf16 ? 8 : 16) == 0 && p.o_split_stride % 4 == 0 &&
                    p.o_s_stride % 4 == 0 && p.o_h_stride % 4 == 0;
   float4 x[kPostBatch];
   auto load_batch = [&](int t, int c) {
-    const int64_t base = (s0 + t) * p.o_s_stride + int64_t(h) * p.o_h_stride + 4 * q;
+    const int64_t base = tok_o[t] + 4 * q;
 #pragma unroll
     for (int i = 0; i < kPostBatch; ++i)
       if (c + i < c_end) x[i] = load_partial(p, base + (c + i) * p.o_split_stride, vec);
   };
+  group_range(0);
   load_batch(0, c_begin);
 
   // 1. Merge weights exp(lse_c - lse) of every partial (core/softmax_state.hpp's merge_weight:
   //    exactly 0 for an empty partial; all empty: lse = -inf and every weight 0). A warp a token.
   for (int t = warp; t < tokens; t += kPostThreads / 32) {
-    const float* lse = p.lse + (s0 + t) * p.lse_s_stride + int64_t(h) * p.lse_h_stride;
+    const float* lse = p.lse + tok_lse[t];
+    const int count = tok_count[t];
     float l[kLsePerLane];
 #pragma unroll
     for (int i = 0; i < kLsePerLane; ++i) {
       const int c = lane + 32 * i;
-      l[i] = c < p.splits ? lse[c * p.lse_split_stride] : -INFINITY;
+      l[i] = c < count ? lse[c * p.lse_split_stride] : -INFINITY;
     }
     float m = -INFINITY;
 #pragma unroll
@@ -110,12 +136,12 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kLsePerLane; ++i)
-      if (lane + 32 * i < p.splits) sum += merge_weight(l[i], m);
+      if (lane + 32 * i < count) sum += merge_weight(l[i], m);
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     const float total = m == -INFINITY ? -INFINITY : m + logf(sum);
 #pragma unroll
     for (int i = 0; i < kLsePerLane; ++i)
-      if (lane + 32 * i < p.splits) weight[t][lane + 32 * i] = merge_weight(l[i], total);
+      if (lane + 32 * i < count) weight[t][lane + 32 * i] = merge_weight(l[i], total);
   }
   __syncthreads();
 
@@ -123,6 +149,7 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
   //    o of a partial with weight 0 is loaded but never used (it may hold anything, NaN included).
   for (int t = 0; t < tokens; ++t) {
     float4 merged = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    group_range(t);
     for (int c = c_begin; c < c_end; c += kPostBatch) {
       if (t > 0 || c > c_begin) load_batch(t, c);
 #pragma unroll

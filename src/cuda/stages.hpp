@@ -132,7 +132,16 @@ struct AttendParams {
   int dcp_size, dcp_rank, dcp_interleave;
   uint32_t* error;
   bool l1_copies = false;  // wgmma kernel: key-tile copies through L1 (cp.async.ca), set by launch_attend
+  // The flat plan (attend_keys.cuh), for the step's partials where the wgmma kernel takes TMA tiles
+  // at W = 1: flat_ctas key-CTAs share all requests' tiles evenly; partial i is o[i] = [qlen, G, 512]
+  // (o_split_stride = qlen * o_s_stride), and request b's partials are part_first[b] ..
+  // + part_count[b] - 1 (written by the kernel for post). 0: splits as above.
+  int flat_ctas = 0;
+  int32_t* part_first = nullptr;
+  int32_t* part_count = nullptr;
 };
+inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
+inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory
 void launch_attend(const AttendParams& p, cudaStream_t stream);
 // The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: the step's
 // own partials (step_partials) with an fp8 query and cache, o rows 8-byte aligned;
@@ -169,6 +178,11 @@ struct PostParams {
   uint16_t* out;            // [S, N*V] bf16, row stride out_stride
   int64_t out_stride;
   int tokens, heads, head_offset, v_dim;  // heads = N, head_offset = dcp.rank * N
+  // The flat plan's partials (AttendParams.flat_ctas): token s of request b = s / qlen merges
+  // partials part_first[b] .. + part_count[b] - 1 at token row s % qlen; null: `splits` partials.
+  const int32_t* part_first = nullptr;
+  const int32_t* part_count = nullptr;
+  int qlen = 1;
 };
 void launch_post(const PostParams& p, cudaStream_t stream);
 
