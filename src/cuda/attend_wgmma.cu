@@ -238,7 +238,14 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   };
   int32_t next_page = -1;  // warp 0, TMA: the lane's page id for the next tile to issue
   if constexpr (kTma) {
-    if (warp == 0 && n_tiles > 0) next_page = box_page(0);
+    // The first tile's loads go out before the query's, so the two round trips overlap (warp 0
+    // initialized the mbarriers: its own lanes see them after __syncwarp; the other warps wait on
+    // them only after the CTA barrier below).
+    if (warp == 0 && n_tiles > 0) {
+      __syncwarp();
+      issue_tma(0, box_page(0));
+      next_page = n_tiles > 1 ? box_page(1) : -1;
+    }
   }
 
   load_query(sm, p, b, m_base, rows_total, tid);
@@ -278,12 +285,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   }
   wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
   __syncthreads();             // the query tile, the first tiles' rows, the initialized mbarriers
-  if constexpr (kTma) {
-    if (warp == 0 && n_tiles > 0) {
-      issue_tma(0, next_page);
-      next_page = n_tiles > 1 ? box_page(1) : -1;
-    }
-  } else {
+  if constexpr (!kTma) {
     for (int t = 0; t < kStages - 1; ++t) {
       if (t < n_tiles) issue_tile(t, t);
       else ptx::cp_async_commit();
@@ -589,12 +591,13 @@ void set_smem_limit() {
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTma>()));
 }
 
-// One q.k accumulator a k32 step (the most accurate: rel L2 of q.k 1.1e-4 vs 1.6e-4 with 2-step
-// groups); since v11 both time the same (B64 92.3 vs 92.6 µs, H200). MLA_ATTEND_QK_GROUP=2: 2-step.
+// q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
+// one a step, and 94.4 vs 96.2 µs at B64, 566 vs 601 µs with 128 heads, 286 vs 301 at qlen 4 (H200,
+// f27c94a); the step's bf16 output does not see the difference. MLA_ATTEND_QK_GROUP=1: one a step.
 int qk_group_steps() {
   static const int steps = [] {
     const char* env = std::getenv("MLA_ATTEND_QK_GROUP");
-    return env && std::atoi(env) == 2 ? 2 : 1;
+    return env && std::atoi(env) == 1 ? 1 : 2;
   }();
   return steps;
 }

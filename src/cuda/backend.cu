@@ -91,7 +91,7 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   int64_t partial_rows = 0;
   for (int qlen = 1; qlen <= 8; ++qlen)
     for (int b = 1; int64_t(b) * qlen <= t; ++b)
-      partial_rows = std::max(partial_rows, int64_t(plan_splits(b, qlen, {}) + 1) * b * qlen);
+      partial_rows = std::max(partial_rows, (std::max<int64_t>(plan_splits(b, qlen, {}), flat_ctas(b, qlen)) + 1) * b * qlen);
   partial_rows_ = std::max(partial_rows, t);
   o_ = DeviceBuffer(size_t(partial_rows_) * g * kLatent * sizeof(float));
   lse_ = DeviceBuffer(size_t(partial_rows_) * g * sizeof(float));
@@ -116,6 +116,12 @@ CudaBackend::~CudaBackend() {
   gemm_qkv_a_.reset();
   gemm_q_b_.reset();
   lt_.reset();
+}
+
+// The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave (two CTAs an SM)
+// for the row tiles of a request (B = 64, 12 heads: 264 instead of 4 splits x 64 = 256).
+int CudaBackend::flat_ctas(int batch, int qlen) const {
+  return std::min(kMaxPostPartials - 1, std::max(batch, 2 * sms_ / m_tiles(query_heads(), qlen)));
 }
 
 int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_lens_host) const {
@@ -295,15 +301,15 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
                  .dcp_rank = opts.dcp.rank,
                  .dcp_interleave = opts.dcp.interleave,
                  .error = error_.get<uint32_t>()};
-  // The step's partials at W = 1 where the wgmma kernel takes TMA tiles: the flat plan, the same
-  // B * splits key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
+  // The step's partials at W = 1 where the wgmma kernel takes TMA tiles, B > 1: the flat plan,
+  // key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
   const int64_t g = query_heads(), qlen = meta.qlen;
-  const int flat_ctas = p.batch * p.splits;
-  const bool flat = step_partials && opts.dcp.size == 1 && flat_plan_enabled() && attend_wgmma_applies(p) &&
-                    attend_wgmma_uses_tma(p) && p.batch <= kMaxFlatBatch && flat_ctas + 1 <= kMaxPostPartials &&
-                    int64_t(flat_ctas + p.batch) * qlen <= partial_rows_ && p.batch <= opts.max_tokens;
+  const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen));
+  const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
+                    attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) && p.batch <= kMaxFlatBatch &&
+                    ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * qlen <= partial_rows_;
   if (flat) {
-    p.flat_ctas = flat_ctas;
+    p.flat_ctas = ctas;
     p.part_first = part_first_.get<int32_t>();
     p.part_count = part_count_.get<int32_t>();
     p.o_h_stride = kLatent, p.o_s_stride = g * kLatent, p.o_split_stride = qlen * g * kLatent;

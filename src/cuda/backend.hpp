@@ -33,6 +33,7 @@ class CudaBackend final : public detail::BackendImpl {
   uint32_t take_errors();
   // Split-KV chunks step() uses for a batch (host lengths where known, else a static plan).
   int plan_splits(int batch, int qlen, std::span<const int32_t> seq_lens_host) const;
+  int flat_ctas(int batch, int qlen) const;
   cudaStream_t stream() const { return stream_; }
 
  private:
