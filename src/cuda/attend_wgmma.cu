@@ -88,6 +88,7 @@ struct WgSmem {
   alignas(8) uint64_t full[kStages];
   uint64_t key_mask[kStages];
   int32_t flat_start[kTma ? kMaxFlatBatch + 1 : 1];  // the flat plan: request b's first tile
+  KeyStream next_segment;  // the flat plan: the CTA's next segment (read by warp 0 at a boundary)
 };
 template <int kStages, bool kTma>
 constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTma>)) + 1024; }  // + alignment slack
@@ -191,7 +192,11 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 
   // One segment: request b's local keys as `keys` says, into partial `part` at token rows
   // tok_base + i (the query's i-th token).
-  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base) {
+  // has_next (flat plan): the CTA has a following segment (sm.next_segment), whose first tile is
+  // issued during this one's last, so a segment boundary does not drain the pipeline; `prefetched`:
+  // this one's first tile was issued so.
+  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
+  const KeyStream& next = sm.next_segment;  // in shared memory: read only at the ends of the segment
   int32_t limit[4];
 #pragma unroll
   for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
@@ -202,27 +207,29 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   // (the whole 64-key tile for pages of 64 or more), five slabs of 128 bytes. Its page id is
   // loaded one tile ahead (box_page), the loads issued when the stage is free (issue_tma).
   const int box_rows = min(p.page_size, kTileKeys), boxes = kTileKeys / box_rows;
-  auto box_index = [&](int tile, int64_t& j0) -> int64_t {  // page index of the lane's box, -1: none
-    j0 = keys.k_begin + int64_t(tile) * kTileKeys + int64_t(lane) * box_rows;
-    if (lane >= boxes || j0 >= keys.k_end) return -1;
-    const int64_t page_index = j0 >> keys.page_shift;
-    return page_index < keys.pages_avail ? page_index : -1;
+  // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
+  auto box_index = [&](const KeyStream& ks, int tile, int64_t& j0) -> int64_t {  // -1: no box
+    j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(lane) * box_rows;
+    if (lane >= boxes || j0 >= ks.k_end) return -1;
+    const int64_t page_index = j0 >> ks.page_shift;
+    return page_index < ks.pages_avail ? page_index : -1;
   };
-  auto box_page = [&](int tile) -> int32_t {
+  auto box_page_of = [&](const KeyStream& ks, int tile) -> int32_t {
     int64_t j0;
-    const int64_t i = box_index(tile, j0);
-    return i < 0 ? -1 : p.kv_indices[keys.page_begin + i];
+    const int64_t i = box_index(ks, tile, j0);
+    return i < 0 ? -1 : p.kv_indices[ks.page_begin + i];
   };
-  auto issue_tma = [&](int tile, int32_t page) {
+  auto box_page = [&](int tile) { return box_page_of(keys, tile); };
+  auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
     int64_t j0;
-    const bool have = box_index(tile, j0) >= 0;
+    const bool have = box_index(ks, tile, j0) >= 0;
     const bool ok = have && page >= 0 && page < p.num_pages;
     if (have && !ok) atomicOr(p.error, kBadPage);  // never read: its keys are masked
     const uint64_t mine = ok ? (box_rows == 64 ? ~0ull : ((1ull << box_rows) - 1) << (lane * box_rows)) : 0ull;
     const uint64_t loaded = uint64_t(__reduce_or_sync(~0u, uint32_t(mine >> 32))) << 32 |
                             __reduce_or_sync(~0u, uint32_t(mine));
-    const int64_t left = keys.k_end - (keys.k_begin + int64_t(tile) * kTileKeys);
-    const int stage = (done + tile) % kStages;
+    const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
+    const int stage = at % kStages;
     const uint32_t bar = ptx::smem_addr(&sm.full[stage]);
     if (lane == 0) {
       sm.key_mask[stage] = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
@@ -236,6 +243,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       for (int s = 0; s < kSlabs; ++s) tma::load_2d(dst + s * kSlabBytes, &cache_map, 128 * s, y, bar);
     }
   };
+  auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
+  int32_t next_segment_page = -1;  // warp 0: the lane's page id for the next segment's first tile
   int32_t next_page = -1;  // warp 0, TMA: the lane's page id for the next tile to issue
   if constexpr (kTma) {
     // The first tile's loads go out before the query's, so the two round trips overlap (warp 0
@@ -243,8 +252,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     // them only after the CTA barrier below).
     if (warp == 0 && n_tiles > 0) {
       __syncwarp();
-      issue_tma(0, box_page(0));
+      if (!prefetched) issue_tma(0, box_page(0));
       next_page = n_tiles > 1 ? box_page(1) : -1;
+      if (has_next) next_segment_page = box_page_of(next, 0);
     }
   }
 
@@ -314,6 +324,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       if (warp == 0 && t + 1 < n_tiles) {
         issue_tma(t + 1, next_page);
         next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
+      } else if (warp == 0 && has_next) {
+        issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
       }
       tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
       key_mask = sm.key_mask[buf];
@@ -563,25 +575,35 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     }
     b = lo;
   }
-  for (bool first_segment = true;; first_segment = false, ++b) {
-    if (!flat && !first_segment) break;
-    if (flat) {
-      while (b < batch && sm.flat_start[b + 1] == sm.flat_start[b]) ++b;  // empty requests
-      if (begin >= end || b >= batch || sm.flat_start[b] >= end) break;
-    }
-    const int32_t start = flat ? sm.flat_start[b] : 0, tiles = flat ? sm.flat_start[b + 1] - start : 0;
-    const bool opens = flat && start >= begin;  // this CTA serves the request's first tile
+  // The flat plan's segment of request i (which must hold a tile of [begin, end)).
+  auto segment_keys = [&](int i, bool reporter) {
+    const int32_t start = sm.flat_start[i], tiles = sm.flat_start[i + 1] - start;
+    return KeyStream(p, i, int64_t(max(begin, start) - start) * kTileKeys,
+                     int64_t(min(end, start + tiles) - start) * kTileKeys, cta.last_row(kN), reporter);
+  };
+  auto next_request = [&](int i) {  // the first non-empty request from i with a tile before `end`, or -1
+    while (i < batch && sm.flat_start[i + 1] == sm.flat_start[i]) ++i;
+    return i < batch && sm.flat_start[i] < end && begin < end ? i : -1;
+  };
+  // One call site of serve (one copy of its code): fixed splits serve one segment, (request cta.b,
+  // split cta.split, TMA tiles starting on a page: chunks rounded up to whole tiles).
+  bool prefetched = false;
+  for (int cur = flat ? next_request(b) : cta.b; cur >= 0;) {
+    const int nb = flat ? next_request(cur + 1) : -1;
+    const bool opens = flat && sm.flat_start[cur] >= begin;  // this CTA serves the request's first tile
     if (opens && cta.m_tile == 0 && tid == 0) {
-      p.part_first[b] = cta_key + b;
-      p.part_count[b] = (start + tiles - 1) / per_cta - cta_key + 1;
+      p.part_first[cur] = cta_key + cur;
+      p.part_count[cur] = (sm.flat_start[cur + 1] - 1) / per_cta - cta_key + 1;
     }
-    // Fixed splits: TMA tiles start on a page (chunks rounded up to whole tiles).
-    const KeyStream keys =
-        flat ? KeyStream(p, b, int64_t(max(begin, start) - start) * kTileKeys,
-                         int64_t(min(end, start + tiles) - start) * kTileKeys, cta.last_row(kN),
-                         opens && cta.m_tile == 0 && tid == 0)
-             : KeyStream(p, cta.b, cta.split, cta.last_row(kN), cta.reporter, kTma ? kTileKeys : 1);
-    serve(keys, b, flat ? int64_t(cta_key) + b : cta.split, flat ? 0 : int64_t(cta.b) * p.qlen);
+    const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
+                                : KeyStream(p, cta.b, cta.split, cta.last_row(kN), cta.reporter, kTma ? kTileKeys : 1);
+    // Written by thread 0, read by warp 0 after a __syncwarp (serve's prologue); the previous
+    // segment's reads of it are behind its epilogue's CTA barriers.
+    if (nb >= 0 && tid == 0) sm.next_segment = segment_keys(nb, false);
+    serve(keys, cur, flat ? int64_t(cta_key) + cur : cta.split, flat ? 0 : int64_t(cta.b) * p.qlen, nb >= 0,
+          prefetched);
+    prefetched = nb >= 0;
+    cur = nb;
   }
 }
 
