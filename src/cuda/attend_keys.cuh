@@ -47,18 +47,6 @@ struct CtaWork {
   __device__ int last_row(int rows_per_cta) const { return min(rows_total, m_base + rows_per_cta) - 1; }
 };
 
-// The flat plan (AttendParams.flat_ctas > 0; the wgmma kernel's TMA tiles at W = 1): the requests'
-// key tiles laid end to end, T in all, and key-CTA c serves tiles [c K, (c+1) K) of that sequence,
-// K = max(kMinFlatTiles, ceil(T / flat_ctas)): every CTA the same work whatever the lengths. A CTA
-// whose range crosses requests serves one segment of each; segment (request b, CTA c) writes
-// partial c + b (unique: a request's segments take consecutive CTAs, the next request starts at
-// the CTA where it ends or later), and the CTA that starts request b records its partials'
-// first index and count for post (part_first, part_count).
-__device__ __forceinline__ int32_t flat_request_tiles(const AttendParams& p, int b) {
-  const int32_t len = p.seq_lens[b];
-  return len > 0 && len >= p.qlen ? (len + kTileKeys - 1) / kTileKeys : 0;  // W = 1: local = global length
-}
-
 // A key of a tile as page_of found it: local index, page id as loaded, global position.
 struct KeyRow {
   int32_t j = -1;     // local key index, -1: none

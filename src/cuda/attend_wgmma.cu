@@ -31,6 +31,7 @@
 #include "cuda/attend_keys.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
+#include "cuda/flat_plan.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 #include "cuda/tma.cuh"
@@ -526,15 +527,15 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   done += n_tiles;
   };  // serve
 
-  // The segments: one (request, split) for fixed splits; with the flat plan (attend_keys.cuh), the
+  // The segments: one (request, split) for fixed splits; with the flat plan (flat_plan.hpp), the
   // requests overlapping this key-CTA's tiles [begin, end). One call site, so one copy of serve.
   const bool flat = kTma && p.flat_ctas > 0;
   const int batch = p.batch;
-  int32_t begin = 0, end = 0, per_cta = 1;
+  flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
   int cta_key = 0, b = cta.b;
   if (flat) {
     for (int i = tid; i < batch; i += kThreads) {
-      sm.flat_start[i] = flat_request_tiles(p, i);  // the count, made the prefix below
+      sm.flat_start[i] = flat::request_tiles(p.seq_lens[i], p.qlen, kTileKeys);  // the count, made the prefix below
       const int32_t len = p.seq_lens[i];
       if (blockIdx.x == 0 && len != 0 && len < p.qlen) atomicOr(p.error, kBadSeqLen);
     }
@@ -560,47 +561,34 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     __syncthreads();
     const int m_tiles = (rows_total + kN - 1) / kN;
     cta_key = blockIdx.x / m_tiles;
-    const int32_t total = sm.flat_start[batch];
-    per_cta = max(kMinFlatTiles, (total + p.flat_ctas - 1) / p.flat_ctas);
-    begin = min(total, cta_key * per_cta);
-    end = min(total, begin + per_cta);
+    range = flat::cta_range(sm.flat_start, batch, p.flat_ctas, cta_key);
     if (blockIdx.x == 0)  // post merges nothing for an empty request
       for (int i = tid; i < batch; i += kThreads)
         if (sm.flat_start[i + 1] == sm.flat_start[i]) p.part_count[i] = 0;
-    int lo = 0, hi = batch - 1;  // the request holding tile `begin`: the last b with start <= begin
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (sm.flat_start[mid] <= begin) lo = mid;
-      else hi = mid - 1;
-    }
-    b = lo;
+    b = flat::first_request(sm.flat_start, batch, range);
   }
   // The flat plan's segment of request i (which must hold a tile of [begin, end)).
   auto segment_keys = [&](int i, bool reporter) {
-    const int32_t start = sm.flat_start[i], tiles = sm.flat_start[i + 1] - start;
-    return KeyStream(p, i, int64_t(max(begin, start) - start) * kTileKeys,
-                     int64_t(min(end, start + tiles) - start) * kTileKeys, cta.last_row(kN), reporter);
+    return KeyStream(p, i, int64_t(flat::segment_first(sm.flat_start, i, range)) * kTileKeys,
+                     int64_t(flat::segment_last(sm.flat_start, i, range)) * kTileKeys, cta.last_row(kN), reporter);
   };
-  auto next_request = [&](int i) {  // the first non-empty request from i with a tile before `end`, or -1
-    while (i < batch && sm.flat_start[i + 1] == sm.flat_start[i]) ++i;
-    return i < batch && sm.flat_start[i] < end && begin < end ? i : -1;
-  };
+  auto next_request = [&](int i) { return flat::next_request(sm.flat_start, batch, i, range); };
   // One call site of serve (one copy of its code): fixed splits serve one segment, (request cta.b,
   // split cta.split, TMA tiles starting on a page: chunks rounded up to whole tiles).
   bool prefetched = false;
   for (int cur = flat ? next_request(b) : cta.b; cur >= 0;) {
     const int nb = flat ? next_request(cur + 1) : -1;
-    const bool opens = flat && sm.flat_start[cur] >= begin;  // this CTA serves the request's first tile
+    const bool opens = flat && flat::opens(sm.flat_start, cur, range);  // serves the request's first tile
     if (opens && cta.m_tile == 0 && tid == 0) {
-      p.part_first[cur] = cta_key + cur;
-      p.part_count[cur] = (sm.flat_start[cur + 1] - 1) / per_cta - cta_key + 1;
+      p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
+      p.part_count[cur] = flat::partial_count(sm.flat_start, cur, range, cta_key);
     }
     const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
                                 : KeyStream(p, cta.b, cta.split, cta.last_row(kN), cta.reporter, kTma ? kTileKeys : 1);
     // Written by thread 0, read by warp 0 after a __syncwarp (serve's prologue); the previous
     // segment's reads of it are behind its epilogue's CTA barriers.
     if (nb >= 0 && tid == 0) sm.next_segment = segment_keys(nb, false);
-    serve(keys, cur, flat ? int64_t(cta_key) + cur : cta.split, flat ? 0 : int64_t(cta.b) * p.qlen, nb >= 0,
+    serve(keys, cur, flat ? flat::partial(cta_key, cur) : cta.split, flat ? 0 : int64_t(cta.b) * p.qlen, nb >= 0,
           prefetched);
     prefetched = nb >= 0;
     cur = nb;

@@ -1,0 +1,71 @@
+#pragma once
+// The flat plan's arithmetic (docs/attention.md, "The flat plan"), shared by the wgmma attend
+// kernel and a host test of its invariants (tests/gpu/test_flat_plan.cpp): the requests' key tiles
+// laid end to end (starts[b] = request b's first tile, starts[batch] = T), key-CTA c serving tiles
+// [c K, (c+1) K), K = max(kMinFlatTiles, ceil(T / ctas)), one segment per request it overlaps.
+#include <cstdint>
+
+#include "cuda/stages.hpp"
+
+#ifdef __CUDACC__
+#define MLA_HD __host__ __device__ __forceinline__
+#else
+#define MLA_HD inline
+#endif
+
+namespace mla::cuda::flat {
+
+// Key tiles of a request of global length `len` at W = 1 (none for an empty or invalid length).
+MLA_HD int32_t request_tiles(int32_t len, int qlen, int tile_keys) {
+  return len > 0 && len >= qlen ? (len + tile_keys - 1) / tile_keys : 0;
+}
+
+// Key-CTA `cta`'s tiles [begin, end) of the T in all (begin == end: nothing to serve).
+struct Cta {
+  int32_t per_cta, begin, end;
+};
+MLA_HD Cta cta_range(const int32_t* starts, int batch, int ctas, int cta) {
+  const int32_t total = starts[batch];
+  const int32_t ceil = (total + ctas - 1) / ctas;
+  const int32_t per = ceil > kMinFlatTiles ? ceil : kMinFlatTiles;
+  const int64_t b = int64_t(cta) * per;
+  const int32_t begin = b < total ? int32_t(b) : total;
+  return {per, begin, begin + per < total ? begin + per : total};
+}
+
+// The request holding tile c.begin: the last b with starts[b] <= begin (empty ones skipped after).
+MLA_HD int first_request(const int32_t* starts, int batch, const Cta& c) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= c.begin) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// The first non-empty request from i that has a tile in [begin, end), or -1.
+MLA_HD int next_request(const int32_t* starts, int batch, int i, const Cta& c) {
+  while (i < batch && starts[i + 1] == starts[i]) ++i;
+  return i < batch && starts[i] < c.end && c.begin < c.end ? i : -1;
+}
+
+// Request b's segment on this CTA: its local tiles [first, last).
+MLA_HD int32_t segment_first(const int32_t* starts, int b, const Cta& c) {
+  return (c.begin > starts[b] ? c.begin : starts[b]) - starts[b];
+}
+MLA_HD int32_t segment_last(const int32_t* starts, int b, const Cta& c) {
+  return (c.end < starts[b + 1] ? c.end : starts[b + 1]) - starts[b];
+}
+
+// Whether this CTA serves request b's first tile (then it records b's partials for post), the
+// partial a segment writes, and the number of partials of request b (recorded by that CTA).
+MLA_HD bool opens(const int32_t* starts, int b, const Cta& c) { return starts[b] >= c.begin; }
+MLA_HD int64_t partial(int cta, int b) { return int64_t(cta) + b; }
+MLA_HD int32_t partial_count(const int32_t* starts, int b, const Cta& c, int cta) {
+  return (starts[b + 1] - 1) / c.per_cta - cta + 1;
+}
+
+}  // namespace mla::cuda::flat
+
+#undef MLA_HD

@@ -1,0 +1,111 @@
+// The flat plan's arithmetic (src/cuda/flat_plan.hpp), the same functions the wgmma attend kernel
+// runs, checked on the host (no GPU needed) over random and extreme batches: every key tile of
+// every request is served exactly once and in order, segment partials are unique and inside the
+// workspace the backend sizes ((CTAs + B) partials), each request's partials are the consecutive
+// run [first, first + count) its opening CTA records, and a count never exceeds CTAs + 1 (post's
+// bound). The kernel itself is checked against the CPU backend by the GPU tests.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "cuda/flat_plan.hpp"
+
+namespace mla {
+namespace {
+
+namespace flat = cuda::flat;
+constexpr int kTile = 64;
+
+struct Recorded {
+  int opens = 0;
+  int64_t first = -1;
+  int32_t count = -1;
+  std::vector<int64_t> partials;  // in the order of the CTAs that wrote them
+  int32_t next_tile = 0;          // tiles served so far, in order
+};
+
+// Enumerates every key-CTA's segments exactly as the kernel's loop does and checks the invariants.
+void check_plan(const std::vector<int32_t>& lens, int qlen, int ctas) {
+  SCOPED_TRACE(::testing::Message() << "B " << lens.size() << ", qlen " << qlen << ", CTAs " << ctas);
+  const int batch = int(lens.size());
+  std::vector<int32_t> starts(size_t(batch) + 1, 0);
+  for (int b = 0; b < batch; ++b) starts[size_t(b) + 1] = starts[size_t(b)] + flat::request_tiles(lens[size_t(b)], qlen, kTile);
+  std::vector<Recorded> rec(static_cast<size_t>(batch));
+  std::set<int64_t> used;
+  for (int c = 0; c < ctas; ++c) {
+    const flat::Cta range = flat::cta_range(starts.data(), batch, ctas, c);
+    ASSERT_GE(range.per_cta, cuda::kMinFlatTiles);
+    for (int b = flat::next_request(starts.data(), batch, flat::first_request(starts.data(), batch, range), range);
+         b >= 0; b = flat::next_request(starts.data(), batch, b + 1, range)) {
+      Recorded& r = rec[size_t(b)];
+      const int32_t first = flat::segment_first(starts.data(), b, range), last = flat::segment_last(starts.data(), b, range);
+      ASSERT_LT(first, last) << "request " << b << " CTA " << c << ": an empty segment";
+      ASSERT_EQ(first, r.next_tile) << "request " << b << " CTA " << c << ": tiles skipped or served twice";
+      r.next_tile = last;
+      const int64_t part = flat::partial(c, b);
+      ASSERT_TRUE(used.insert(part).second) << "partial " << part << " written twice";
+      ASSERT_LT(part, int64_t(ctas) + batch) << "partial outside the workspace";
+      r.partials.push_back(part);
+      if (flat::opens(starts.data(), b, range)) {
+        ++r.opens;
+        r.first = part;
+        r.count = flat::partial_count(starts.data(), b, range, c);
+      }
+    }
+  }
+  for (int b = 0; b < batch; ++b) {
+    const Recorded& r = rec[size_t(b)];
+    const int32_t tiles = starts[size_t(b) + 1] - starts[size_t(b)];
+    ASSERT_EQ(r.next_tile, tiles) << "request " << b << ": not every tile served";
+    if (tiles == 0) {
+      EXPECT_EQ(r.opens, 0) << "request " << b;  // CTA 0 records a count of 0 for it
+      continue;
+    }
+    ASSERT_EQ(r.opens, 1) << "request " << b << ": opened by " << r.opens << " CTAs";
+    ASSERT_EQ(r.count, int32_t(r.partials.size())) << "request " << b;
+    ASSERT_LE(r.count, ctas + 1) << "request " << b;
+    for (int32_t i = 0; i < r.count; ++i) ASSERT_EQ(r.partials[size_t(i)], r.first + i) << "request " << b;
+  }
+}
+
+TEST(FlatPlan, EveryTileOnceAndPartialsConsecutive) {
+  check_plan({8192, 8192, 8192}, 1, 264);         // even, fewer tiles than CTAs x 2
+  check_plan(std::vector<int32_t>(64, 8192), 1, 264);  // issue 4's B64: 32 tiles a CTA
+  check_plan(std::vector<int32_t>(64, 16384), 1, 264);  // segments cross requests
+  check_plan({131072, 1, 0, 1}, 1, 264);          // one long request among tiny and empty ones
+  check_plan({0, 0, 0}, 1, 264);                  // nothing to serve
+  check_plan({3, 1, 2}, 4, 88);                   // lengths under qlen: invalid, no tiles
+  check_plan({65, 64, 63, 1}, 1, 1);              // one CTA serves everything
+  check_plan(std::vector<int32_t>(1000, 100), 1, 264);  // more requests than CTAs
+  std::mt19937 rng(7);
+  for (int k = 0; k < 300; ++k) {
+    const int batch = 1 + int(rng() % 300), qlen = 1 + int(rng() % 8), ctas = 1 + int(rng() % 511);
+    const int longest = 1 + int(rng() % 40000);
+    std::vector<int32_t> lens(static_cast<size_t>(batch));
+    for (int32_t& len : lens) len = rng() % 10 == 0 ? 0 : int32_t(rng() % uint32_t(longest));
+    check_plan(lens, qlen, ctas);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The balance the plan exists for: no CTA serves more than K = max(2, ceil(T / CTAs)) tiles,
+// whatever the lengths (fixed splits gave the CTA of the longest request its whole chunk).
+TEST(FlatPlan, NoCtaServesMoreThanItsShare) {
+  std::mt19937 rng(11);
+  std::vector<int32_t> lens(64);
+  for (int32_t& len : lens) len = 1 + int32_t(rng() % 32768);
+  std::vector<int32_t> starts(lens.size() + 1, 0);
+  for (size_t b = 0; b < lens.size(); ++b) starts[b + 1] = starts[b] + flat::request_tiles(lens[b], 1, kTile);
+  const int ctas = 264;
+  const int32_t share = (starts.back() + ctas - 1) / ctas;
+  for (int c = 0; c < ctas; ++c) {
+    const flat::Cta range = flat::cta_range(starts.data(), int(lens.size()), ctas, c);
+    EXPECT_LE(range.end - range.begin, std::max(share, cuda::kMinFlatTiles)) << "CTA " << c;
+  }
+}
+
+}  // namespace
+}  // namespace mla
