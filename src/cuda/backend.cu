@@ -31,7 +31,7 @@ DeviceBuffer upload(const std::vector<T>& host) {
 
 constexpr size_t kCublasWorkspace = size_t(32) << 20;
 constexpr int kMaxSplits = 256;
-constexpr int kMinKeysPerSplit = 128;  // two of attend's key tiles
+constexpr int kMinKeysPerSplit = 192;  // three of attend's key tiles
 
 int m_tiles(int heads, int qlen) { return (heads * qlen + 15) / 16; }
 
@@ -134,9 +134,11 @@ int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_l
   const int max_splits = std::min(kMaxSplits, kMaxPostPartials / std::max(opts.dcp.size, 1));
   int splits = std::clamp(2 * sms_ / std::max(ctas, 1), 1, max_splits);
   if (!seq_lens_host.empty()) {
-    // No split shorter than two key tiles: at B = 1, ctx 8192, 64 splits (3 tiles a CTA) gave a
-    // 59.4 µs step and 128 splits 63.1 µs (attend the same 22 µs: its fixed latency, not tiles,
-    // dominates; post merges twice the partials). One 128K request: 256 splits, 55 µs vs 100 at 64.
+    // No split shorter than three key tiles: at B = 1, ctx 8192, the step in a graph took 43 splits
+    // (3 tiles a CTA) 0.3-3.3 µs less than 64 (2 tiles) in each of 8 H200 runs of session 4 (attend
+    // alone ~1 µs more, post merging a third fewer partials ~2 µs less; 52.0-56.2 vs 52.3-59.5 µs,
+    // bench/results/*-v1[0-2]*-graph-bench.json); earlier, 128 splits were slower still (63.1 vs
+    // 59.4 µs at 64). One 128K request keeps 256 splits (55 µs vs 100 at 64 in session 2).
     int64_t longest = 0;
     for (int32_t len : seq_lens_host) longest = std::max<int64_t>(longest, len);
     if (opts.dcp.size > 1) longest = (longest + opts.dcp.size - 1) / opts.dcp.size + opts.dcp.interleave;
