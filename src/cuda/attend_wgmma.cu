@@ -1,4 +1,4 @@
-// attend on Hopper's wgmma (issue 5, v8): fp8 query x fp8 cache, one warpgroup a CTA.
+// attend on Hopper's wgmma (issue 5, v8-v12): fp8 query x fp8 cache, one warpgroup a CTA.
 //
 // The mma.sync kernel (attend.cu) spends its time widening keys to f16 for q.k and in lock-step
 // phases of 8 warps (docs/attention.md, v1-v7). Here the products run as asynchronous warpgroup
@@ -7,19 +7,22 @@
 //   q.k:  S^T [64 keys x 16 rows] = K [64 x 576] . Q^T     QGMMA m64n16k32 e4m3, both from smem
 //   p.v:  O^T [512 dims x 16 rows] += V^T [512 x 64] . P^T  HGMMA m64n16k16 f16, 8 dim blocks,
 //         V^T from registers (the fp8 rows widened with ldmatrix.trans + prmt + cvt), P^T from smem
-// q.k reads the fp8 cache rows as they are (no widening): the tile sits in shared memory as
-// K-major core matrices (8 keys x 16 bytes, wgmma::kmajor_offset), which the V^T fragments read
-// conflict-free too. Hopper's fp8 MMA accumulates in fewer bits than f32 (tests/gpu/test_wgmma.cpp):
-// each k32 step of q.k gets its own accumulator and the 18 are summed in f32 registers (two waves
-// of 9), which keeps the scores near f32 accuracy (SPEC.md: LSE within 1e-3).
+// q.k reads the fp8 cache rows as they are (no widening). Hopper's fp8 MMA accumulates in fewer
+// bits than f32 (tests/gpu/test_wgmma.cpp): q.k's k32 steps go into accumulators of kGroupSteps
+// steps summed in f32, which keeps the scores near f32 accuracy (SPEC.md: LSE within 1e-3).
 //
-// One CTA = one warpgroup (128 threads) per (request, split, 16 query rows), 2 CTAs an SM; keys
-// stream in tiles of 64 through kStages cp.async buffers as in attend.cu (attend_keys.cuh), through
-// L1 (cp.async.ca: through L2 only, every sector was requested twice and B64 took 171 µs, not 134).
-// The step's attend for fp8 query x fp8 cache: faster than attend.cu on every shape measured.
-// P is rounded once to f16 (o ~3e-4) and q.k carries the fp8 MMA's ~1e-4 relative error: this
-// kernel serves only the step's own partials (AttendParams.step_partials), which feed post's bf16
-// out; attend() results handed to a caller come from attend.cu (exact fp8 products, f32 sums).
+// One CTA = one warpgroup (128 threads), 2 CTAs an SM, 2 tile stages. Key tiles (64 keys) come
+//  - by TMA (v10, pages of 8+ rows): warp 0 loads whole pages as 128-byte-swizzled slabs on a
+//    per-stage mbarrier (attend_wgmma_tiles.cuh: the layout; masked keys are selected away and
+//    their V bytes zeroed in registers), and the step's partials at W = 1, B > 1 follow the flat
+//    plan (flat_plan.hpp: one wave of key-CTAs shares all requests' tiles evenly, a CTA serving a
+//    segment of each request it overlaps);
+//  - else by cp.async through L1 (pages of 1-4 rows, pages not contiguous, a caller's partials),
+//    one CTA per (request, split, 16 query rows) as in attend.cu (attend_keys.cuh).
+// The softmax rescales lazily (maxima move only by more than 2^8). P is rounded once to f16
+// (o ~3e-4) and q.k carries the fp8 MMA's ~1e-4 relative error: this kernel serves only the step's
+// own partials (AttendParams.step_partials), which feed post's bf16 out; attend() results handed to
+// a caller come from attend.cu (exact fp8 products, f32 sums). Measured versions: docs/attention.md.
 #include <cuda_fp16.h>
 
 #include <climits>
