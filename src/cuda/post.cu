@@ -1,7 +1,9 @@
 // post on the GPU (SPEC.md post): the merge of split partials (core/softmax_state.hpp, the same
 // code as the CPU's merge and the DCP combine), then out = (o @ W_UV^T) * gate with W_UV in MXFP4
 // dequantized in registers, bf16 out. One CTA per (head, 32 value rows, 8 tokens): each W_UV row
-// is decoded once for the 8 tokens; every CTA of a head merges that head's partials itself.
+// is decoded once for the 8 tokens; every CTA of a head merges that head's partials itself: the
+// `splits` partials at the token's own row, or with attend's flat plan (PostParams.part_first) the
+// run of partials its request's segments wrote.
 #include "core/softmax_state.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
