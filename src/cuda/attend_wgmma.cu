@@ -26,9 +26,11 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -52,7 +54,10 @@ using namespace wgmma_attend;
 // kTma: the key tiles come as whole pages by TMA (one elected warp issues a tile's boxes, which
 // complete on the stage's mbarrier), else by cp.async from every thread (page size 1 to 4, pages
 // not contiguous in the cache, or a caller's partials whose chunks are not page-aligned).
-template <int kStages, int kGroupSteps, bool kTma>
+// kTimeline (MLA_ATTEND_TIMELINE, measurement only): thread 0 of each CTA stamps the global timer
+// at its phases into p.timeline[8 * CTA + k] (k: 0 start, 1 prologue done, 2 first tile landed,
+// 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments).
+template <int kStages, int kGroupSteps, bool kTma, bool kTimeline = false>
 __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr int kAccs = kQkSteps / kGroupSteps, kWave = kAccs < kQkWave ? kAccs : kQkWave;
@@ -64,6 +69,21 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
+  auto stamp = [&](int k, uint64_t value) {
+    if constexpr (kTimeline) {
+      if (tid == 0) p.timeline[8 * int64_t(blockIdx.x) + k] = value;
+    }
+  };
+  auto now = [] {
+    uint64_t t = 0;
+    if constexpr (kTimeline) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  };
+  if constexpr (kTimeline) {
+    const uint64_t start_time = now();
+    for (int k = 0; k < 4; ++k) stamp(k, start_time);  // a CTA with nothing to serve: all phases 0
+  }
+  int segments = 0;
   const CtaWork cta(p, kN, tid);
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   if constexpr (kTma) {
@@ -180,6 +200,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   }
   wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
   __syncthreads();             // the query tile, the first tiles' rows, the initialized mbarriers
+  if (done == 0) stamp(1, now());
   if constexpr (!kTma) {
     for (int t = 0; t < kStages - 1; ++t) {
       if (t < n_tiles) issue_tile(t, t);
@@ -213,6 +234,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
         issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
       }
       tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
+      if (done + t == 0) stamp(2, now());
       key_mask = sm.key_mask[buf];
     } else {
       ptx::cp_async_wait_group<kStages - 2>();
@@ -371,6 +393,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 #pragma unroll
   for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
 
+  stamp(3, now());
+  ++segments;
   // Row sums: over the 8 lanes of a column, then over the warps.
   float d[4];
 #pragma unroll
@@ -477,11 +501,19 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     prefetched = nb >= 0;
     cur = nb;
   }
+  if constexpr (kTimeline) {
+    uint32_t sm_id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
+    stamp(4, now());
+    stamp(5, sm_id);
+    stamp(6, uint64_t(done));
+    stamp(7, uint64_t(segments));
+  }
 }
 
-template <int kStages, int kGroupSteps, bool kTma>
+template <int kStages, int kGroupSteps, bool kTma, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTma>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTma, kTimeline>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTma>()));
 }
 
@@ -513,6 +545,49 @@ const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
     key = want;
   }
   return map;
+}
+
+// MLA_ATTEND_TIMELINE=FILE (measurement, NOT run on a GPU yet): the TMA kernel (2-step q.k groups)
+// with per-CTA phase stamps; a launch outside a graph capture waits for the kernel and rewrites
+// FILE as CSV (cta, smid, start, prologue, first_tile, last_tile, end in ns, tiles, segments), so
+// the last eager launch of a run is what FILE holds.
+const char* timeline_path() {
+  static const char* path = std::getenv("MLA_ATTEND_TIMELINE");
+  return path && *path ? path : nullptr;
+}
+
+void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream) {
+  static uint64_t* buffer = nullptr;
+  static size_t capacity = 0;
+  const size_t words = size_t(grid.x) * 8;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (words > capacity && capture == cudaStreamCaptureStatusNone) {
+    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (buffer) MLA_CUDA_CHECK(cudaFree(buffer));
+    MLA_CUDA_CHECK(cudaMalloc(&buffer, words * sizeof(uint64_t)));
+    capacity = words;
+  }
+  MLA_REQUIRE(words <= capacity, "MLA_ATTEND_TIMELINE: the first launch of a shape must be outside a graph capture");
+  AttendParams p = in;
+  p.timeline = buffer;
+  attend_wgmma_kernel<2, 2, true, true><<<grid, kThreads, smem_bytes<2, true>(), stream>>>(p, map);
+  MLA_CUDA_CHECK_LAUNCH();
+  if (capture != cudaStreamCaptureStatusNone) return;
+  std::vector<uint64_t> host(words);
+  MLA_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer, words * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::FILE* f = std::fopen(timeline_path(), "w");
+  MLA_REQUIRE(f != nullptr, "MLA_ATTEND_TIMELINE: cannot write ", timeline_path());
+  std::fprintf(f, "cta,smid,start_ns,prologue_ns,first_tile_ns,last_tile_ns,end_ns,tiles,segments\n");
+  for (size_t c = 0; c < grid.x; ++c) {
+    const uint64_t* r = &host[8 * c];
+    std::fprintf(f, "%zu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", c, (unsigned long long)r[5],
+                 (unsigned long long)r[0], (unsigned long long)r[1], (unsigned long long)r[2],
+                 (unsigned long long)r[3], (unsigned long long)r[4], (unsigned long long)r[6],
+                 (unsigned long long)r[7]);
+  }
+  std::fclose(f);
 }
 
 }  // namespace
@@ -555,6 +630,7 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, false>();
   set_smem_limit<2, 1, true>();
   set_smem_limit<2, 2, true>();
+  set_smem_limit<2, 2, true, true>();
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
@@ -568,7 +644,9 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
   // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283).
   auto go = [&](auto kernel, int smem) { kernel<<<grid, kThreads, smem, stream>>>(p, map); };
-  if (tma) {
+  if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
+    launch_timeline(p, grid, map, stream);
+  } else if (tma) {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, true>, smem_bytes<2, true>());
     else go(attend_wgmma_kernel<2, 1, true>, smem_bytes<2, true>());
   } else {

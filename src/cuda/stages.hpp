@@ -139,6 +139,7 @@ struct AttendParams {
   int flat_ctas = 0;
   int32_t* part_first = nullptr;
   int32_t* part_count = nullptr;
+  uint64_t* timeline = nullptr;  // MLA_ATTEND_TIMELINE (attend_wgmma.cu): per-CTA phase stamps
 };
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
 inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory
