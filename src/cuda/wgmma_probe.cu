@@ -2,6 +2,7 @@
 // matrix tiles in shared memory, 18 QGMMA k32 steps in groups whose partials are summed in f32,
 // the sums written out row-major.
 #include "cuda/check.hpp"
+#include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 #include "cuda/tma.cuh"
 #include "cuda/wgmma.cuh"
@@ -111,7 +112,64 @@ __global__ void __launch_bounds__(128) qgmma_probe_tma_kernel(const __grid_const
   store_s(d, s, tid);
 }
 
+// V (64 keys x 64 dims, f16) as an MN-major B operand without swizzle: core matrix (key block kb,
+// dim block nb) of 8 keys x 8 dims (each key's 8 dims 16 contiguous bytes) at nb * 1024 + kb * 128.
+constexpr int kPvDimBlockStride = 1024, kPvKeyBlockStride = 128;
+__host__ __device__ constexpr int pv_v_offset(int key, int dim) {
+  return (dim / 8) * kPvDimBlockStride + (key / 8) * kPvKeyBlockStride + (key % 8) * 16 + (dim % 8) * 2;
+}
+
+__global__ void __launch_bounds__(128) hgmma_pv_probe_kernel(const float* p, const uint16_t* v, float* o, int swap) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+  for (int i = tid; i < kProbeRows * kProbeRows; i += 128) {
+    const int key = i / kProbeRows, dim = i % kProbeRows;
+    *reinterpret_cast<uint16_t*>(smem + pv_v_offset(key, dim)) = v[i];
+  }
+  wgmma::fence_proxy_async();
+  __syncthreads();
+
+  // P in the m64n64 accumulator layout: d[4j + r] = P[16 warp + g + 8 (r / 2)][8 j + 2 c + r % 2].
+  float s[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int row = 16 * warp + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * c + i % 2;
+    s[i] = p[row * kProbeRows + col];
+  }
+  float d[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d[i] = 0.0f;
+  wgmma::fence_operand(d);
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t lead = swap ? kPvDimBlockStride : kPvKeyBlockStride, stride = swap ? kPvKeyBlockStride : kPvDimBlockStride;
+  uint32_t frag[4][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    // k16 step ks = accumulator n8 blocks 2 ks (keys 16 ks + 2c, +1) and 2 ks + 1 (keys 16 ks + 8 + 2c, +1):
+    // the mma.sync A layout {row g, row g + 8} x {k 2c, k 8 + 2c}.
+    const int j0 = 2 * ks, j1 = 2 * ks + 1;
+    frag[ks][0] = ptx::pack_f16x2(s[4 * j0 + 0], s[4 * j0 + 1]);
+    frag[ks][1] = ptx::pack_f16x2(s[4 * j0 + 2], s[4 * j0 + 3]);
+    frag[ks][2] = ptx::pack_f16x2(s[4 * j1 + 0], s[4 * j1 + 1]);
+    frag[ks][3] = ptx::pack_f16x2(s[4 * j1 + 2], s[4 * j1 + 3]);
+  }
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)  // keys 16 ks .. +15: two key blocks further
+    wgmma::mma_m64n64k16_f16_rs_tb(d, frag[ks], wgmma::descriptor(base + ks * 2 * kPvKeyBlockStride, lead, stride));
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::fence_operand(d);
+  store_s(d, o, tid);
+}
+
 }  // namespace
+
+void hgmma_pv_probe(const float* p, const uint16_t* v, float* o, int swap, cudaStream_t stream) {
+  const int smem = kProbeRows * kProbeRows * 2;
+  hgmma_pv_probe_kernel<<<1, 128, smem, stream>>>(p, v, o, swap);
+  MLA_CUDA_CHECK_LAUNCH();
+}
 
 void qgmma_qk_probe_tma(const CUtensorMap& q_map, int q_row, const CUtensorMap& k_map, int k_row, float* s, int* ok,
                         cudaStream_t stream) {

@@ -24,4 +24,14 @@ void qgmma_qk_probe(const uint8_t* q, int64_t q_stride, const uint8_t* k, int64_
 void qgmma_qk_probe_tma(const CUtensorMap& q_map, int q_row, const CUtensorMap& k_map, int k_row, float* s,
                         int* ok, cudaStream_t stream);
 
+// The many-rows kernel's p.v (docs/attention.md, "Plan for the many-rows kernel"), NOT yet run on a
+// GPU: O [64, 64] = P [64, 64] . V [64 keys, 64 dims] with P taken by each thread in the m64n64
+// accumulator layout (as q.k leaves it), turned into f16 A fragments in registers, and V in f16 as
+// an MN-major B operand (no swizzle: core matrices of 8 keys x 8 dims, 128 bytes; dim blocks 1024
+// bytes apart, key blocks 128), four HGMMA m64n64k16 with imm-trans-b. `swap` = 1 puts the dim
+// blocks' stride in the descriptor's leading-offset field and the key blocks' in the stride field
+// (the other reading of the PTX ISA's MN-major fields). p: [64, 64] f32 row-major, v: [64, 64] f16
+// (raw bits) row-major (keys x dims), o: [64, 64] f32 row-major.
+void hgmma_pv_probe(const float* p, const uint16_t* v, float* o, int swap, cudaStream_t stream);
+
 }  // namespace mla::cuda

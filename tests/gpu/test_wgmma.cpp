@@ -131,5 +131,62 @@ TEST(Wgmma, TmaSwizzledQgmmaMatchesFloat64) {
   EXPECT_LT(rel, 1e-3);
 }
 
+// f16 bits of a value exactly representable as a normal f16 (or zero): the probe's inputs are
+// chosen so, so the float64 reference is the exact product of what the tensor cores see.
+uint16_t exact_f16_bits(float x) {
+  if (x == 0.0f) return 0;
+  int e = 0;
+  const float m = std::frexp(std::fabs(x), &e);  // |x| = m * 2^e, m in [0.5, 1)
+  const uint32_t mant = uint32_t(std::lround((m * 2.0f - 1.0f) * 1024.0f));
+  return uint16_t((x < 0 ? 0x8000u : 0u) | uint32_t(e - 1 + 15) << 10 | mant);
+}
+
+// The many-rows kernel's p.v (docs/attention.md): P from the q.k accumulator layout as register A
+// fragments, V in f16 as an MN-major B operand (imm-trans-b), HGMMA m64n64k16 over 64 keys. The
+// PTX ISA's field names leave open which descriptor field holds the stride between dim blocks and
+// which the one between key blocks for an MN-major operand: the probe runs both (swap = 0, 1),
+// prints each error and passes if one reading is exact (f16 inputs, f32 sums: ~1e-7). NOT YET RUN
+// on a GPU when written (session 4): its printout tells the next kernel which reading holds.
+TEST(Wgmma, HgmmaMnMajorPvMatchesFloat64) {
+  MLA_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> pm(0, 256), vm(-128, 128);
+  std::vector<float> p(size_t(kRows) * kRows);
+  std::vector<uint16_t> v(size_t(kRows) * kRows);
+  std::vector<double> vd(v.size());
+  for (float& x : p) x = float(pm(rng)) / 256.0f;  // exact in f16
+  for (size_t i = 0; i < v.size(); ++i) {
+    vd[i] = double(vm(rng)) / 64.0;
+    v[i] = exact_f16_bits(float(vd[i]));
+  }
+  DeviceBytes dp(p.size() * sizeof(float)), dv(v.size() * sizeof(uint16_t)), dout(sizeof(float) * kRows * kRows);
+  cudaMemcpy(dp.p, p.data(), p.size() * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemcpy(dv.p, v.data(), v.size() * sizeof(uint16_t), cudaMemcpyHostToDevice);
+  double best = INFINITY;
+  for (int swap = 0; swap < 2; ++swap) {
+    cudaMemset(dout.p, 0xFF, sizeof(float) * kRows * kRows);
+    cuda::hgmma_pv_probe(static_cast<const float*>(dp.p), static_cast<const uint16_t*>(dv.p),
+                         static_cast<float*>(dout.p), swap, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> o(size_t(kRows) * kRows);
+    cudaMemcpy(o.data(), dout.p, o.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    double err = 0.0, ref = 0.0;
+    for (int i = 0; i < kRows; ++i)
+      for (int d = 0; d < kRows; ++d) {
+        double want = 0.0;
+        for (int k = 0; k < kRows; ++k) want += double(p[size_t(i) * kRows + size_t(k)]) * vd[size_t(k) * kRows + size_t(d)];
+        const double got = o[size_t(i) * kRows + size_t(d)];
+        err += std::isfinite(got) ? (got - want) * (got - want) : INFINITY;
+        ref += want * want;
+      }
+    const double rel = std::sqrt(err / ref);
+    std::printf("HGMMA p.v, MN-major f16 V (%s): rel L2 %.3g\n",
+                swap ? "leading offset = dim blocks' stride" : "leading offset = key blocks' stride", rel);
+    best = std::min(best, rel);
+  }
+  EXPECT_LT(best, 1e-5) << "neither reading of the MN-major descriptor fields (or the A fragments from the "
+                           "accumulator layout) gives the product";
+}
+
 }  // namespace
 }  // namespace mla
