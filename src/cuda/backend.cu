@@ -86,12 +86,16 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   q_heads_ = opts.q_head_pad > 0 ? opts.q_head_pad : g;
   q_ = DeviceBuffer(size_t(t) * q_heads_ * kRow * dtype_size(opts.q_dtype));
   if (cfg.gate_dim() > 0) gate_ = DeviceBuffer(size_t(t) * cfg.gate_dim() * 2);
-  // Partials: the most split rows any step up to max_tokens can plan: splits * S, and (splits + 1) * S
-  // for the flat plan (B * splits key-CTAs write up to B * splits + B partials of Q rows).
+  // Partials: the most rows any step up to max_tokens can write: splits * S with fixed splits, and
+  // (key-CTAs + B) * Q with the flat plan, key-CTAs = max(B * splits, flat_ctas) (each CTA writes a
+  // partial of Q rows per request it touches; consecutive CTAs share at most one request).
   int64_t partial_rows = 0;
   for (int qlen = 1; qlen <= 8; ++qlen)
-    for (int b = 1; int64_t(b) * qlen <= t; ++b)
-      partial_rows = std::max(partial_rows, (std::max<int64_t>(plan_splits(b, qlen, {}), flat_ctas(b, qlen)) + 1) * b * qlen);
+    for (int b = 1; int64_t(b) * qlen <= t; ++b) {
+      const int64_t splits = plan_splits(b, qlen, {});
+      const int64_t flat = std::max<int64_t>(splits * b, flat_ctas(b, qlen)) + b;
+      partial_rows = std::max({partial_rows, splits * b * qlen, flat * qlen});
+    }
   partial_rows_ = std::max(partial_rows, t);
   o_ = DeviceBuffer(size_t(partial_rows_) * g * kLatent * sizeof(float));
   lse_ = DeviceBuffer(size_t(partial_rows_) * g * sizeof(float));
