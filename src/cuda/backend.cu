@@ -44,6 +44,13 @@ bool flat_plan_enabled() {
   return on;
 }
 
+// The flat plan's partials in the o / lse workspace: partial i is [Q, G, L] f32 (lse [Q, G]) at
+// i * Q * G * L, whatever splits the workspace views say (attend writes them, post reads them).
+struct FlatStrides {
+  int64_t o_split, o_s, o_h, lse_split, lse_s, lse_h;
+};
+FlatStrides flat_strides(int64_t g, int64_t qlen) { return {qlen * g * kLatent, g * kLatent, kLatent, qlen * g, g, 1}; }
+
 }  // namespace
 
 CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const LayerOptions& o)
@@ -309,17 +316,17 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
                  .error = error_.get<uint32_t>()};
   // The step's partials at W = 1 where the wgmma kernel takes TMA tiles, B > 1: the flat plan,
   // key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
-  const int64_t g = query_heads(), qlen = meta.qlen;
   const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen));
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
                     attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) && p.batch <= kMaxFlatBatch &&
-                    ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * qlen <= partial_rows_;
+                    ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * meta.qlen <= partial_rows_;
   if (flat) {
+    const FlatStrides st = flat_strides(query_heads(), meta.qlen);
     p.flat_ctas = ctas;
     p.part_first = part_first_.get<int32_t>();
     p.part_count = part_count_.get<int32_t>();
-    p.o_h_stride = kLatent, p.o_s_stride = g * kLatent, p.o_split_stride = qlen * g * kLatent;
-    p.lse_h_stride = 1, p.lse_s_stride = g, p.lse_split_stride = qlen * g;
+    p.o_split_stride = st.o_split, p.o_s_stride = st.o_s, p.o_h_stride = st.o_h;
+    p.lse_split_stride = st.lse_split, p.lse_s_stride = st.lse_s, p.lse_h_stride = st.lse_h;
   }
   if (step_partials) partials_flat_ = flat;
   launch_attend(p, stream_);
@@ -367,13 +374,13 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
                .head_offset = head_offset,
                .v_dim = cfg.v_head_dim};
   if (partials_flat_ && attn.o.data == o_.get() && opts.dcp.size == 1) {  // attend's flat plan (above)
-    const int64_t g = query_heads();
+    const FlatStrides st = flat_strides(query_heads(), meta.qlen);
     p.part_first = part_first_.get<int32_t>();
     p.part_count = part_count_.get<int32_t>();
     p.qlen = meta.qlen;
-    p.splits = 1;  // per token: its request's part_count (at most B * splits + 1)
-    p.o_h_stride = kLatent, p.o_s_stride = g * kLatent, p.o_split_stride = meta.qlen * g * kLatent;
-    p.lse_h_stride = 1, p.lse_s_stride = g, p.lse_split_stride = meta.qlen * g;
+    p.splits = 1;  // per token: its request's part_count instead (at most key-CTAs + 1)
+    p.o_split_stride = st.o_split, p.o_s_stride = st.o_s, p.o_h_stride = st.o_h;
+    p.lse_split_stride = st.lse_split, p.lse_s_stride = st.lse_s, p.lse_h_stride = st.lse_h;
   }
   launch_post(p, stream_);
 }
