@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   static_assert(kQkSteps % kGroupSteps == 0 && kAccs % kWave == 0);
   // The dynamic window is not guaranteed 1024-byte aligned (the 128-byte swizzle needs it): by hand.
   extern __shared__ uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<WgSmem<kStages, kTma>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& sm =
+      *reinterpret_cast<WgSmem<kStages, kTma>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   constexpr int kSlots = kStages + 1;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -101,338 +102,342 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   // issued during this one's last, so a segment boundary does not drain the pipeline; `prefetched`:
   // this one's first tile was issued so.
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
-  const KeyStream& next = sm.next_segment;  // in shared memory: read only at the ends of the segment
-  int32_t limit[4];
+    const KeyStream& next = sm.next_segment;  // in shared memory: read only at the ends of the segment
+    int32_t limit[4];
 #pragma unroll
-  for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
+    for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
 
-  const int n_tiles = keys.n_tiles();
+    const int n_tiles = keys.n_tiles();
 
-  // --- TMA: warp 0's lane i < kTileKeys / box_rows loads box i of a tile: box_rows keys of one page
-  // (the whole 64-key tile for pages of 64 or more), five slabs of 128 bytes. Its page id is
-  // loaded one tile ahead (box_page), the loads issued when the stage is free (issue_tma).
-  const int box_rows = min(p.page_size, kTileKeys), boxes = kTileKeys / box_rows;
-  // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
-  auto box_index = [&](const KeyStream& ks, int tile, int64_t& j0) -> int64_t {  // -1: no box
-    j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(lane) * box_rows;
-    if (lane >= boxes || j0 >= ks.k_end) return -1;
-    const int64_t page_index = j0 >> ks.page_shift;
-    return page_index < ks.pages_avail ? page_index : -1;
-  };
-  auto box_page_of = [&](const KeyStream& ks, int tile) -> int32_t {
-    int64_t j0;
-    const int64_t i = box_index(ks, tile, j0);
-    return i < 0 ? -1 : p.kv_indices[ks.page_begin + i];
-  };
-  auto box_page = [&](int tile) { return box_page_of(keys, tile); };
-  auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
-    int64_t j0;
-    const bool have = box_index(ks, tile, j0) >= 0;
-    const bool ok = have && page >= 0 && page < p.num_pages;
-    if (have && !ok) atomicOr(p.error, kBadPage);  // never read: its keys are masked
-    const uint64_t mine = ok ? (box_rows == 64 ? ~0ull : ((1ull << box_rows) - 1) << (lane * box_rows)) : 0ull;
-    const uint64_t loaded = uint64_t(__reduce_or_sync(~0u, uint32_t(mine >> 32))) << 32 |
-                            __reduce_or_sync(~0u, uint32_t(mine));
-    const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
-    const int stage = at % kStages;
-    const uint32_t bar = ptx::smem_addr(&sm.full[stage]);
-    if (lane == 0) {
-      sm.key_mask[stage] = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
-      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabs);  // the boxes' bytes
-    }
-    __syncwarp();
-    if (ok) {
-      const uint32_t dst = ptx::smem_addr(&sm.kv[stage][0]) + lane * box_rows * 128;
-      const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
-#pragma unroll
-      for (int s = 0; s < kSlabs; ++s) tma::load_2d(dst + s * kSlabBytes, &cache_map, 128 * s, y, bar);
-    }
-  };
-  auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
-  int32_t next_segment_page = -1;  // warp 0: the lane's page id for the next segment's first tile
-  int32_t next_page = -1;  // warp 0, TMA: the lane's page id for the next tile to issue
-  if constexpr (kTma) {
-    // The first tile's loads go out before the query's, so the two round trips overlap (warp 0
-    // initialized the mbarriers: its own lanes see them after __syncwarp; the other warps wait on
-    // them only after the CTA barrier below).
-    if (warp == 0 && n_tiles > 0) {
+    // --- TMA: warp 0's lane i < kTileKeys / box_rows loads box i of a tile: box_rows keys of one page
+    // (the whole 64-key tile for pages of 64 or more), five slabs of 128 bytes. Its page id is
+    // loaded one tile ahead (box_page), the loads issued when the stage is free (issue_tma).
+    const int box_rows = min(p.page_size, kTileKeys), boxes = kTileKeys / box_rows;
+    // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
+    auto box_index = [&](const KeyStream& ks, int tile, int64_t& j0) -> int64_t {  // -1: no box
+      j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(lane) * box_rows;
+      if (lane >= boxes || j0 >= ks.k_end) return -1;
+      const int64_t page_index = j0 >> ks.page_shift;
+      return page_index < ks.pages_avail ? page_index : -1;
+    };
+    auto box_page_of = [&](const KeyStream& ks, int tile) -> int32_t {
+      int64_t j0;
+      const int64_t i = box_index(ks, tile, j0);
+      return i < 0 ? -1 : p.kv_indices[ks.page_begin + i];
+    };
+    auto box_page = [&](int tile) { return box_page_of(keys, tile); };
+    auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
+      int64_t j0;
+      const bool have = box_index(ks, tile, j0) >= 0;
+      const bool ok = have && page >= 0 && page < p.num_pages;
+      if (have && !ok) atomicOr(p.error, kBadPage);  // never read: its keys are masked
+      const uint64_t mine = ok ? (box_rows == 64 ? ~0ull : ((1ull << box_rows) - 1) << (lane * box_rows)) : 0ull;
+      const uint64_t loaded = uint64_t(__reduce_or_sync(~0u, uint32_t(mine >> 32))) << 32 |
+                              __reduce_or_sync(~0u, uint32_t(mine));
+      const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
+      const int stage = at % kStages;
+      const uint32_t bar = ptx::smem_addr(&sm.full[stage]);
+      if (lane == 0) {
+        sm.key_mask[stage] = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
+        tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabs);  // the boxes' bytes
+      }
       __syncwarp();
-      if (!prefetched) issue_tma(0, box_page(0));
-      next_page = n_tiles > 1 ? box_page(1) : -1;
-      if (has_next) next_segment_page = box_page_of(next, 0);
-    }
-  }
-
-  load_query(sm, p, b, m_base, rows_total, tid);
-
-  // --- cp.async: thread `key` of a tile turns its page id into a row address and position
-  // (publish), and every thread copies (issue_tile).
-  auto publish = [&](const KeyRow& k, int slot) {
-    if (tid < kTileKeys) keys.publish(p, k, sm.rows[slot][tid], sm.pos[slot][tid]);
-  };
-  // Warp w copies keys 16w .. 16w+15, 8 rows x 4 chunks an instruction: 64 contiguous bytes of 8
-  // rows into four 128-byte core matrices (no bank conflict). Through L1 (cp.async.ca, the
-  // default here): through L2 only (.cg) every sector was requested twice (ncu: 21 M L2 requests
-  // for 301 MB, 57% L2 hits, whichever lanes share a row) and B64 took 171 µs instead of 134.
-  auto issue_tile = [&](int slot, int buf) {
-    const uint32_t dst = ptx::smem_addr(&sm.kv[buf][0]);
+      if (ok) {
+        const uint32_t dst = ptx::smem_addr(&sm.kv[stage][0]) + lane * box_rows * 128;
+        const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int key = 16 * warp + 8 * h + lane % 8;
-      const uint8_t* row = sm.rows[slot][key];
-      const uint8_t* src = row ? row : static_cast<const uint8_t*>(p.cache);
-#pragma unroll
-      for (int j = 0; j < kChunks / 4; ++j) {
-        const int chunk = 4 * j + lane / 8;
-        ptx::cp_async_16(dst + tile_offset<false>(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr,
-                         p.l1_copies);
-      }
-    }
-    ptx::cp_async_commit();
-  };
-
-  KeyRow ahead{};
-  if constexpr (!kTma) {
-    for (int t = 0; t < kStages && t < n_tiles; ++t) publish(keys.page_of(p, t, tid), t);
-    // The page ids of tile t+kStages are loaded during tile t-1 and published in tile t: a whole
-    // tile hides the dependent DRAM load (q.k alone is too short for it).
-    ahead = kStages < n_tiles ? keys.page_of(p, kStages, tid) : KeyRow{};
-  }
-  wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
-  __syncthreads();             // the query tile, the first tiles' rows, the initialized mbarriers
-  if (done == 0) stamp(1, now());
-  if constexpr (!kTma) {
-    for (int t = 0; t < kStages - 1; ++t) {
-      if (t < n_tiles) issue_tile(t, t);
-      else ptx::cp_async_commit();
-    }
-  }
-
-  // Online softmax of the thread's 4 rows in log2 units: running max (all threads agree) and this
-  // thread's share of the sum.
-  float m_run[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, d_run[4] = {};
-  const float scale_log2 = p.score_scale * 1.4426950408889634f;
-  float o[kDimBlocks][8];
-#pragma unroll
-  for (int blk = 0; blk < kDimBlocks; ++blk)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[blk][i] = 0.0f;
-  // Descriptors advance from a base by their byte offsets (one add, not a rebuild per MMA).
-  const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q), kBChunkStride, 128);
-  const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p), kBChunkStride, 128);
-
-  for (int t = 0; t < n_tiles; ++t) {
-    const int buf = (kTma ? done + t : t) % kStages, slot = t % kSlots;
-    uint64_t key_mask = ~0ull;
-    if constexpr (kTma) {
-      // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
-      // for all four warps at once), so its stage takes tile t+1 now.
-      if (warp == 0 && t + 1 < n_tiles) {
-        issue_tma(t + 1, next_page);
-        next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
-      } else if (warp == 0 && has_next) {
-        issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
-      }
-      tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
-      if (done + t == 0) stamp(2, now());
-      key_mask = sm.key_mask[buf];
-    } else {
-      ptx::cp_async_wait_group<kStages - 2>();
-      wgmma::fence_proxy_async();  // this thread's cp.async writes, before the tensor cores read them
-      // Tile t has landed for every thread, tile t+kStages-1's rows are published, and tile t-1's
-      // products are complete (its buffer is refilled next).
-      __syncthreads();
-      const int next = t + kStages - 1;
-      if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
-      else ptx::cp_async_commit();
-    }
-
-    // q.k: kGroupSteps k32 steps an accumulator (the first with scale-d = 0), summed in f32.
-    const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
-    const uint64_t k_desc = kTma ? wgmma::descriptor_sw128(kv_addr) : wgmma::descriptor(kv_addr, wgmma::kChunkStride, 128);
-    float x[8] = {};
-#pragma unroll
-    for (int wave = 0; wave < kAccs / kWave; ++wave) {
-      float sg[kWave][8];
-#pragma unroll
-      for (int k = 0; k < kWave; ++k) {  // defined before the fence, else ptxas serializes (C7515)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) sg[k][i] = 0.0f;
-        wgmma::fence_operand(sg[k]);
-      }
-      wgmma::fence();
-#pragma unroll
-      for (int k = 0; k < kWave; ++k)
-#pragma unroll
-        for (int u = 0; u < kGroupSteps; ++u) {
-          const int step = (wave * kWave + k) * kGroupSteps + u;
-          wgmma::mma_m64n16k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTma>(step)),
-                                    wgmma::advance(q_desc, step * 2 * kBChunkStride), u > 0);
-        }
-      wgmma::commit();
-      if constexpr (!kTma) {
-        if (wave == 0 && t + kStages < n_tiles) {
-          publish(ahead, (t + kStages) % kSlots);
-          ahead = t + kStages + 1 < n_tiles ? keys.page_of(p, t + kStages + 1, tid) : KeyRow{};
-        }
-      }
-      wgmma::wait<0>();
-#pragma unroll
-      for (int k = 0; k < kWave; ++k) {
-        wgmma::fence_operand(sg[k]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[i] += sg[k][i];
-      }
-    }
-
-    // The first k16 step of V^T, loaded now: its shared-memory latency hides behind the softmax.
-    uint32_t vraw[kDimBlocks / 2][4];
-#pragma unroll
-    for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTma>(kv_addr, 0, j, warp, lane, vraw[j]);
-
-    // The thread's two keys (accumulator rows g and g + 8 of its warp): global positions, INT_MAX
-    // where masked (past the chunk, causal limit of every row of the CTA, bad page).
-    int32_t key_pos[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int key = 16 * warp + g + 8 * h;
-      if constexpr (kTma) {
-        const int64_t j = keys.k_begin + int64_t(t) * kTileKeys + key;
-        key_pos[h] = (key_mask >> key) & 1 ? int32_t(keys.plain_positions ? j
-                                                                          : dcp_global_position(j, p.dcp_size, p.dcp_rank,
-                                                                                                p.dcp_interleave))
-                                           : INT_MAX;
-      } else {
-        key_pos[h] = sm.pos[slot][key];
-      }
-    }
-    // Scores in log2 units (scaled by log2 e: exp2 is one MUFU), masked (chunk, causal, bad page)
-    // by a select, so a NaN score of a masked key goes too.
-    float s[8];
-    bool grows = false;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      s[i] = key_pos[acc_half(i)] <= limit[row_slot(i)] ? x[i] * scale_log2 : -INFINITY;
-      grows |= s[i] > m_run[row_slot(i)] + kLazyRescale;
-    }
-    // The running maxima move only when a score passes them by more than kLazyRescale (log2 units;
-    // always on a row's first visible tile): the weights stay <= 2^kLazyRescale (f16 holds them
-    // with the same relative precision) and most tiles skip the cross-warp maxima exchange, the
-    // rescale of o and its barrier. All threads move every row at once, so they keep agreeing.
-    if (__syncthreads_or(grows)) {
-      float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], s[i]);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
-        if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
-      }
-      __syncthreads();  // every warp's row maxima
-      // Branch-free -inf handling (the rules of core/softmax_state.hpp): a row that has seen
-      // nothing keeps m = -inf and gets weights 0 (exp2(-inf - 0)); its first visible tile gets
-      // alpha = exp2(-inf) = 0 for the (zero) past.
-      float alpha[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int n = slot_col(r, c);
-        const float m_new = fmaxf(m_run[r], fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n])));
-        alpha[r] = exp2f(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
-        m_run[r] = m_new;
-        d_run[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int blk = 0; blk < kDimBlocks; ++blk) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[blk][i] *= alpha[row_slot(i)];
-        wgmma::fence_operand(o[blk]);  // the rescale stays before the MMAs (else they serialize)
-      }
-    }
-    uint8_t* pb = reinterpret_cast<uint8_t*>(sm.p);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float m = m_run[row_slot(i)];
-      const float w = exp2f(s[i] - (m == -INFINITY ? 0.0f : m));
-      d_run[row_slot(i)] += w;
-      const int key = 16 * warp + g + 8 * acc_half(i);
-      *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
-    }
-    wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
-    __syncthreads();             // the whole P tile; every warp has read red
-
-    // p.v: per k16 step, 8 dim blocks; fragments double-buffered across steps (an in-flight
-    // wgmma reads its A registers until wait). The last step drains: MMAs left in flight into
-    // the next tile's q.k make ptxas serialize every wgmma (C7515).
-    // The masked variant (zeroed V bytes) only for a TMA tile with masked keys (a split's last):
-    // predicated, the masking cost every tile 64 instructions a thread.
-    auto pv = [&](auto masked) {
-      uint32_t frag[2][kDimBlocks][4];
-#pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks) {
-#pragma unroll
-        for (int j = 0; j < kDimBlocks / 2; ++j) {
-          if constexpr (decltype(masked)::value) v_mask(vraw[j], key_mask, ks, c);
-          v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
-          if (ks + 1 < kPvSteps) v_load<kTma>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
-        }
-        wgmma::fence();
-        const uint64_t bp = wgmma::advance(p_desc, ks * 2 * kBChunkStride);
-#pragma unroll
-        for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::mma_m64n16k16_f16_rs(o[blk], frag[ks & 1][blk], bp);
-        wgmma::commit();
-        if (ks == kPvSteps - 1) wgmma::wait<0>();
-        else if (ks > 0) wgmma::wait<1>();
+        for (int s = 0; s < kSlabs; ++s) tma::load_2d(dst + s * kSlabBytes, &cache_map, 128 * s, y, bar);
       }
     };
-    if (kTma && key_mask != ~0ull) pv(std::true_type{});
-    else pv(std::false_type{});
-  }
-  wgmma::wait<0>();
-#pragma unroll
-  for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
-
-  stamp(3, now());
-  ++segments;
-  // Row sums: over the 8 lanes of a column, then over the warps.
-  float d[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    d[r] = d_run[r];
-    d[r] += __shfl_xor_sync(0xffffffffu, d[r], 4);
-    d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
-    d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
-  }
-  __syncthreads();  // red is free (every warp has read the last tile's maxima)
-  if (g == 0)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) sm.red[warp][slot_col(r, c)] = d[r];
-  __syncthreads();
-
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int n = slot_col(r, c), m = m_base + n;
-    if (m >= rows_total) continue;
-    // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
-    SoftmaxState f;
-    f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
-    f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
-    const float scale = f.inv_sum() * p.v_scale;
-    const int64_t s_idx = tok_base + m / p.heads;
-    const int h = m % p.heads;
-    const int64_t base = part * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
-    const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
-#pragma unroll
-    for (int blk = 0; blk < kDimBlocks; ++blk) {
-      const int64_t off = base + 64 * blk + 16 * warp + 2 * g;
-      const float x0 = o[blk][i0] * scale, x1 = o[blk][i0 + 2] * scale;
-      if (p.o_bf16) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = ptx::pack_bf16x2(x0, x1);
-      else *reinterpret_cast<float2*>(static_cast<float*>(p.o) + off) = make_float2(x0, x1);
+    auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
+    int32_t next_segment_page = -1;  // warp 0: the lane's page id for the next segment's first tile
+    int32_t next_page = -1;  // warp 0, TMA: the lane's page id for the next tile to issue
+    if constexpr (kTma) {
+      // The first tile's loads go out before the query's, so the two round trips overlap (warp 0
+      // initialized the mbarriers: its own lanes see them after __syncwarp; the other warps wait on
+      // them only after the CTA barrier below).
+      if (warp == 0 && n_tiles > 0) {
+        __syncwarp();
+        if (!prefetched) issue_tma(0, box_page(0));
+        next_page = n_tiles > 1 ? box_page(1) : -1;
+        if (has_next) next_segment_page = box_page_of(next, 0);
+      }
     }
-    if (warp == 0 && g == 0) p.lse[part * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
-  }
-  done += n_tiles;
+
+    load_query(sm, p, b, m_base, rows_total, tid);
+
+    // --- cp.async: thread `key` of a tile turns its page id into a row address and position
+    // (publish), and every thread copies (issue_tile).
+    auto publish = [&](const KeyRow& k, int slot) {
+      if (tid < kTileKeys) keys.publish(p, k, sm.rows[slot][tid], sm.pos[slot][tid]);
+    };
+    // Warp w copies keys 16w .. 16w+15, 8 rows x 4 chunks an instruction: 64 contiguous bytes of 8
+    // rows into four 128-byte core matrices (no bank conflict). Through L1 (cp.async.ca, the
+    // default here): through L2 only (.cg) every sector was requested twice (ncu: 21 M L2 requests
+    // for 301 MB, 57% L2 hits, whichever lanes share a row) and B64 took 171 µs instead of 134.
+    auto issue_tile = [&](int slot, int buf) {
+      const uint32_t dst = ptx::smem_addr(&sm.kv[buf][0]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = 16 * warp + 8 * h + lane % 8;
+        const uint8_t* row = sm.rows[slot][key];
+        const uint8_t* src = row ? row : static_cast<const uint8_t*>(p.cache);
+#pragma unroll
+        for (int j = 0; j < kChunks / 4; ++j) {
+          const int chunk = 4 * j + lane / 8;
+          ptx::cp_async_16(dst + tile_offset<false>(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr,
+                           p.l1_copies);
+        }
+      }
+      ptx::cp_async_commit();
+    };
+
+    KeyRow ahead{};
+    if constexpr (!kTma) {
+      for (int t = 0; t < kStages && t < n_tiles; ++t) publish(keys.page_of(p, t, tid), t);
+      // The page ids of tile t+kStages are loaded during tile t-1 and published in tile t: a whole
+      // tile hides the dependent DRAM load (q.k alone is too short for it).
+      ahead = kStages < n_tiles ? keys.page_of(p, kStages, tid) : KeyRow{};
+    }
+    wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
+    __syncthreads();             // the query tile, the first tiles' rows, the initialized mbarriers
+    if (done == 0) stamp(1, now());
+    if constexpr (!kTma) {
+      for (int t = 0; t < kStages - 1; ++t) {
+        if (t < n_tiles) issue_tile(t, t);
+        else ptx::cp_async_commit();
+      }
+    }
+
+    // Online softmax of the thread's 4 rows in log2 units: running max (all threads agree) and this
+    // thread's share of the sum.
+    float m_run[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, d_run[4] = {};
+    const float scale_log2 = p.score_scale * 1.4426950408889634f;
+    float o[kDimBlocks][8];
+#pragma unroll
+    for (int blk = 0; blk < kDimBlocks; ++blk)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[blk][i] = 0.0f;
+    // Descriptors advance from a base by their byte offsets (one add, not a rebuild per MMA).
+    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q), kBChunkStride, 128);
+    const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p), kBChunkStride, 128);
+
+    for (int t = 0; t < n_tiles; ++t) {
+      const int buf = (kTma ? done + t : t) % kStages, slot = t % kSlots;
+      uint64_t key_mask = ~0ull;
+      if constexpr (kTma) {
+        // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
+        // for all four warps at once), so its stage takes tile t+1 now.
+        if (warp == 0 && t + 1 < n_tiles) {
+          issue_tma(t + 1, next_page);
+          next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
+        } else if (warp == 0 && has_next) {
+          issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
+        }
+        tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
+        if (done + t == 0) stamp(2, now());
+        key_mask = sm.key_mask[buf];
+      } else {
+        ptx::cp_async_wait_group<kStages - 2>();
+        wgmma::fence_proxy_async();  // this thread's cp.async writes, before the tensor cores read them
+        // Tile t has landed for every thread, tile t+kStages-1's rows are published, and tile t-1's
+        // products are complete (its buffer is refilled next).
+        __syncthreads();
+        const int next = t + kStages - 1;
+        if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
+        else ptx::cp_async_commit();
+      }
+
+      // q.k: kGroupSteps k32 steps an accumulator (the first with scale-d = 0), summed in f32.
+      const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
+      const uint64_t k_desc =
+          kTma ? wgmma::descriptor_sw128(kv_addr) : wgmma::descriptor(kv_addr, wgmma::kChunkStride, 128);
+      float x[8] = {};
+#pragma unroll
+      for (int wave = 0; wave < kAccs / kWave; ++wave) {
+        float sg[kWave][8];
+#pragma unroll
+        for (int k = 0; k < kWave; ++k) {  // defined before the fence, else ptxas serializes (C7515)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) sg[k][i] = 0.0f;
+          wgmma::fence_operand(sg[k]);
+        }
+        wgmma::fence();
+#pragma unroll
+        for (int k = 0; k < kWave; ++k)
+#pragma unroll
+          for (int u = 0; u < kGroupSteps; ++u) {
+            const int step = (wave * kWave + k) * kGroupSteps + u;
+            wgmma::mma_m64n16k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTma>(step)),
+                                      wgmma::advance(q_desc, step * 2 * kBChunkStride), u > 0);
+          }
+        wgmma::commit();
+        if constexpr (!kTma) {
+          if (wave == 0 && t + kStages < n_tiles) {
+            publish(ahead, (t + kStages) % kSlots);
+            ahead = t + kStages + 1 < n_tiles ? keys.page_of(p, t + kStages + 1, tid) : KeyRow{};
+          }
+        }
+        wgmma::wait<0>();
+#pragma unroll
+        for (int k = 0; k < kWave; ++k) {
+          wgmma::fence_operand(sg[k]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[i] += sg[k][i];
+        }
+      }
+
+      // The first k16 step of V^T, loaded now: its shared-memory latency hides behind the softmax.
+      uint32_t vraw[kDimBlocks / 2][4];
+#pragma unroll
+      for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTma>(kv_addr, 0, j, warp, lane, vraw[j]);
+
+      // The thread's two keys (accumulator rows g and g + 8 of its warp): global positions, INT_MAX
+      // where masked (past the chunk, causal limit of every row of the CTA, bad page).
+      int32_t key_pos[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = 16 * warp + g + 8 * h;
+        if constexpr (kTma) {
+          const int64_t j = keys.k_begin + int64_t(t) * kTileKeys + key;
+          key_pos[h] = (key_mask >> key) & 1
+                           ? int32_t(keys.plain_positions
+                                         ? j
+                                         : dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave))
+                           : INT_MAX;
+        } else {
+          key_pos[h] = sm.pos[slot][key];
+        }
+      }
+      // Scores in log2 units (scaled by log2 e: exp2 is one MUFU), masked (chunk, causal, bad page)
+      // by a select, so a NaN score of a masked key goes too.
+      float s[8];
+      bool grows = false;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        s[i] = key_pos[acc_half(i)] <= limit[row_slot(i)] ? x[i] * scale_log2 : -INFINITY;
+        grows |= s[i] > m_run[row_slot(i)] + kLazyRescale;
+      }
+      // The running maxima move only when a score passes them by more than kLazyRescale (log2 units;
+      // always on a row's first visible tile): the weights stay <= 2^kLazyRescale (f16 holds them
+      // with the same relative precision) and most tiles skip the cross-warp maxima exchange, the
+      // rescale of o and its barrier. All threads move every row at once, so they keep agreeing.
+      if (__syncthreads_or(grows)) {
+        float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], s[i]);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
+          if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
+        }
+        __syncthreads();  // every warp's row maxima
+        // Branch-free -inf handling (the rules of core/softmax_state.hpp): a row that has seen
+        // nothing keeps m = -inf and gets weights 0 (exp2(-inf - 0)); its first visible tile gets
+        // alpha = exp2(-inf) = 0 for the (zero) past.
+        float alpha[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int n = slot_col(r, c);
+          const float m_new =
+              fmaxf(m_run[r], fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n])));
+          alpha[r] = exp2f(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
+          m_run[r] = m_new;
+          d_run[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int blk = 0; blk < kDimBlocks; ++blk) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) o[blk][i] *= alpha[row_slot(i)];
+          wgmma::fence_operand(o[blk]);  // the rescale stays before the MMAs (else they serialize)
+        }
+      }
+      uint8_t* pb = reinterpret_cast<uint8_t*>(sm.p);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float m = m_run[row_slot(i)];
+        const float w = exp2f(s[i] - (m == -INFINITY ? 0.0f : m));
+        d_run[row_slot(i)] += w;
+        const int key = 16 * warp + g + 8 * acc_half(i);
+        *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
+      }
+      wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
+      __syncthreads();             // the whole P tile; every warp has read red
+
+      // p.v: per k16 step, 8 dim blocks; fragments double-buffered across steps (an in-flight
+      // wgmma reads its A registers until wait). The last step drains: MMAs left in flight into
+      // the next tile's q.k make ptxas serialize every wgmma (C7515).
+      // The masked variant (zeroed V bytes) only for a TMA tile with masked keys (a split's last):
+      // predicated, the masking cost every tile 64 instructions a thread.
+      auto pv = [&](auto masked) {
+        uint32_t frag[2][kDimBlocks][4];
+#pragma unroll
+        for (int ks = 0; ks < kPvSteps; ++ks) {
+#pragma unroll
+          for (int j = 0; j < kDimBlocks / 2; ++j) {
+            if constexpr (decltype(masked)::value) v_mask(vraw[j], key_mask, ks, c);
+            v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
+            if (ks + 1 < kPvSteps) v_load<kTma>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
+          }
+          wgmma::fence();
+          const uint64_t bp = wgmma::advance(p_desc, ks * 2 * kBChunkStride);
+#pragma unroll
+          for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::mma_m64n16k16_f16_rs(o[blk], frag[ks & 1][blk], bp);
+          wgmma::commit();
+          if (ks == kPvSteps - 1) wgmma::wait<0>();
+          else if (ks > 0) wgmma::wait<1>();
+        }
+      };
+      if (kTma && key_mask != ~0ull) pv(std::true_type{});
+      else pv(std::false_type{});
+    }
+    wgmma::wait<0>();
+#pragma unroll
+    for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+
+    stamp(3, now());
+    ++segments;
+    // Row sums: over the 8 lanes of a column, then over the warps.
+    float d[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      d[r] = d_run[r];
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 4);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
+    }
+    __syncthreads();  // red is free (every warp has read the last tile's maxima)
+    if (g == 0)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) sm.red[warp][slot_col(r, c)] = d[r];
+    __syncthreads();
+
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int n = slot_col(r, c), m = m_base + n;
+      if (m >= rows_total) continue;
+      // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
+      SoftmaxState f;
+      f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
+      f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
+      const float scale = f.inv_sum() * p.v_scale;
+      const int64_t s_idx = tok_base + m / p.heads;
+      const int h = m % p.heads;
+      const int64_t base = part * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
+      const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
+#pragma unroll
+      for (int blk = 0; blk < kDimBlocks; ++blk) {
+        const int64_t off = base + 64 * blk + 16 * warp + 2 * g;
+        const float x0 = o[blk][i0] * scale, x1 = o[blk][i0 + 2] * scale;
+        if (p.o_bf16) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = ptx::pack_bf16x2(x0, x1);
+        else *reinterpret_cast<float2*>(static_cast<float*>(p.o) + off) = make_float2(x0, x1);
+      }
+      if (warp == 0 && g == 0)
+        p.lse[part * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
+    }
+    done += n_tiles;
   };  // serve
 
   // The segments: one (request, split) for fixed splits; with the flat plan (flat_plan.hpp), the

@@ -32,7 +32,8 @@ void check_plan(const std::vector<int32_t>& lens, int qlen, int ctas) {
   SCOPED_TRACE(::testing::Message() << "B " << lens.size() << ", qlen " << qlen << ", CTAs " << ctas);
   const int batch = int(lens.size());
   std::vector<int32_t> starts(size_t(batch) + 1, 0);
-  for (int b = 0; b < batch; ++b) starts[size_t(b) + 1] = starts[size_t(b)] + flat::request_tiles(lens[size_t(b)], qlen, kTile);
+  for (int b = 0; b < batch; ++b)
+    starts[size_t(b) + 1] = starts[size_t(b)] + flat::request_tiles(lens[size_t(b)], qlen, kTile);
   std::vector<Recorded> rec(static_cast<size_t>(batch));
   std::set<int64_t> used;
   for (int c = 0; c < ctas; ++c) {
@@ -41,7 +42,8 @@ void check_plan(const std::vector<int32_t>& lens, int qlen, int ctas) {
     for (int b = flat::next_request(starts.data(), batch, flat::first_request(starts.data(), batch, range), range);
          b >= 0; b = flat::next_request(starts.data(), batch, b + 1, range)) {
       Recorded& r = rec[size_t(b)];
-      const int32_t first = flat::segment_first(starts.data(), b, range), last = flat::segment_last(starts.data(), b, range);
+      const int32_t first = flat::segment_first(starts.data(), b, range);
+      const int32_t last = flat::segment_last(starts.data(), b, range);
       ASSERT_LT(first, last) << "request " << b << " CTA " << c << ": an empty segment";
       ASSERT_EQ(first, r.next_tile) << "request " << b << " CTA " << c << ": tiles skipped or served twice";
       r.next_tile = last;
