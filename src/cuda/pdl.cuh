@@ -27,9 +27,9 @@ inline bool pdl_enabled() {
   return enabled;
 }
 
-template <class... Params, class... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-                      const Args&... args) {
+template <class Params>
+void launch_dependent(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                      const Params& p) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
@@ -40,7 +40,7 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t s
   config.stream = stream;
   config.attrs = &attr;
   config.numAttrs = 1;
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
 }
 
 }  // namespace mla::cuda
