@@ -109,45 +109,15 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 
     const int n_tiles = keys.n_tiles();
 
-    // --- TMA: warp 0's lane i < kTileKeys / box_rows loads box i of a tile: box_rows keys of one page
-    // (the whole 64-key tile for pages of 64 or more), five slabs of 128 bytes. Its page id is
-    // loaded one tile ahead (box_page), the loads issued when the stage is free (issue_tma).
-    const int box_rows = min(p.page_size, kTileKeys), boxes = kTileKeys / box_rows;
+    // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
-    auto box_index = [&](const KeyStream& ks, int tile, int64_t& j0) -> int64_t {  // -1: no box
-      j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(lane) * box_rows;
-      if (lane >= boxes || j0 >= ks.k_end) return -1;
-      const int64_t page_index = j0 >> ks.page_shift;
-      return page_index < ks.pages_avail ? page_index : -1;
-    };
-    auto box_page_of = [&](const KeyStream& ks, int tile) -> int32_t {
-      int64_t j0;
-      const int64_t i = box_index(ks, tile, j0);
-      return i < 0 ? -1 : p.kv_indices[ks.page_begin + i];
-    };
+    const TmaTiles tiles(p, &cache_map, lane);
+    auto box_page_of = [&](const KeyStream& ks, int tile) { return tiles.page_of(ks, tile); };
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
-      int64_t j0;
-      const bool have = box_index(ks, tile, j0) >= 0;
-      const bool ok = have && page >= 0 && page < p.num_pages;
-      if (have && !ok) atomicOr(p.error, kBadPage);  // never read: its keys are masked
-      const uint64_t mine = ok ? (box_rows == 64 ? ~0ull : ((1ull << box_rows) - 1) << (lane * box_rows)) : 0ull;
-      const uint64_t loaded = uint64_t(__reduce_or_sync(~0u, uint32_t(mine >> 32))) << 32 |
-                              __reduce_or_sync(~0u, uint32_t(mine));
-      const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
       const int stage = at % kStages;
-      const uint32_t bar = ptx::smem_addr(&sm.full[stage]);
-      if (lane == 0) {
-        sm.key_mask[stage] = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
-        tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabs);  // the boxes' bytes
-      }
-      __syncwarp();
-      if (ok) {
-        const uint32_t dst = ptx::smem_addr(&sm.kv[stage][0]) + lane * box_rows * 128;
-        const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
-#pragma unroll
-        for (int s = 0; s < kSlabs; ++s) tma::load_2d(dst + s * kSlabBytes, &cache_map, 128 * s, y, bar);
-      }
+      tiles.issue(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
+                  &sm.key_mask[stage]);
     };
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
     int32_t next_segment_page = -1;  // warp 0: the lane's page id for the next segment's first tile
@@ -164,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       }
     }
 
-    load_query(sm, p, b, m_base, rows_total, tid);
+    load_query<kN, kThreads>(sm.q, p, b, m_base, rows_total, tid);
 
     // --- cp.async: thread `key` of a tile turns its page id into a row address and position
     // (publish), and every thread copies (issue_tile).
@@ -447,31 +417,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
   int cta_key = 0, b = cta.b;
   if (flat) {
-    for (int i = tid; i < batch; i += kThreads) {
-      sm.flat_start[i] = flat::request_tiles(p.seq_lens[i], p.qlen, kTileKeys);  // the count, made the prefix below
-      const int32_t len = p.seq_lens[i];
-      if (blockIdx.x == 0 && len != 0 && len < p.qlen) atomicOr(p.error, kBadSeqLen);
-    }
-    __syncthreads();
-    if (warp == 0) {  // an exclusive scan: a lane sums a run of requests, then the runs
-      const int per = (batch + 31) / 32, lo = min(batch, lane * per), hi = min(batch, lo + per);
-      int32_t run = 0;
-      for (int i = lo; i < hi; ++i) run += sm.flat_start[i];
-      int32_t before = run;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const int32_t v = __shfl_up_sync(~0u, before, off);
-        if (lane >= off) before += v;
-      }
-      before -= run;
-      for (int i = lo; i < hi; ++i) {  // each lane its own slots
-        const int32_t t = sm.flat_start[i];
-        sm.flat_start[i] = before;  // request i's first tile
-        before += t;
-      }
-      if (lane == 31) sm.flat_start[batch] = before;
-    }
-    __syncthreads();
+    flat::scan_tiles<kThreads>(sm.flat_start, p, kTileKeys, tid);
     const int m_tiles = (rows_total + kN - 1) / kN;
     cta_key = blockIdx.x / m_tiles;
     range = flat::cta_range(sm.flat_start, batch, p.flat_ctas, cta_key);
@@ -636,6 +582,7 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, true>();
   set_smem_limit<2, 2, true>();
   set_smem_limit<2, 2, true, true>();
+  prepare_attend_rows_kernel();
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
@@ -649,6 +596,10 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
   // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283).
   auto go = [&](auto kernel, int smem) { kernel<<<grid, kThreads, smem, stream>>>(p, map); };
+  if (tma && p.heads * p.qlen >= attend_rows_min()) {  // many rows a key: 64-row CTAs (attend_rows.cu)
+    launch_attend_rows(p, map, stream);
+    return;
+  }
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {

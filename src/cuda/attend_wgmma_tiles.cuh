@@ -10,6 +10,7 @@
 #include "cuda/attend_keys.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
+#include "cuda/tma.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace mla::cuda::wgmma_attend {
@@ -44,9 +45,12 @@ __host__ __device__ constexpr int key_step_offset(int step) {
 // Running maxima move only by more than this (log2 units): weights stay <= 2^8.
 constexpr float kLazyRescale = 8.0f;
 
-// B operands (16 rows) in K-major core matrices of 8 rows x 16 bytes: chunk k of row n.
-constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes: the descriptors' leading byte offset
-__host__ __device__ constexpr int b_offset(int n, int chunk) { return chunk * kBChunkStride + (n / 8) * 128 + (n % 8) * 16; }
+// B operands (kRowsN rows: the query tile, P^T) in K-major core matrices of 8 rows x 16 bytes:
+// chunk k of row n; the descriptors' leading byte offset is the chunk stride.
+template <int kRowsN>
+__host__ __device__ constexpr int b_offset_n(int n, int chunk) { return chunk * (kRowsN / 8 * 128) + (n / 8) * 128 + (n % 8) * 16; }
+constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
+__host__ __device__ constexpr int b_offset(int n, int chunk) { return b_offset_n<kN>(n, chunk); }
 
 template <int kStages, bool kTma>
 struct WgSmem {
@@ -75,12 +79,12 @@ __device__ __forceinline__ int acc_col(int i, int c) { return 8 * (i >> 2) + 2 *
 __device__ __forceinline__ int row_slot(int i) { return 2 * (i >> 2) + (i & 1); }
 __device__ __forceinline__ int slot_col(int r, int c) { return 8 * (r >> 1) + 2 * c + (r & 1); }
 
-// The query rows m_base .. m_base+15 of request b (fp8, zero past the request's rows) into
-// shared memory, every load of a thread issued before any store.
-template <int kStages, bool kTma>
-__device__ __forceinline__ void load_query(WgSmem<kStages, kTma>& sm, const AttendParams& p, int b, int m_base,
-                                           int rows_total, int tid) {
-  constexpr int kUnits = kN * kChunks, kPerThread = (kUnits + kThreads - 1) / kThreads;
+// The query rows m_base .. m_base + kRowsN - 1 of request b (fp8, zero past the request's rows) into
+// shared memory at b_offset_n<kRowsN>, every load of a thread issued before any store.
+template <int kRowsN, int kThreadsN>
+__device__ __forceinline__ void load_query(uint8_t* q_smem, const AttendParams& p, int b, int m_base, int rows_total,
+                                           int tid) {
+  constexpr int kThreads = kThreadsN, kUnits = kRowsN * kChunks, kPerThread = (kUnits + kThreads - 1) / kThreads;
   const uint8_t* q = static_cast<const uint8_t*>(p.q);
   const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 16 == 0;
   uint4 raw[kPerThread];
@@ -104,7 +108,7 @@ __device__ __forceinline__ void load_query(WgSmem<kStages, kTma>& sm, const Atte
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const int u = tid + k * kThreads;
-    if (u < kUnits) *reinterpret_cast<uint4*>(&sm.q[b_offset(u / kChunks, u % kChunks)]) = raw[k];
+    if (u < kUnits) *reinterpret_cast<uint4*>(&q_smem[b_offset_n<kRowsN>(u / kChunks, u % kChunks)]) = raw[k];
   }
 }
 
@@ -135,5 +139,58 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[2], 0, 0x3120), a1[0], a1[1]);
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[3], 0, 0x3120), a1[2], a1[3]);
 }
+
+// TMA key tiles (both wgmma kernels): warp 0's lane i < kTileKeys / box_rows loads box i of a
+// tile, box_rows = min(page, 64) keys of one page (the whole tile for pages of 64 or more), five
+// 128-byte slabs. The caller loads a lane's page id a tile ahead (page_of) and issues the boxes
+// when the stage is free (issue). Every lane of warp 0 calls both.
+struct TmaTiles {
+  const AttendParams& p;
+  const CUtensorMap* map;
+  int lane, box_rows, boxes;
+
+  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_)
+      : p(params), map(cache_map), lane(lane_), box_rows(min(params.page_size, kTileKeys)),
+        boxes(kTileKeys / min(params.page_size, kTileKeys)) {}
+
+  // This lane's box of tile `tile` of segment ks: its page's index in the request's page list
+  // (-1: no box) and first local key j0.
+  __device__ int64_t box_index(const KeyStream& ks, int tile, int64_t& j0) const {
+    j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(lane) * box_rows;
+    if (lane >= boxes || j0 >= ks.k_end) return -1;
+    const int64_t page_index = j0 >> ks.page_shift;
+    return page_index < ks.pages_avail ? page_index : -1;
+  }
+  __device__ int32_t page_of(const KeyStream& ks, int tile) const {
+    int64_t j0;
+    const int64_t i = box_index(ks, tile, j0);
+    return i < 0 ? -1 : p.kv_indices[ks.page_begin + i];
+  }
+  // The boxes into the stage at shared address dst, completing on mbarrier bar (its expected bytes:
+  // the boxes actually issued); lane 0 writes the tile's real keys to *key_mask (a bad page id's
+  // keys are masked and reported, never read).
+  __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar,
+                        uint64_t* key_mask) const {
+    int64_t j0;
+    const bool have = box_index(ks, tile, j0) >= 0;
+    const bool ok = have && page >= 0 && page < p.num_pages;
+    if (have && !ok) atomicOr(p.error, kBadPage);
+    const uint64_t mine = ok ? (box_rows == 64 ? ~0ull : ((1ull << box_rows) - 1) << (lane * box_rows)) : 0ull;
+    const uint64_t loaded = uint64_t(__reduce_or_sync(~0u, uint32_t(mine >> 32))) << 32 |
+                            __reduce_or_sync(~0u, uint32_t(mine));
+    const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
+    if (lane == 0) {
+      *key_mask = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
+      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabs);
+    }
+    __syncwarp();
+    if (ok) {
+      const uint32_t box = dst + lane * box_rows * 128;
+      const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s) tma::load_2d(box + s * kSlabBytes, map, 128 * s, y, bar);
+    }
+  }
+};
 
 }  // namespace mla::cuda::wgmma_attend

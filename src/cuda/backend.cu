@@ -33,7 +33,6 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;
 constexpr int kMaxSplits = 256;
 constexpr int kMinKeysPerSplit = 192;  // three of attend's key tiles
 
-int m_tiles(int heads, int qlen) { return (heads * qlen + 15) / 16; }
 
 // MLA_ATTEND_FLAT=0: the step's attend keeps fixed splits a request (comparison).
 bool flat_plan_enabled() {
@@ -129,10 +128,22 @@ CudaBackend::~CudaBackend() {
   lt_.reset();
 }
 
-// The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave (two CTAs an SM)
-// for the row tiles of a request (B = 64, 12 heads: 264 instead of 4 splits x 64 = 256).
+// The CTAs of one (request, split) and the CTA slots of one wave for the attend kernel a step with
+// an fp8 query takes: 16-row CTAs two an SM (attend_wgmma.cu), or from attend_rows_min() query
+// rows on, 64-row CTAs one an SM (attend_rows.cu; it also needs TMA tiles, which the plan cannot
+// see: with pages of 1-4 rows the 16-row kernel runs the plan made for 64-row CTAs).
+CudaBackend::AttendShape CudaBackend::attend_shape(int qlen) const {
+  const int rows = query_heads() * qlen;
+  if (opts.q_dtype == DType::fp8_e4m3 && rows >= attend_rows_min())
+    return {(rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta, sms_};
+  return {(rows + 15) / 16, 2 * sms_};
+}
+
+// The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave for the row tiles
+// of a request (B = 64, 12 heads: 264 instead of 4 splits x 64 = 256).
 int CudaBackend::flat_ctas(int batch, int qlen) const {
-  return std::min(kMaxPostPartials - 1, std::max(batch, 2 * sms_ / m_tiles(query_heads(), qlen)));
+  const AttendShape shape = attend_shape(qlen);
+  return std::min(kMaxPostPartials - 1, std::max(batch, shape.slots / shape.m_tiles));
 }
 
 int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_lens_host) const {
@@ -141,9 +152,10 @@ int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_l
   // wave (B = 64: 4 splits, 256 CTAs on 264 slots, not 5 and 320; B = 1: up to 256 splits, so
   // one long request spreads over every SM), and no split shorter than kMinKeysPerSplit keys where
   // the lengths are known on the host.
-  const int ctas = batch * m_tiles(query_heads(), qlen);
+  const AttendShape shape = attend_shape(qlen);
+  const int ctas = batch * shape.m_tiles;
   const int max_splits = std::min(kMaxSplits, kMaxPostPartials / std::max(opts.dcp.size, 1));
-  int splits = std::clamp(2 * sms_ / std::max(ctas, 1), 1, max_splits);
+  int splits = std::clamp(shape.slots / std::max(ctas, 1), 1, max_splits);
   if (!seq_lens_host.empty()) {
     // No split shorter than three key tiles: at B = 1, ctx 8192, the step in a graph took 43 splits
     // (3 tiles a CTA) 0.3-3.3 µs less than 64 (2 tiles) in each of 8 H200 runs of session 4 (attend

@@ -34,6 +34,10 @@ class CudaBackend final : public detail::BackendImpl {
   // Split-KV chunks step() uses for a batch (host lengths where known, else a static plan).
   int plan_splits(int batch, int qlen, std::span<const int32_t> seq_lens_host) const;
   int flat_ctas(int batch, int qlen) const;
+  struct AttendShape {
+    int m_tiles, slots;  // CTAs of one (request, split); CTA slots of one wave
+  };
+  AttendShape attend_shape(int qlen) const;
   cudaStream_t stream() const { return stream_; }
 
  private:

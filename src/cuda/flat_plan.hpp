@@ -66,6 +66,41 @@ MLA_HD int32_t partial_count(const int32_t* starts, int b, const Cta& c, int cta
   return (starts[b + 1] - 1) / c.per_cta - cta + 1;
 }
 
+#ifdef __CUDACC__
+// Every key-CTA computes the plan itself: starts[i] = request i's first tile (an exclusive scan of
+// the requests' tile counts by warp 0: a lane sums a run of requests, then the runs), starts[batch]
+// = T; CTA 0 reports invalid lengths. Every thread of the CTA calls it (two CTA barriers).
+template <int kThreads>
+__device__ void scan_tiles(int32_t* starts, const AttendParams& p, int tile_keys, int tid) {
+  const int batch = p.batch, lane = tid % 32;
+  for (int i = tid; i < batch; i += kThreads) {
+    starts[i] = request_tiles(p.seq_lens[i], p.qlen, tile_keys);  // the count, made the prefix below
+    const int32_t len = p.seq_lens[i];
+    if (blockIdx.x == 0 && len != 0 && len < p.qlen) atomicOr(p.error, kBadSeqLen);
+  }
+  __syncthreads();
+  if (tid < 32) {
+    const int per = (batch + 31) / 32, lo = min(batch, lane * per), hi = min(batch, lo + per);
+    int32_t run = 0;
+    for (int i = lo; i < hi; ++i) run += starts[i];
+    int32_t before = run;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int32_t v = __shfl_up_sync(~0u, before, off);
+      if (lane >= off) before += v;
+    }
+    before -= run;
+    for (int i = lo; i < hi; ++i) {  // each lane its own slots
+      const int32_t t = starts[i];
+      starts[i] = before;  // request i's first tile
+      before += t;
+    }
+    if (lane == 31) starts[batch] = before;
+  }
+  __syncthreads();
+}
+#endif
+
 }  // namespace mla::cuda::flat
 
 #undef MLA_HD

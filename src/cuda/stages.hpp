@@ -154,6 +154,14 @@ bool attend_wgmma_applies(const AttendParams& p);
 // tiles (the step's own, or one split); else by cp.async.
 bool attend_wgmma_uses_tma(const AttendParams& p);
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
+// The many-rows kernel (attend_rows.cu: 64 query rows a CTA, two warpgroups, one CTA an SM), which
+// the wgmma launch takes for TMA tiles where a request has attend_rows_min() query rows or more
+// (heads x qlen; MLA_ATTEND_ROWS_MIN overrides, e.g. 100000 turns it off).
+inline constexpr int kAttendRowsMinDefault = 48;
+inline constexpr int kAttendRowsPerCta = 64;
+int attend_rows_min();
+bool attend_rows_applies(const AttendParams& p);
+void prepare_attend_rows_kernel();
 void prepare_attend_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the attend kernels; once per process and device,
 // outside any graph capture.

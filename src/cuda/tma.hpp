@@ -13,4 +13,8 @@ namespace mla::cuda {
 CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride,
                                         int box_rows);
 
+struct AttendParams;
+// The many-rows attend kernel's launch (attend_rows.cu), with the cache's tensor map.
+void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
+
 }  // namespace mla::cuda

@@ -85,6 +85,21 @@ __device__ __forceinline__ void fence_operand(float (&r)[n]) {
   for (int i = 0; i < n; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// d (64 x 32 f32, 16 a thread, the layout above with n8 blocks j < 4) (+)= A (64 x 32 e4m3, K-major,
+// smem) * B (32 x 32 e4m3, K-major, smem)^T: the many-rows kernel's q.k (attend_rows.cu).
+__device__ __forceinline__ void mma_m64n32k32_e4m3(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(int32_t(accumulate)));
+}
+
 // d (64 x 16 f32, 8 a thread) (+)= A (64 x 32 e4m3, K-major, smem) * B (16 x 32 e4m3, K-major,
 // smem)^T. Thread t: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2].
 __device__ __forceinline__ void mma_m64n16k32_e4m3(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
@@ -110,6 +125,23 @@ __device__ __forceinline__ void mma_m64n16k16_f16_rs(float (&d)[8], const uint32
       "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// d (64 x 64 f32, 32 a thread, the m64n64 layout above) += A (64 x 16 f16 from registers, each warp
+// its 16 rows in the mma.sync m16n8k16 A layout) * B (64 x 16 f16, K-major, smem)^T: the many-rows
+// kernel's p.v (attend_rows.cu: A = V^T, B = P^T).
+__device__ __forceinline__ void mma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "}\n"
+      : MLA_WGMMA_D32(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 

@@ -1,0 +1,421 @@
+// attend for many query rows a key (issue 5, v13): 128 heads, qlen 4-8, DCP-gathered heads.
+//
+// The 16-row wgmma kernel (attend_wgmma.cu) reads each key tile from L2 and widens its V once for
+// every 16 query rows: at 128 heads a tile is read 8 times and widened 8 times, and its small MMAs
+// (N = 16) leave the tensor cores idle (D: 12.6% of copy, 259 TFLOP/s). Here a CTA takes 64 query
+// rows (N = 64) with two consumer warpgroups at one CTA an SM, and streams key tiles in pairs:
+//   q.k:  warpgroup w scores tile 2j + w:  S^T [64 keys x 64 rows] = K . Q^T  (QGMMA m64n64k32
+//         e4m3, in 2-step f32 groups as the 16-row kernel: the fp8 MMA's accumulator is short)
+//   softmax: the row maxima of both tiles through shared memory (lazily: only when a score passes
+//         a running maximum by more than 2^8), P^T of each tile in shared memory as f16
+//   p.v:  warpgroup w owns latent dims 256 w .. 256 w + 255 of o:  O^T [256 x 64] += V^T . P^T
+//         over both tiles (HGMMA m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and
+//         widening in registers, P^T from shared memory)
+// so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
+// Tiles come by TMA only (pages of 8+ rows, a power of two): warp 0 issues a pair's boxes at the
+// top of a pair, after the CTA barrier that says both warpgroups finished the pair before. The
+// step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
+// fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string_view>
+
+#include "core/softmax_state.hpp"
+#include "cuda/attend_keys.cuh"
+#include "cuda/attend_wgmma_tiles.cuh"
+#include "cuda/check.hpp"
+#include "cuda/device_math.cuh"
+#include "cuda/flat_plan.hpp"
+#include "cuda/ptx.cuh"
+#include "cuda/stages.hpp"
+#include "cuda/tma.cuh"
+#include "cuda/tma.hpp"
+#include "cuda/wgmma.cuh"
+
+namespace mla::cuda {
+namespace {
+
+using namespace wgmma_attend;
+
+constexpr int kRowsN = kAttendRowsPerCta;       // query rows a CTA: wgmma N (64)
+constexpr int kGroups = 2;                      // consumer warpgroups
+constexpr int kRowThreads = 128 * kGroups;
+constexpr int kSlots = kRowsN / kGroups / 4;    // a thread's own query rows (softmax state): 8
+constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
+constexpr int kRowChunkStride = kRowsN / 8 * 128;      // B operands' leading byte offset (1024)
+constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
+constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
+
+struct RowsSmem {
+  alignas(1024) uint8_t kv[2][kGroups][kTmaTileBytes];  // [stage][tile of the pair], swizzled slabs
+  alignas(128) uint8_t q[kRowsN * kRow];                // e4m3 query rows, b_offset_n<64>
+  alignas(128) uint16_t p[kGroups][kRowsN * kTileKeys]; // f16 P^T of each tile of the pair
+  float red[kGroups * 4][kRowsN];                       // per-warp row maxima, then row sums
+  int32_t limit[kRowsN];                                // a row's last visible position (causal)
+  float alpha[kRowsN];                                  // a row's rescale factor (lazy rescale)
+  float final_m[kRowsN], final_d[kRowsN];               // a row's softmax state at the end
+  alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier)
+  uint64_t key_mask[2][kGroups];                        // its real keys
+  int32_t flat_start[kMaxFlatBatch + 1];
+  KeyStream segment, next_segment;
+};
+constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem)) + 1024; }
+
+__global__ void __launch_bounds__(kRowThreads, 1)
+    attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
+  // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
+  // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
+  extern __shared__ uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, cwarp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, c = lane % 4;
+  const CtaWork cta(p, kRowsN, tid);
+  const int rows_total = cta.rows_total, m_base = cta.m_base;
+  if (tid == 0) {
+    for (int s = 0; s < 2; ++s)
+      for (int u = 0; u < kGroups; ++u) tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), 1);
+    tma::fence_barrier_init();  // published by the first segment's CTA barrier
+  }
+  int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
+  const TmaTiles tiles(p, &cache_map, lane);
+
+  // keys: the segment, in shared memory (read where needed: registers are short).
+  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
+    const KeyStream& next = sm.next_segment;
+    const int n_tiles = keys.n_tiles(), n_pairs = (n_tiles + 1) / 2;
+    // Warp 0: the pair's boxes (tiles 2 pair, 2 pair + 1 of segment ks) into stage `at` & 1. A
+    // tile past the segment issues no box but still arrives on its mbarrier (0 bytes), so every
+    // mbarrier completes one phase a pair and the parity is (at / 2) & 1 for both tiles.
+    auto issue_pair = [&](const KeyStream& ks, int pair, int at, const int32_t (&page)[2]) {
+      const int stage = at & 1;
+      for (int u = 0; u < kGroups; ++u)
+        tiles.issue(ks, 2 * pair + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]), ptx::smem_addr(&sm.full[stage][u]),
+                    &sm.key_mask[stage][u]);
+    };
+    auto pair_pages = [&](const KeyStream& ks, int pair, int32_t (&page)[2]) {
+      for (int u = 0; u < kGroups; ++u) page[u] = tiles.page_of(ks, 2 * pair + u);  // -1 past the segment
+    };
+    int32_t next_pages[2] = {-1, -1}, next_segment_pages[2] = {-1, -1};
+    if (cwarp == 0 && n_pairs > 0) {
+      __syncwarp();
+      if (!prefetched) {
+        int32_t first[2];
+        pair_pages(keys, 0, first);
+        issue_pair(keys, 0, done, first);
+      }
+      if (n_pairs > 1) pair_pages(keys, 1, next_pages);
+      if (has_next) pair_pages(next, 0, next_segment_pages);
+    }
+    // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
+    int tid_q = tid;
+    asm volatile("" : "+r"(tid_q));
+    load_query<kRowsN, kRowThreads>(sm.q, p, b, m_base, rows_total, tid_q);
+    if (tid < kRowsN) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);  // (published below)
+    wgmma::fence_proxy_async();
+    __syncthreads();
+
+    // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a tile past
+    // it takes the per-row rule (rows past the request's see nothing), from shared memory.
+    const int32_t min_limit = keys.limit(p, m_base, rows_total);
+    float m_run[kSlots], d_run[kSlots];
+#pragma unroll
+    for (int r = 0; r < kSlots; ++r) m_run[r] = -INFINITY, d_run[r] = 0.0f;
+    const float scale_log2 = p.score_scale * 1.4426950408889634f;
+    float o[kGroupDimBlocks][32];
+#pragma unroll
+    for (int blk = 0; blk < kGroupDimBlocks; ++blk)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[blk][i] = 0.0f;
+    // q.k's B operand: this warpgroup's 32 query rows (four 8-row core-matrix groups, 128 bytes apart).
+    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + 32 * wg / 8 * 128, kRowChunkStride, 128);
+
+    for (int j = 0; j < n_pairs; ++j) {
+      const int at = done + j, stage = at & 1;
+      const uint32_t parity = (at >> 1) & 1;
+      // Both warpgroups finished pair j-1 (its stage takes pair j+1) and read the maxima exchange.
+      if (j > 0) __syncthreads();
+      if (cwarp == 0) {
+        if (j + 1 < n_pairs) {
+          issue_pair(keys, j + 1, at + 1, next_pages);
+          if (j + 2 < n_pairs) pair_pages(keys, j + 2, next_pages);
+        } else if (has_next) {
+          issue_pair(next, 0, at + 1, next_segment_pages);
+        }
+      }
+      // q.k of both tiles for this warpgroup's 32 rows (32 wg .. + 31): S^T [64 keys x 32 rows].
+      const bool both = 2 * j + 1 < n_tiles;
+      float x[kGroups][16];
+      uint64_t key_mask[kGroups];
+#pragma unroll
+      for (int u = 0; u < kGroups; ++u) {
+        key_mask[u] = 0;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) x[u][i] = 0.0f;
+        if (u == 1 && !both) continue;
+        tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
+        key_mask[u] = sm.key_mask[stage][u];
+        // The descriptors advance step by step through opaque registers: unrolled, ptxas would
+        // otherwise materialize all 36 of a tile at once (72 registers) and spill.
+        uint64_t kd = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0])), qd = q_desc;
+#pragma unroll
+        for (int grp = 0; grp < kQkGroups; ++grp) {  // kQkGroup k32 steps an accumulator, summed in f32
+          float acc[16];
+#pragma unroll
+          for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+          wgmma::fence_operand(acc);
+          wgmma::fence();
+#pragma unroll
+          for (int v = 0; v < kQkGroup; ++v) {
+            const int step = grp * kQkGroup + v;
+            wgmma::mma_m64n32k32_e4m3(acc, kd, qd, v > 0);
+            kd = wgmma::advance(kd, key_step_offset<true>(step + 1) - key_step_offset<true>(step));
+            qd = wgmma::advance(qd, 2 * kRowChunkStride);
+            asm volatile("" : "+l"(kd), "+l"(qd));
+          }
+          wgmma::commit();
+          wgmma::wait<0>();
+          wgmma::fence_operand(acc);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) x[u][i] += acc[i];
+        }
+      }
+      // Scores in log2 units, masked by a select (a NaN of a masked key goes too). The thread's two
+      // keys of tile u: 16 warp + g (+ 8); its rows: 32 wg + acc_col(i, c). Positions grow with the
+      // local index, so the warp's last key decides whether every row sees all 16.
+      auto position = [&](int64_t jj) {
+        return keys.plain_positions ? jj : dcp_global_position(jj, p.dcp_size, p.dcp_rank, p.dcp_interleave);
+      };
+      bool grows = false;
+#pragma unroll
+      for (int u = 0; u < kGroups; ++u) {
+        const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          if (!((key_mask[u] >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[u][i] = -INFINITY;
+        if (position(key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
+          const int32_t pos0 = int32_t(position(key0)), pos1 = int32_t(position(key0 + 8));
+#pragma unroll
+          for (int i = 0; i < 16; ++i)
+            if ((acc_half(i) ? pos1 : pos0) > sm.limit[32 * wg + acc_col(i, c)]) x[u][i] = -INFINITY;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          x[u][i] *= scale_log2;  // -inf stays -inf
+          grows |= x[u][i] > m_run[row_slot(i)] + kLazyRescale;
+        }
+      }
+      if (__syncthreads_or(grows)) {
+        // This warpgroup's rows: maxima over its 4 warps' keys of both tiles; every row's alpha goes
+        // through shared memory, since o holds all 64 rows.
+        float mx[kSlots];
+#pragma unroll
+        for (int r = 0; r < kSlots; ++r) mx[r] = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < kGroups; ++u)
+#pragma unroll
+          for (int i = 0; i < 16; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], x[u][i]);
+#pragma unroll
+        for (int r = 0; r < kSlots; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
+          if (g == 0) sm.red[cwarp][slot_col(r, c)] = mx[r];
+        }
+        __syncthreads();  // every warp's row maxima
+#pragma unroll
+        for (int r = 0; r < kSlots; ++r) {
+          const int n = slot_col(r, c);
+          float m_new = m_run[r];
+#pragma unroll
+          for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, sm.red[4 * wg + w][n]);
+          const float alpha = exp2f(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
+          m_run[r] = m_new;
+          d_run[r] *= alpha;
+          if (warp == 0 && g == 0) sm.alpha[32 * wg + n] = alpha;
+        }
+        __syncthreads();  // every row's alpha
+#pragma unroll
+        for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
+#pragma unroll
+          for (int i = 0; i < 32; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
+          wgmma::fence_operand(o[blk]);
+        }
+      }
+      // P^T of both tiles for this warpgroup's rows (a missing second tile: zeros, its keys masked).
+      // Element i sits at b_offset_n<64>(32 wg + acc_col(i, c), key / 8) + 2 (key % 8), key = 16 warp
+      // + g + 8 h: the thread's base plus a constant (h: 1024, n8 block: 128, i & 1: 16).
+      const uint32_t p_thread = ptx::smem_addr(sm.p[0]) + (2 * warp) * kRowChunkStride + (4 * wg) * 128 + (2 * c) * 16 + 2 * g;
+#pragma unroll
+      for (int u = 0; u < kGroups; ++u) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const float m = m_run[row_slot(i)];
+          const float w = exp2f(x[u][i] - (m == -INFINITY ? 0.0f : m));
+          d_run[row_slot(i)] += w;
+          ptx::st_shared_b16(p_thread + u * int(sizeof(sm.p[0])) + acc_half(i) * kRowChunkStride + (i >> 2) * 128 + (i & 1) * 16,
+                             __half_as_ushort(__float2half_rn(w)));
+        }
+      }
+      wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
+      __syncthreads();             // both tiles' P^T; every warp has read red and alpha
+
+      // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
+      // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
+      for (int u = 0; u < (both ? 2 : 1); ++u) {
+        const uint32_t kv_addr = ptx::smem_addr(&sm.kv[stage][u][0]);
+        const uint64_t mask_u = key_mask[u];
+        const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[u]), kRowChunkStride, 128);
+        auto pv = [&](auto masked) {
+          uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
+#pragma unroll
+          for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
+            v_load<true>(kv_addr, 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+#pragma unroll
+          for (int ks = 0; ks < kPvSteps; ++ks) {
+#pragma unroll
+            for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
+              if constexpr (decltype(masked)::value) v_mask(vraw[jj], mask_u, ks, c);
+              v_convert(vraw[jj], frag[ks & 1][2 * jj], frag[ks & 1][2 * jj + 1]);
+              if (ks + 1 < kPvSteps)
+                v_load<true>(kv_addr, ks + 1, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+            }
+            wgmma::fence();
+            const uint64_t bp = wgmma::advance(p_desc, ks * 2 * kRowChunkStride);
+#pragma unroll
+            for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_m64n64k16_f16_rs(o[blk], frag[ks & 1][blk], bp);
+            wgmma::commit();
+            if (ks == kPvSteps - 1) wgmma::wait<0>();
+            else if (ks > 0) wgmma::wait<1>();
+          }
+        };
+        if (mask_u != ~0ull) pv(std::true_type{});
+        else pv(std::false_type{});
+      }
+    }
+    wgmma::wait<0>();
+#pragma unroll
+    for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+
+    // Row sums of this warpgroup's rows: over the 8 lanes of a column, then its 4 warps; the rows'
+    // final state goes through shared memory to both warpgroups (each writes its dims of all rows).
+    float d[kSlots];
+#pragma unroll
+    for (int r = 0; r < kSlots; ++r) {
+      d[r] = d_run[r];
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 4);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
+    }
+    __syncthreads();  // red is free
+    if (g == 0)
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r) sm.red[cwarp][slot_col(r, c)] = d[r];
+    __syncthreads();
+    if (warp == 0 && g == 0)
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r) {
+        const int n = slot_col(r, c);
+        sm.final_d[32 * wg + n] = (sm.red[4 * wg][n] + sm.red[4 * wg + 1][n]) + (sm.red[4 * wg + 2][n] + sm.red[4 * wg + 3][n]);
+        sm.final_m[32 * wg + n] = m_run[r];
+      }
+    __syncthreads();
+
+#pragma unroll
+    for (int r = 0; r < 2 * kSlots; ++r) {  // the p.v accumulator's 16 columns of this thread
+      const int n = slot_col(r, c), m = m_base + n;
+      if (m >= rows_total) continue;
+      // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
+      SoftmaxState f;
+      f.d = sm.final_d[n];
+      f.m = f.empty() ? -INFINITY : sm.final_m[n] * 0.6931471805599453f;
+      const float scale = f.inv_sum() * p.v_scale;
+      const int64_t s_idx = tok_base + m / p.heads;
+      const int h = m % p.heads;
+      const int64_t base = part * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
+      const int i0 = 4 * (r >> 1) + (r & 1);  // elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
+#pragma unroll
+      for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
+        const int64_t off = base + 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g;
+        const float x0 = o[blk][i0] * scale, x1 = o[blk][i0 + 2] * scale;
+        if (p.o_bf16) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = ptx::pack_bf16x2(x0, x1);
+        else *reinterpret_cast<float2*>(static_cast<float*>(p.o) + off) = make_float2(x0, x1);
+      }
+      if (cwarp == 0 && g == 0)
+        p.lse[part * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
+    }
+    done += n_pairs;
+  };  // serve
+
+  // The segments, as in attend_wgmma.cu: one (request, split) for fixed splits; with the flat plan
+  // the requests overlapping this key-CTA's tiles.
+  const bool flat = p.flat_ctas > 0;
+  const int batch = p.batch;
+  flat::Cta range{1, 0, 0};
+  int cta_key = 0, b = cta.b;
+  if (flat) {
+    flat::scan_tiles<kRowThreads>(sm.flat_start, p, kTileKeys, tid);
+    const int m_tiles = (rows_total + kRowsN - 1) / kRowsN;
+    cta_key = blockIdx.x / m_tiles;
+    range = flat::cta_range(sm.flat_start, batch, p.flat_ctas, cta_key);
+    if (blockIdx.x == 0)
+      for (int i = tid; i < batch; i += kRowThreads)
+        if (sm.flat_start[i + 1] == sm.flat_start[i]) p.part_count[i] = 0;
+    b = flat::first_request(sm.flat_start, batch, range);
+  }
+  auto segment_keys = [&](int i, bool reporter) {
+    return KeyStream(p, i, int64_t(flat::segment_first(sm.flat_start, i, range)) * kTileKeys,
+                     int64_t(flat::segment_last(sm.flat_start, i, range)) * kTileKeys, cta.last_row(kRowsN), reporter);
+  };
+  auto next_request = [&](int i) { return flat::next_request(sm.flat_start, batch, i, range); };
+  bool prefetched = false;
+  for (int cur = flat ? next_request(b) : cta.b; cur >= 0;) {
+    const int nb = flat ? next_request(cur + 1) : -1;
+    const bool opens = flat && flat::opens(sm.flat_start, cur, range);
+    if (opens && cta.m_tile == 0 && tid == 0) {
+      p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
+      p.part_count[cur] = flat::partial_count(sm.flat_start, cur, range, cta_key);
+    }
+    const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
+                                : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsN), cta.reporter, kTileKeys);
+    if (nb >= 0 && tid == 0) sm.next_segment = segment_keys(nb, false);
+    if (tid == 0) sm.segment = keys;
+    __syncthreads();  // the segments (the previous serve's reads of them are behind its barriers)
+    serve(sm.segment, cur, flat ? flat::partial(cta_key, cur) : cta.split, flat ? 0 : int64_t(cta.b) * p.qlen, nb >= 0,
+          prefetched);
+    prefetched = nb >= 0;
+    cur = nb;
+  }
+}
+
+}  // namespace
+
+int attend_rows_min() {
+  // MLA_ATTEND_ROWS_MIN=N: the many-rows kernel from N query rows a request (heads x qlen) up;
+  // 0 or unset: the default below; a value over 1024 turns it off (comparison).
+  static const int rows = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_MIN");
+    const int v = env ? std::atoi(env) : 0;
+    return v > 0 ? v : kAttendRowsMinDefault;
+  }();
+  return rows;
+}
+
+bool attend_rows_applies(const AttendParams& p) {
+  return attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) && p.heads * p.qlen >= attend_rows_min();
+}
+
+void prepare_attend_rows_kernel() {
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes()));
+}
+
+void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
+  const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN;
+  const dim3 grid = p.flat_ctas > 0 ? dim3(unsigned(p.flat_ctas) * unsigned(m_tiles)) : attend_grid(p, kRowsN);
+  attend_rows_kernel<<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
+  MLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mla::cuda
