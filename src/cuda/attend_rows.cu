@@ -144,41 +144,55 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           issue_pair(next, 0, at + 1, next_segment_pages);
         }
       }
-      // q.k of both tiles for this warpgroup's 32 rows (32 wg .. + 31): S^T [64 keys x 32 rows].
+      // q.k of both tiles for this warpgroup's 32 rows (32 wg .. + 31): S^T [64 keys x 32 rows]. A
+      // group's MMAs of both tiles go out together (one wait a group, not one a tile and group).
       const bool both = 2 * j + 1 < n_tiles;
       float x[kGroups][16];
       uint64_t key_mask[kGroups];
+      uint64_t kd[kGroups];
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
 #pragma unroll
         for (int i = 0; i < 16; ++i) x[u][i] = 0.0f;
+        kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
         if (u == 1 && !both) continue;
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
         key_mask[u] = sm.key_mask[stage][u];
-        // The descriptors advance step by step through opaque registers: unrolled, ptxas would
-        // otherwise materialize all 36 of a tile at once (72 registers) and spill.
-        uint64_t kd = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0])), qd = q_desc;
+      }
+      // The descriptors advance step by step through opaque registers: unrolled, ptxas would
+      // otherwise materialize all of a pair's at once and spill.
+      uint64_t qd = q_desc;
 #pragma unroll
-        for (int grp = 0; grp < kQkGroups; ++grp) {  // kQkGroup k32 steps an accumulator, summed in f32
-          float acc[16];
+      for (int grp = 0; grp < kQkGroups; ++grp) {  // kQkGroup k32 steps an accumulator, summed in f32
+        float acc[kGroups][16];
 #pragma unroll
-          for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-          wgmma::fence_operand(acc);
-          wgmma::fence();
+        for (int u = 0; u < kGroups; ++u) {
 #pragma unroll
-          for (int v = 0; v < kQkGroup; ++v) {
-            const int step = grp * kQkGroup + v;
-            wgmma::mma_m64n32k32_e4m3(acc, kd, qd, v > 0);
-            kd = wgmma::advance(kd, key_step_offset<true>(step + 1) - key_step_offset<true>(step));
-            qd = wgmma::advance(qd, 2 * kRowChunkStride);
-            asm volatile("" : "+l"(kd), "+l"(qd));
-          }
-          wgmma::commit();
-          wgmma::wait<0>();
-          wgmma::fence_operand(acc);
+          for (int i = 0; i < 16; ++i) acc[u][i] = 0.0f;
+          wgmma::fence_operand(acc[u]);
+        }
+        wgmma::fence();
 #pragma unroll
-          for (int i = 0; i < 16; ++i) x[u][i] += acc[i];
+        for (int v = 0; v < kQkGroup; ++v) {
+          const int step = grp * kQkGroup + v;
+          // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
+          // a branch around a wgmma makes ptxas fence the accumulators)
+#pragma unroll
+          for (int u = 0; u < kGroups; ++u) wgmma::mma_m64n32k32_e4m3(acc[u], kd[u], qd, v > 0);
+#pragma unroll
+          for (int u = 0; u < kGroups; ++u)
+            kd[u] = wgmma::advance(kd[u], key_step_offset<true>(step + 1) - key_step_offset<true>(step));
+          qd = wgmma::advance(qd, 2 * kRowChunkStride);
+          asm volatile("" : "+l"(kd[0]), "+l"(kd[1]), "+l"(qd));
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+#pragma unroll
+        for (int u = 0; u < kGroups; ++u) {
+          wgmma::fence_operand(acc[u]);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) x[u][i] += acc[u][i];
         }
       }
       // Scores in log2 units, masked by a select (a NaN of a masked key goes too). The thread's two
@@ -263,35 +277,36 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
-      for (int u = 0; u < (both ? 2 : 1); ++u) {
-        const uint32_t kv_addr = ptx::smem_addr(&sm.kv[stage][u][0]);
-        const uint64_t mask_u = key_mask[u];
-        const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[u]), kRowChunkStride, 128);
-        auto pv = [&](auto masked) {
-          uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
+      {
+        // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
+        // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
+        const int steps = (both ? 2 : 1) * kPvSteps;
+        const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128);
+        auto kv_of = [&](int t) { return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]); };
+        uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
 #pragma unroll
-          for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
-            v_load<true>(kv_addr, 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+        for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
+          v_load<true>(kv_of(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
 #pragma unroll
-          for (int ks = 0; ks < kPvSteps; ++ks) {
+        for (int t = 0; t < 2 * kPvSteps; ++t) {
+          if (t < steps) {
+            const int u = t / kPvSteps, ks = t % kPvSteps;
 #pragma unroll
             for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
-              if constexpr (decltype(masked)::value) v_mask(vraw[jj], mask_u, ks, c);
-              v_convert(vraw[jj], frag[ks & 1][2 * jj], frag[ks & 1][2 * jj + 1]);
-              if (ks + 1 < kPvSteps)
-                v_load<true>(kv_addr, ks + 1, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+              if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
+              v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
+              if (t + 1 < steps)
+                v_load<true>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
             }
             wgmma::fence();
-            const uint64_t bp = wgmma::advance(p_desc, ks * 2 * kRowChunkStride);
+            const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
 #pragma unroll
-            for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_m64n64k16_f16_rs(o[blk], frag[ks & 1][blk], bp);
+            for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_m64n64k16_f16_rs(o[blk], frag[t & 1][blk], bp);
             wgmma::commit();
-            if (ks == kPvSteps - 1) wgmma::wait<0>();
-            else if (ks > 0) wgmma::wait<1>();
+            if (t > 0) wgmma::wait<1>();
           }
-        };
-        if (mask_u != ~0ull) pv(std::true_type{});
-        else pv(std::false_type{});
+        }
+        wgmma::wait<0>();
       }
     }
     wgmma::wait<0>();
