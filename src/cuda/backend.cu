@@ -165,7 +165,10 @@ int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_l
     int64_t longest = 0;
     for (int32_t len : seq_lens_host) longest = std::max<int64_t>(longest, len);
     if (opts.dcp.size > 1) longest = (longest + opts.dcp.size - 1) / opts.dcp.size + opts.dcp.interleave;
-    splits = int(std::clamp<int64_t>((longest + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, splits));
+    // 64-row CTAs stream tiles in pairs: one pair a split at least (B = 1, 128 heads, ctx 8192: 64
+    // splits on 132 SMs, not 43).
+    const int min_keys = shape.slots == sms_ ? 128 : kMinKeysPerSplit;  // two 64-key tiles
+    splits = int(std::clamp<int64_t>((longest + min_keys - 1) / min_keys, 1, splits));
   }
   return splits;
 }
