@@ -98,6 +98,12 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     auto pair_pages = [&](const KeyStream& ks, int pair, int32_t (&page)[2]) {
       for (int u = 0; u < kGroups; ++u) page[u] = tiles.page_of(ks, 2 * pair + u);  // -1 past the segment
     };
+    // The query's loads first, then warp 0's page ids and first boxes: the round trips overlap.
+    // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
+    int tid_q = tid;
+    asm volatile("" : "+r"(tid_q));
+    QueryTile<kRowsN, kRowThreads> query;
+    query.load(p, b, m_base, rows_total, tid_q);
     int32_t next_pages[2] = {-1, -1}, next_segment_pages[2] = {-1, -1};
     if (cwarp == 0 && n_pairs > 0) {
       __syncwarp();
@@ -109,10 +115,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       if (n_pairs > 1) pair_pages(keys, 1, next_pages);
       if (has_next) pair_pages(next, 0, next_segment_pages);
     }
-    // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
-    int tid_q = tid;
-    asm volatile("" : "+r"(tid_q));
-    load_query<kRowsN, kRowThreads>(sm.q, p, b, m_base, rows_total, tid_q);
+    query.store(sm.q, tid_q);
     if (tid < kRowsN) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);  // (published below)
     wgmma::fence_proxy_async();
     __syncthreads();

@@ -122,10 +122,13 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
     int32_t next_segment_page = -1;  // warp 0: the lane's page id for the next segment's first tile
     int32_t next_page = -1;  // warp 0, TMA: the lane's page id for the next tile to issue
+    // The query's loads go out first, then warp 0 loads the first tile's page ids and issues its
+    // boxes: the query and page-id round trips overlap (v14; the TMA waits on the page ids).
+    QueryTile<kN, kThreads> query;
+    query.load(p, b, m_base, rows_total, tid);
     if constexpr (kTma) {
-      // The first tile's loads go out before the query's, so the two round trips overlap (warp 0
-      // initialized the mbarriers: its own lanes see them after __syncwarp; the other warps wait on
-      // them only after the CTA barrier below).
+      // (warp 0 initialized the mbarriers: its own lanes see them after __syncwarp; the other warps
+      // wait on them only after the CTA barrier below)
       if (warp == 0 && n_tiles > 0) {
         __syncwarp();
         if (!prefetched) issue_tma(0, box_page(0));
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       }
     }
 
-    load_query<kN, kThreads>(sm.q, p, b, m_base, rows_total, tid);
+    query.store(sm.q, tid);
 
     // --- cp.async: thread `key` of a tile turns its page id into a row address and position
     // (publish), and every thread copies (issue_tile).

@@ -79,38 +79,44 @@ __device__ __forceinline__ int acc_col(int i, int c) { return 8 * (i >> 2) + 2 *
 __device__ __forceinline__ int row_slot(int i) { return 2 * (i >> 2) + (i & 1); }
 __device__ __forceinline__ int slot_col(int r, int c) { return 8 * (r >> 1) + 2 * c + (r & 1); }
 
-// The query rows m_base .. m_base + kRowsN - 1 of request b (fp8, zero past the request's rows) into
-// shared memory at b_offset_n<kRowsN>, every load of a thread issued before any store.
+// The query rows m_base .. m_base + kRowsN - 1 of request b (fp8, zero past the request's rows),
+// loaded into registers (load: every load of a thread issued before any is used) and stored to
+// shared memory at b_offset_n<kRowsN> (store). Split in two so a kernel can issue the loads before
+// it waits on something else (the page ids of its first tile) and store after.
 template <int kRowsN, int kThreadsN>
-__device__ __forceinline__ void load_query(uint8_t* q_smem, const AttendParams& p, int b, int m_base, int rows_total,
-                                           int tid) {
-  constexpr int kThreads = kThreadsN, kUnits = kRowsN * kChunks, kPerThread = (kUnits + kThreads - 1) / kThreads;
-  const uint8_t* q = static_cast<const uint8_t*>(p.q);
-  const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 16 == 0;
+struct QueryTile {
+  static constexpr int kUnits = kRowsN * kChunks, kPerThread = (kUnits + kThreadsN - 1) / kThreadsN;
   uint4 raw[kPerThread];
+
+  __device__ __forceinline__ void load(const AttendParams& p, int b, int m_base, int rows_total, int tid) {
+    const uint8_t* q = static_cast<const uint8_t*>(p.q);
+    const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 16 == 0;
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    raw[k] = make_uint4(0, 0, 0, 0);
-    const int u = tid + k * kThreads, n = u / kChunks, chunk = u % kChunks;
-    if (u >= kUnits || m_base + n >= rows_total) continue;
-    const uint8_t* src = q + query_offset(p, b, m_base + n, chunk * 16);
-    if (vec) {
-      raw[k] = *reinterpret_cast<const uint4*>(src);
-    } else {
-      uint32_t w[4];
+    for (int k = 0; k < kPerThread; ++k) {
+      raw[k] = make_uint4(0, 0, 0, 0);
+      const int u = tid + k * kThreadsN, n = u / kChunks, chunk = u % kChunks;
+      if (u >= kUnits || m_base + n >= rows_total) continue;
+      const uint8_t* src = q + query_offset(p, b, m_base + n, chunk * 16);
+      if (vec) {
+        raw[k] = *reinterpret_cast<const uint4*>(src);
+      } else {
+        uint32_t w[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        w[e] = uint32_t(src[4 * e]) | uint32_t(src[4 * e + 1]) << 8 | uint32_t(src[4 * e + 2]) << 16 |
-               uint32_t(src[4 * e + 3]) << 24;
-      raw[k] = make_uint4(w[0], w[1], w[2], w[3]);
+        for (int e = 0; e < 4; ++e)
+          w[e] = uint32_t(src[4 * e]) | uint32_t(src[4 * e + 1]) << 8 | uint32_t(src[4 * e + 2]) << 16 |
+                 uint32_t(src[4 * e + 3]) << 24;
+        raw[k] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
     }
   }
+  __device__ __forceinline__ void store(uint8_t* q_smem, int tid) const {
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int u = tid + k * kThreads;
-    if (u < kUnits) *reinterpret_cast<uint4*>(&q_smem[b_offset_n<kRowsN>(u / kChunks, u % kChunks)]) = raw[k];
+    for (int k = 0; k < kPerThread; ++k) {
+      const int u = tid + k * kThreadsN;
+      if (u < kUnits) *reinterpret_cast<uint4*>(&q_smem[b_offset_n<kRowsN>(u / kChunks, u % kChunks)]) = raw[k];
+    }
   }
-}
+};
 
 // One k16 step of V^T for this warp: for dim blocks 2j and 2j+1, the 16 dims 64 blk + 16 warp ..
 // +15 x keys 16 ks .. +15 as wgmma A fragments. ldmatrix.trans on fp8 rows viewed as b16 gives
