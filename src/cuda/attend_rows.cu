@@ -368,62 +368,18 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       f.d = sm.final_d[n];
       f.m = f.empty() ? -INFINITY : sm.final_m[n] * 0.6931471805599453f;
       const float scale = f.inv_sum() * p.v_scale;
-      const int64_t s_idx = tok_base + m / p.heads;
-      const int h = m % p.heads;
-      const int64_t base = part * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
+      const OutRow out(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
-      for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
-        const int64_t off = base + 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g;
-        const float x0 = o[blk][i0] * scale, x1 = o[blk][i0 + 2] * scale;
-        if (p.o_bf16) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = ptx::pack_bf16x2(x0, x1);
-        else *reinterpret_cast<float2*>(static_cast<float*>(p.o) + off) = make_float2(x0, x1);
-      }
-      if (cwarp == 0 && g == 0)
-        p.lse[part * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
+      for (int blk = 0; blk < kGroupDimBlocks; ++blk)
+        out.store_pair(p, 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
+      if (cwarp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
     }
     done += n_pairs;
   };  // serve
 
-  // The segments, as in attend_wgmma.cu: one (request, split) for fixed splits; with the flat plan
-  // the requests overlapping this key-CTA's tiles.
-  const bool flat = p.flat_ctas > 0;
-  const int batch = p.batch;
-  flat::Cta range{1, 0, 0};
-  int cta_key = 0, b = cta.b;
-  if (flat) {
-    flat::scan_tiles<kRowThreads>(sm.flat_start, p, kTileKeys, tid);
-    const int m_tiles = (rows_total + kRowsN - 1) / kRowsN;
-    cta_key = blockIdx.x / m_tiles;
-    range = flat::cta_range(sm.flat_start, batch, p.flat_ctas, cta_key);
-    if (blockIdx.x == 0)
-      for (int i = tid; i < batch; i += kRowThreads)
-        if (sm.flat_start[i + 1] == sm.flat_start[i]) p.part_count[i] = 0;
-    b = flat::first_request(sm.flat_start, batch, range);
-  }
-  auto segment_keys = [&](int i, bool reporter) {
-    return KeyStream(p, i, int64_t(flat::segment_first(sm.flat_start, i, range)) * kTileKeys,
-                     int64_t(flat::segment_last(sm.flat_start, i, range)) * kTileKeys, cta.last_row(kRowsN), reporter);
-  };
-  auto next_request = [&](int i) { return flat::next_request(sm.flat_start, batch, i, range); };
-  bool prefetched = false;
-  for (int cur = flat ? next_request(b) : cta.b; cur >= 0;) {
-    const int nb = flat ? next_request(cur + 1) : -1;
-    const bool opens = flat && flat::opens(sm.flat_start, cur, range);
-    if (opens && cta.m_tile == 0 && tid == 0) {
-      p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
-      p.part_count[cur] = flat::partial_count(sm.flat_start, cur, range, cta_key);
-    }
-    const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
-                                : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsN), cta.reporter, kTileKeys);
-    if (nb >= 0 && tid == 0) sm.next_segment = segment_keys(nb, false);
-    if (tid == 0) sm.segment = keys;
-    __syncthreads();  // the segments (the previous serve's reads of them are behind its barriers)
-    serve(sm.segment, cur, flat ? flat::partial(cta_key, cur) : cta.split, flat ? 0 : int64_t(cta.b) * p.qlen, nb >= 0,
-          prefetched);
-    prefetched = nb >= 0;
-    cur = nb;
-  }
+  serve_segments<kRowThreads, kRowsN, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
+                                          sm.next_segment, &sm.segment, serve);
 }
 
 }  // namespace

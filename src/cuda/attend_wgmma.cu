@@ -396,65 +396,18 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
       f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
       const float scale = f.inv_sum() * p.v_scale;
-      const int64_t s_idx = tok_base + m / p.heads;
-      const int h = m % p.heads;
-      const int64_t base = part * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
+      const OutRow out(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
-      for (int blk = 0; blk < kDimBlocks; ++blk) {
-        const int64_t off = base + 64 * blk + 16 * warp + 2 * g;
-        const float x0 = o[blk][i0] * scale, x1 = o[blk][i0 + 2] * scale;
-        if (p.o_bf16) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = ptx::pack_bf16x2(x0, x1);
-        else *reinterpret_cast<float2*>(static_cast<float*>(p.o) + off) = make_float2(x0, x1);
-      }
-      if (warp == 0 && g == 0)
-        p.lse[part * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride] = f.lse();
+      for (int blk = 0; blk < kDimBlocks; ++blk)
+        out.store_pair(p, 64 * blk + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
+      if (warp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
     }
     done += n_tiles;
   };  // serve
 
-  // The segments: one (request, split) for fixed splits; with the flat plan (flat_plan.hpp), the
-  // requests overlapping this key-CTA's tiles [begin, end). One call site, so one copy of serve.
-  const bool flat = kTma && p.flat_ctas > 0;
-  const int batch = p.batch;
-  flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
-  int cta_key = 0, b = cta.b;
-  if (flat) {
-    flat::scan_tiles<kThreads>(sm.flat_start, p, kTileKeys, tid);
-    const int m_tiles = (rows_total + kN - 1) / kN;
-    cta_key = blockIdx.x / m_tiles;
-    range = flat::cta_range(sm.flat_start, batch, p.flat_ctas, cta_key);
-    if (blockIdx.x == 0)  // post merges nothing for an empty request
-      for (int i = tid; i < batch; i += kThreads)
-        if (sm.flat_start[i + 1] == sm.flat_start[i]) p.part_count[i] = 0;
-    b = flat::first_request(sm.flat_start, batch, range);
-  }
-  // The flat plan's segment of request i (which must hold a tile of [begin, end)).
-  auto segment_keys = [&](int i, bool reporter) {
-    return KeyStream(p, i, int64_t(flat::segment_first(sm.flat_start, i, range)) * kTileKeys,
-                     int64_t(flat::segment_last(sm.flat_start, i, range)) * kTileKeys, cta.last_row(kN), reporter);
-  };
-  auto next_request = [&](int i) { return flat::next_request(sm.flat_start, batch, i, range); };
-  // One call site of serve (one copy of its code): fixed splits serve one segment, (request cta.b,
-  // split cta.split, TMA tiles starting on a page: chunks rounded up to whole tiles).
-  bool prefetched = false;
-  for (int cur = flat ? next_request(b) : cta.b; cur >= 0;) {
-    const int nb = flat ? next_request(cur + 1) : -1;
-    const bool opens = flat && flat::opens(sm.flat_start, cur, range);  // serves the request's first tile
-    if (opens && cta.m_tile == 0 && tid == 0) {
-      p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
-      p.part_count[cur] = flat::partial_count(sm.flat_start, cur, range, cta_key);
-    }
-    const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
-                                : KeyStream(p, cta.b, cta.split, cta.last_row(kN), cta.reporter, kTma ? kTileKeys : 1);
-    // Written by thread 0, read by warp 0 after a __syncwarp (serve's prologue); the previous
-    // segment's reads of it are behind its epilogue's CTA barriers.
-    if (nb >= 0 && tid == 0) sm.next_segment = segment_keys(nb, false);
-    serve(keys, cur, flat ? flat::partial(cta_key, cur) : cta.split, flat ? 0 : int64_t(cta.b) * p.qlen, nb >= 0,
-          prefetched);
-    prefetched = nb >= 0;
-    cur = nb;
-  }
+  serve_segments<kThreads, kN, false>(p, cta, kTma && p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
+                                     sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/attend_keys.cuh"
+#include "cuda/flat_plan.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 #include "cuda/tma.cuh"
@@ -198,5 +199,82 @@ struct TmaTiles {
     }
   }
 };
+
+// Where a query row's results go: row m (query m / G, head m % G) of token rows tok_base + i in
+// partial `part` (both wgmma kernels' epilogues).
+struct OutRow {
+  int64_t o_base, lse_index;
+  __device__ __forceinline__ OutRow(const AttendParams& p, int64_t part, int64_t tok_base, int m) {
+    const int64_t s_idx = tok_base + m / p.heads;
+    const int h = m % p.heads;
+    o_base = part * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
+    lse_index = part * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride;
+  }
+  // Latent dims d, d + 1 (d even).
+  __device__ __forceinline__ void store_pair(const AttendParams& p, int d, float x0, float x1) const {
+    const int64_t off = o_base + d;
+    if (p.o_bf16) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = ptx::pack_bf16x2(x0, x1);
+    else *reinterpret_cast<float2*>(static_cast<float*>(p.o) + off) = make_float2(x0, x1);
+  }
+};
+
+// A CTA's segments, for both wgmma kernels: one (request, split) with fixed splits (TMA tiles start
+// on a page: chunks rounded up to whole tiles); with the flat plan (flat_plan.hpp) the requests
+// overlapping this key-CTA's tiles [begin, end). serve(keys, b, part, tok_base, has_next,
+// prefetched) serves one: request b's keys into partial `part` at token rows tok_base + i;
+// has_next: a next segment follows (next_segment, written by thread 0 and read by warp 0 after a
+// __syncwarp in serve's prologue; the previous segment's reads of it are behind its epilogue's
+// CTA barriers), whose first tile serve issues during its last; prefetched: this one's first tile
+// was issued so. kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA
+// barrier after thread 0 writes it) rather than in registers. One call site of serve (one copy of
+// its code).
+template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, class Serve>
+__device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
+                                               int tid, int32_t* flat_start, KeyStream& next_segment,
+                                               KeyStream* segment, Serve&& serve) {
+  const int batch = p.batch;
+  flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
+  int cta_key = 0, b = cta.b;
+  if (flat) {
+    flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid);
+    const int m_tiles = (cta.rows_total + kRowsPerCta - 1) / kRowsPerCta;
+    cta_key = blockIdx.x / m_tiles;
+    range = flat::cta_range(flat_start, batch, p.flat_ctas, cta_key);
+    if (blockIdx.x == 0)  // post merges nothing for an empty request
+      for (int i = tid; i < batch; i += kThreadsN)
+        if (flat_start[i + 1] == flat_start[i]) p.part_count[i] = 0;
+    b = flat::first_request(flat_start, batch, range);
+  }
+  // The flat plan's segment of request i (which must hold a tile of [begin, end)).
+  auto segment_keys = [&](int i, bool reporter) {
+    return KeyStream(p, i, int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys,
+                     int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys, cta.last_row(kRowsPerCta),
+                     reporter);
+  };
+  auto next_request = [&](int i) { return flat::next_request(flat_start, batch, i, range); };
+  bool prefetched = false;
+  for (int cur = flat ? next_request(b) : cta.b; cur >= 0;) {
+    const int nb = flat ? next_request(cur + 1) : -1;
+    const bool opens = flat && flat::opens(flat_start, cur, range);  // serves the request's first tile
+    if (opens && cta.m_tile == 0 && tid == 0) {
+      p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
+      p.part_count[cur] = flat::partial_count(flat_start, cur, range, cta_key);
+    }
+    const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
+                                : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
+    if (nb >= 0 && tid == 0) next_segment = segment_keys(nb, false);
+    const int64_t part = flat ? flat::partial(cta_key, cur) : cta.split;
+    const int64_t tok_base = flat ? 0 : int64_t(cta.b) * p.qlen;
+    if constexpr (kSegmentInSmem) {
+      if (tid == 0) *segment = keys;
+      __syncthreads();  // the segments (the previous serve's reads of them are behind its barriers)
+      serve(*segment, cur, part, tok_base, nb >= 0, prefetched);
+    } else {
+      serve(keys, cur, part, tok_base, nb >= 0, prefetched);
+    }
+    prefetched = nb >= 0;
+    cur = nb;
+  }
+}
 
 }  // namespace mla::cuda::wgmma_attend

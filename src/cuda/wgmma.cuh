@@ -129,8 +129,10 @@ __device__ __forceinline__ void mma_m64n16k16_f16_rs(float (&d)[8], const uint32
 }
 
 // d (64 x 64 f32, 32 a thread, the m64n64 layout above) += A (64 x 16 f16 from registers, each warp
-// its 16 rows in the mma.sync m16n8k16 A layout) * B (64 x 16 f16, K-major, smem)^T: the many-rows
-// kernel's p.v (attend_rows.cu: A = V^T, B = P^T).
+// its 16 rows in the mma.sync m16n8k16 A layout) * B (64 N x 16 K f16 in shared memory): K-major
+// (kTransB = false: the many-rows kernel's p.v, attend_rows.cu, A = V^T, B = P^T) or MN-major (the
+// 64 N values of a K row contiguous, imm-trans-b = 1: Wgmma.HgmmaMnMajorPvMatchesFloat64's V).
+template <bool kTransB = false>
 __device__ __forceinline__ void mma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
       "{\n"
@@ -139,28 +141,10 @@ __device__ __forceinline__ void mma_m64n64k16_f16_rs(float (&d)[32], const uint3
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n"
       "}\n"
       : MLA_WGMMA_D32(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
-// d (64 x 64 f32, 32 a thread, the m64n64 layout above) += A (64 x 16 f16 from registers, each warp
-// its 16 rows in the mma.sync m16n8k16 A layout) * B (16 x 64 f16 in shared memory, MN-major: the 64
-// N values of a K row contiguous, imm-trans-b = 1). For the many-rows kernel's p.v (P from the
-// q.k accumulator, V as it lies); NOT yet run on a GPU (Wgmma.HgmmaMnMajorPvMatchesFloat64).
-__device__ __forceinline__ void mma_m64n64k16_f16_rs_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
-      "}\n"
-      : MLA_WGMMA_D32(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(kTransB)));
 }
 
 }  // namespace mla::cuda::wgmma

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(128) hgmma_pv_probe_kernel(const float* p, con
   wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)  // keys 16 ks .. +15: two key blocks further
-    wgmma::mma_m64n64k16_f16_rs_tb(d, frag[ks], wgmma::descriptor(base + ks * 2 * kPvKeyBlockStride, lead, stride));
+    wgmma::mma_m64n64k16_f16_rs<true>(d, frag[ks], wgmma::descriptor(base + ks * 2 * kPvKeyBlockStride, lead, stride));
   wgmma::commit();
   wgmma::wait<0>();
   wgmma::fence_operand(d);
