@@ -18,6 +18,7 @@
 // fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <string_view>
@@ -382,21 +383,29 @@ __global__ void __launch_bounds__(kRowThreads, 1)
                                           sm.next_segment, &sm.segment, serve);
 }
 
-}  // namespace
-
-int attend_rows_min() {
-  // MLA_ATTEND_ROWS_MIN=N: the many-rows kernel from N query rows a request (heads x qlen) up;
-  // 0 or unset: the default below; a value over 1024 turns it off (comparison).
+int rows_min_env() {
   static const int rows = [] {
     const char* env = std::getenv("MLA_ATTEND_ROWS_MIN");
-    const int v = env ? std::atoi(env) : 0;
-    return v > 0 ? v : kAttendRowsMinDefault;
+    return env ? std::max(0, std::atoi(env)) : 0;
   }();
   return rows;
 }
 
-bool attend_rows_applies(const AttendParams& p) {
-  return attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) && p.heads * p.qlen >= attend_rows_min();
+}  // namespace
+
+int attend_rows_min() {
+  // MLA_ATTEND_ROWS_MIN=N: the many-rows kernel from N query rows a request (heads x qlen) up, for
+  // any batch (forced: the tests run it on every case with N = 1; 100000 turns it off); unset or 0:
+  // the default below, with the batch rule of attend_rows_wanted.
+  return rows_min_env() > 0 ? rows_min_env() : kAttendRowsMinDefault;
+}
+
+bool attend_rows_wanted(int batch, int rows, int sms) {
+  if (rows < attend_rows_min()) return false;
+  // Unforced, only where the batch alone gives a quarter wave of 64-row CTAs: at B = 1 the kernel
+  // needs many splits, each writing 64 rows x 2 KB of partials for a pair of key tiles (128
+  // heads, ctx 8192: 38.1 us vs 19.5 for the 16-row kernel; H200, bd392bb).
+  return rows_min_env() > 0 || int64_t(batch) * ((rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta) * 4 >= sms;
 }
 
 // MLA_ATTEND_ROWS_PIPE=1: q.k groups double-buffered (kPipe), for comparison.

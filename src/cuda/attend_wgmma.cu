@@ -552,7 +552,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
   // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283).
   auto go = [&](auto kernel, int smem) { kernel<<<grid, kThreads, smem, stream>>>(p, map); };
-  if (tma && p.heads * p.qlen >= attend_rows_min()) {  // many rows a key: 64-row CTAs (attend_rows.cu)
+  if (tma && p.many_rows) {  // many rows a key: 64-row CTAs (attend_rows.cu)
     launch_attend_rows(p, map, stream);
     return;
   }

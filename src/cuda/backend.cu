@@ -129,20 +129,21 @@ CudaBackend::~CudaBackend() {
 }
 
 // The CTAs of one (request, split) and the CTA slots of one wave for the attend kernel a step with
-// an fp8 query takes: 16-row CTAs two an SM (attend_wgmma.cu), or from attend_rows_min() query
-// rows on, 64-row CTAs one an SM (attend_rows.cu; it also needs TMA tiles, which the plan cannot
-// see: with pages of 1-4 rows the 16-row kernel runs the plan made for 64-row CTAs).
-CudaBackend::AttendShape CudaBackend::attend_shape(int qlen) const {
+// an fp8 query takes: 16-row CTAs two an SM (attend_wgmma.cu), or where attend_rows_wanted says
+// so (48+ query rows a request and a batch that fills a quarter wave by itself), 64-row CTAs one
+// an SM (attend_rows.cu; it also needs TMA tiles, which the plan cannot see: with pages of 1-4
+// rows the 16-row kernel runs the plan made for 64-row CTAs).
+CudaBackend::AttendShape CudaBackend::attend_shape(int batch, int qlen) const {
   const int rows = query_heads() * qlen;
-  if (opts.q_dtype == DType::fp8_e4m3 && rows >= attend_rows_min())
-    return {(rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta, sms_};
-  return {(rows + 15) / 16, 2 * sms_};
+  if (opts.q_dtype == DType::fp8_e4m3 && attend_rows_wanted(batch, rows, sms_))
+    return {(rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta, sms_, true};
+  return {(rows + 15) / 16, 2 * sms_, false};
 }
 
 // The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave for the row tiles
 // of a request (B = 64, 12 heads: 264 instead of 4 splits x 64 = 256).
 int CudaBackend::flat_ctas(int batch, int qlen) const {
-  const AttendShape shape = attend_shape(qlen);
+  const AttendShape shape = attend_shape(batch, qlen);
   return std::min(kMaxPostPartials - 1, std::max(batch, shape.slots / shape.m_tiles));
 }
 
@@ -152,7 +153,7 @@ int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_l
   // wave (B = 64: 4 splits, 256 CTAs on 264 slots, not 5 and 320; B = 1: up to 256 splits, so
   // one long request spreads over every SM), and no split shorter than kMinKeysPerSplit keys where
   // the lengths are known on the host.
-  const AttendShape shape = attend_shape(qlen);
+  const AttendShape shape = attend_shape(batch, qlen);
   const int ctas = batch * shape.m_tiles;
   const int max_splits = std::min(kMaxSplits, kMaxPostPartials / std::max(opts.dcp.size, 1));
   int splits = std::clamp(shape.slots / std::max(ctas, 1), 1, max_splits);
@@ -167,7 +168,7 @@ int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_l
     if (opts.dcp.size > 1) longest = (longest + opts.dcp.size - 1) / opts.dcp.size + opts.dcp.interleave;
     // 64-row CTAs stream tiles in pairs: one pair a split at least (B = 1, 128 heads, ctx 8192: 64
     // splits on 132 SMs, not 43).
-    const int min_keys = shape.slots == sms_ ? 128 : kMinKeysPerSplit;  // two 64-key tiles
+    const int min_keys = shape.many_rows ? 128 : kMinKeysPerSplit;  // two 64-key tiles
     splits = int(std::clamp<int64_t>((longest + min_keys - 1) / min_keys, 1, splits));
   }
   return splits;
@@ -331,6 +332,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
                  .error = error_.get<uint32_t>()};
   // The step's partials at W = 1 where the wgmma kernel takes TMA tiles, B > 1: the flat plan,
   // key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
+  p.many_rows = attend_shape(p.batch, meta.qlen).many_rows;
   const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen));
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
                     attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) && p.batch <= kMaxFlatBatch &&

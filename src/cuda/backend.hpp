@@ -36,8 +36,9 @@ class CudaBackend final : public detail::BackendImpl {
   int flat_ctas(int batch, int qlen) const;
   struct AttendShape {
     int m_tiles, slots;  // CTAs of one (request, split); CTA slots of one wave
+    bool many_rows;      // the many-rows kernel (AttendParams.many_rows)
   };
-  AttendShape attend_shape(int qlen) const;
+  AttendShape attend_shape(int batch, int qlen) const;
   cudaStream_t stream() const { return stream_; }
 
  private:

@@ -140,6 +140,9 @@ struct AttendParams {
   int32_t* part_first = nullptr;
   int32_t* part_count = nullptr;
   uint64_t* timeline = nullptr;  // MLA_ATTEND_TIMELINE (attend_wgmma.cu): per-CTA phase stamps
+  // The many-rows kernel (attend_rows.cu) where the wgmma kernel takes TMA tiles: the planner's
+  // choice (attend_rows_wanted), which its split counts assume.
+  bool many_rows = false;
 };
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
 inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory
@@ -155,12 +158,13 @@ bool attend_wgmma_applies(const AttendParams& p);
 bool attend_wgmma_uses_tma(const AttendParams& p);
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 // The many-rows kernel (attend_rows.cu: 64 query rows a CTA, two warpgroups, one CTA an SM), which
-// the wgmma launch takes for TMA tiles where a request has attend_rows_min() query rows or more
-// (heads x qlen; MLA_ATTEND_ROWS_MIN overrides, e.g. 100000 turns it off).
+// the wgmma launch takes for TMA tiles where the planner asked for it (AttendParams.many_rows):
+// attend_rows_wanted(B, heads x qlen, SMs) (MLA_ATTEND_ROWS_MIN overrides the row threshold for
+// every batch; 100000 turns it off).
 inline constexpr int kAttendRowsMinDefault = 48;
 inline constexpr int kAttendRowsPerCta = 64;
 int attend_rows_min();
-bool attend_rows_applies(const AttendParams& p);
+bool attend_rows_wanted(int batch, int rows, int sms);
 void prepare_attend_rows_kernel();
 void prepare_attend_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the attend kernels; once per process and device,
