@@ -334,7 +334,16 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
   p.many_rows = attend_shape(p.batch, meta.qlen).many_rows;
   const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen));
-  const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
+  // The many-rows kernel on an even batch (host lengths within 1/8 of the longest) keeps fixed
+  // splits: its segment switches (a 36 KB query reload, 128 KB of partials, a half-empty tile pair)
+  // cost more than the flat plan's balance brings there (H200, 949867f: D 320.7 vs 344.1 us, F
+  // 175.5 vs 200.4). Uneven or unknown lengths take the flat plan.
+  bool even = !meta.seq_lens_host.empty();
+  if (even) {
+    const auto [lo, hi] = std::minmax_element(meta.seq_lens_host.begin(), meta.seq_lens_host.end());
+    even = int64_t(*hi - *lo) * 8 <= *hi;
+  }
+  const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() && !(p.many_rows && even) &&
                     attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) && p.batch <= kMaxFlatBatch &&
                     ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * meta.qlen <= partial_rows_;
   if (flat) {
