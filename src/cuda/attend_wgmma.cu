@@ -122,10 +122,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
     int32_t next_segment_page = -1;  // warp 0: the lane's page id for the next segment's first tile
     int32_t next_page = -1;  // warp 0, TMA: the lane's page id for the next tile to issue
-    // The query's loads go out first, then warp 0 loads the first tile's page ids and issues its
-    // boxes: the query and page-id round trips overlap (v14; the TMA waits on the page ids).
-    QueryTile<kN, kThreads> query;
-    query.load(p, b, m_base, rows_total, tid);
+    // The first tile's boxes go out before the query's loads (warp 0 waits on its page ids first).
+    // The other order (v14, query first) moved 0.5 us from the prologue into the first tile's wait
+    // and was no faster (H200, 949867f: B64 kernel 90.0 vs 88.9 us; timeline in bench/results).
     if constexpr (kTma) {
       // (warp 0 initialized the mbarriers: its own lanes see them after __syncwarp; the other warps
       // wait on them only after the CTA barrier below)
@@ -137,6 +136,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       }
     }
 
+    QueryTile<kN, kThreads> query;
+    query.load(p, b, m_base, rows_total, tid);
     query.store(sm.q, tid);
 
     // --- cp.async: thread `key` of a tile turns its page id into a row address and position
