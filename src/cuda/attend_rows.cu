@@ -12,8 +12,8 @@
 //         over both tiles (HGMMA m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and
 //         widening in registers, P^T from shared memory)
 // so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
-// Tiles come by TMA only (pages of 8+ rows, a power of two): warp 0 issues a pair's boxes at the
-// top of a pair, after the CTA barrier that says both warpgroups finished the pair before. The
+// Tiles come by TMA only (pages of 8+ rows, a power of two): warp 0 issues pair j + 1's boxes after
+// pair j's q.k, at the CTA barrier that says both warpgroups finished pair j - 1. The
 // step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
 // fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
 #include <cuda_fp16.h>
@@ -139,16 +139,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
-      // Both warpgroups finished pair j-1 (its stage takes pair j+1) and read the maxima exchange.
-      if (j > 0) __syncthreads();
-      if (cwarp == 0) {
-        if (j + 1 < n_pairs) {
-          issue_pair(keys, j + 1, at + 1, next_pages);
-          if (j + 2 < n_pairs) pair_pages(keys, j + 2, next_pages);
-        } else if (has_next) {
-          issue_pair(next, 0, at + 1, next_segment_pages);
-        }
-      }
       // q.k of both tiles for this warpgroup's 32 rows (32 wg .. + 31): S^T [64 keys x 32 rows]. A
       // group's MMAs of both tiles go out together (one wait a group, not one a tile and group).
       const bool both = 2 * j + 1 < n_tiles;
@@ -243,7 +233,18 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           grows |= x[u][i] > m_run[row_slot(i)] + kLazyRescale;
         }
       }
-      if (__syncthreads_or(grows)) {
+      // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v):
+      // its stage takes pair j+1 now, and P^T, red and alpha may be rewritten below.
+      const bool any_grows = __syncthreads_or(grows);
+      if (cwarp == 0) {
+        if (j + 1 < n_pairs) {
+          issue_pair(keys, j + 1, at + 1, next_pages);
+          if (j + 2 < n_pairs) pair_pages(keys, j + 2, next_pages);
+        } else if (has_next) {
+          issue_pair(next, 0, at + 1, next_segment_pages);
+        }
+      }
+      if (any_grows) {
         // This warpgroup's rows: maxima over its 4 warps' keys of both tiles; every row's alpha goes
         // through shared memory, since o holds all 64 rows.
         float mx[kSlots];
