@@ -1,0 +1,37 @@
+// Where the planner sends a step's attend to the many-rows kernel (src/cuda/attend_rows.cu,
+// attend_rows_wanted): 48+ query rows a request, and a batch whose 64-row CTAs fill a quarter of
+// a wave by themselves (at B = 1 x 128 heads the kernel was 2x slower than the 16-row one on the
+// H200: its many splits each write 128 KB of partials). Host arithmetic, no GPU needed; the
+// kernels themselves are checked against the CPU backend by the GPU tests (scripts/device-check
+// runs them once with MLA_ATTEND_ROWS_MIN=1, the many-rows kernel on every case).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "cuda/stages.hpp"
+
+namespace mla {
+namespace {
+
+TEST(RowsRule, ManyRowsWhereTheBatchFillsAQuarterWave) {
+  if (std::getenv("MLA_ATTEND_ROWS_MIN")) GTEST_SKIP() << "MLA_ATTEND_ROWS_MIN is set: the rule is overridden";
+  constexpr int kSms = 132;  // H200
+  ASSERT_EQ(cuda::attend_rows_min(), cuda::kAttendRowsMinDefault);
+  // 128 heads (2 row tiles of 64): from B = 17 (17 x 2 x 4 >= 132).
+  EXPECT_TRUE(cuda::attend_rows_wanted(64, 128, kSms));
+  EXPECT_TRUE(cuda::attend_rows_wanted(17, 128, kSms));
+  EXPECT_FALSE(cuda::attend_rows_wanted(16, 128, kSms));
+  EXPECT_FALSE(cuda::attend_rows_wanted(1, 128, kSms));
+  // 12 heads x qlen 4 = 48 rows (one row tile): from B = 33; x qlen 8 = 96 rows (two): from 17.
+  EXPECT_TRUE(cuda::attend_rows_wanted(64, 48, kSms));
+  EXPECT_FALSE(cuda::attend_rows_wanted(32, 48, kSms));
+  EXPECT_TRUE(cuda::attend_rows_wanted(32, 96, kSms));
+  // Under the row threshold: never (12 heads, qlen 1-3; 32 heads).
+  EXPECT_FALSE(cuda::attend_rows_wanted(1024, 12, kSms));
+  EXPECT_FALSE(cuda::attend_rows_wanted(1024, 36, kSms));
+  EXPECT_FALSE(cuda::attend_rows_wanted(1024, cuda::kAttendRowsMinDefault - 1, kSms));
+  EXPECT_TRUE(cuda::attend_rows_wanted(1024, cuda::kAttendRowsMinDefault, kSms));
+}
+
+}  // namespace
+}  // namespace mla
