@@ -64,7 +64,6 @@ struct RowsSmem {
 };
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem)) + 1024; }
 
-template <bool kPipe>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
@@ -158,26 +157,17 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // The descriptors advance step by step through opaque registers: unrolled, ptxas would
       // otherwise materialize all of a pair's at once and spill.
       uint64_t qd = q_desc;
-      // kPipe: two accumulator sets, group k + 1 issued before group k is summed (wait<1>), so the
-      // tensor cores do not idle through each sum; else one set, each group waited for.
-      constexpr int kSets = kPipe ? 2 : 1;
-      float acc[kSets][kGroups][16];
-      auto sum_set = [&](int set) {
-#pragma unroll
-        for (int u = 0; u < kGroups; ++u) {
-          wgmma::fence_operand(acc[set][u]);
-#pragma unroll
-          for (int i = 0; i < 16; ++i) x[u][i] += acc[set][u][i];
-        }
-      };
+      // One accumulator set, each group waited for and summed: double-buffered (group k + 1 issued
+      // before group k's sum) it spilled 176 bytes and was slower on every shape (D 477-485 vs
+      // 316-347 us; H200, bd392bb-7ce1dbc).
+      float acc[kGroups][16];
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {  // kQkGroup k32 steps an accumulator, summed in f32
-        const int set = grp % kSets;
 #pragma unroll
         for (int u = 0; u < kGroups; ++u) {
 #pragma unroll
-          for (int i = 0; i < 16; ++i) acc[set][u][i] = 0.0f;
-          wgmma::fence_operand(acc[set][u]);
+          for (int i = 0; i < 16; ++i) acc[u][i] = 0.0f;
+          wgmma::fence_operand(acc[u]);
         }
         wgmma::fence();
 #pragma unroll
@@ -186,7 +176,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
           // a branch around a wgmma makes ptxas fence the accumulators)
 #pragma unroll
-          for (int u = 0; u < kGroups; ++u) wgmma::mma_m64n32k32_e4m3(acc[set][u], kd[u], qd, v > 0);
+          for (int u = 0; u < kGroups; ++u) wgmma::mma_m64n32k32_e4m3(acc[u], kd[u], qd, v > 0);
 #pragma unroll
           for (int u = 0; u < kGroups; ++u)
             kd[u] = wgmma::advance(kd[u], key_step_offset<true>(step + 1) - key_step_offset<true>(step));
@@ -194,19 +184,13 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           asm volatile("" : "+l"(kd[0]), "+l"(kd[1]), "+l"(qd));
         }
         wgmma::commit();
-        if constexpr (kPipe) {
-          if (grp > 0) {
-            wgmma::wait<1>();
-            sum_set(1 - set);
-          }
-        } else {
-          wgmma::wait<0>();
-          sum_set(set);
-        }
-      }
-      if constexpr (kPipe) {
         wgmma::wait<0>();
-        sum_set((kQkGroups - 1) % kSets);
+#pragma unroll
+        for (int u = 0; u < kGroups; ++u) {
+          wgmma::fence_operand(acc[u]);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) x[u][i] += acc[u][i];
+        }
       }
       // Scores in log2 units, masked by a select (a NaN of a masked key goes too). The thread's two
       // keys of tile u: 16 warp + g (+ 8); its rows: 32 wg + acc_col(i, c). Positions grow with the
@@ -409,27 +393,15 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
   return rows_min_env() > 0 || int64_t(batch) * ((rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta) * 4 >= sms;
 }
 
-// MLA_ATTEND_ROWS_PIPE=1: q.k groups double-buffered (kPipe), for comparison.
-bool rows_pipe() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_PIPE");
-    return env && std::string_view(env) == "1";
-  }();
-  return on;
-}
-
 void prepare_attend_rows_kernel() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes()));
 }
 
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN;
   const dim3 grid = p.flat_ctas > 0 ? dim3(unsigned(p.flat_ctas) * unsigned(m_tiles)) : attend_grid(p, kRowsN);
-  if (rows_pipe()) attend_rows_kernel<true><<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
-  else attend_rows_kernel<false><<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
+  attend_rows_kernel<<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
 
