@@ -2,20 +2,25 @@
 //
 // The 16-row wgmma kernel (attend_wgmma.cu) reads each key tile from L2 and widens its V once for
 // every 16 query rows: at 128 heads a tile is read 8 times and widened 8 times, and its small MMAs
-// (N = 16) leave the tensor cores idle (D: 12.6% of copy, 259 TFLOP/s). Here a CTA takes 64 query
-// rows (N = 64) with two consumer warpgroups at one CTA an SM, and streams key tiles in pairs:
-//   q.k:  warpgroup w scores tile 2j + w:  S^T [64 keys x 64 rows] = K . Q^T  (QGMMA m64n64k32
-//         e4m3, in 2-step f32 groups as the 16-row kernel: the fp8 MMA's accumulator is short)
-//   softmax: the row maxima of both tiles through shared memory (lazily: only when a score passes
-//         a running maximum by more than 2^8), P^T of each tile in shared memory as f16
-//   p.v:  warpgroup w owns latent dims 256 w .. 256 w + 255 of o:  O^T [256 x 64] += V^T . P^T
-//         over both tiles (HGMMA m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and
-//         widening in registers, P^T from shared memory)
+// (N = 16) leave the tensor cores idle (D: 13% of copy, 267 TFLOP/s). Here a CTA takes 64 query
+// rows with two consumer warpgroups at one CTA an SM, and streams key tiles in pairs (keys on
+// wgmma's M side as in the 16-row kernel, query rows on N):
+//   q.k:  warpgroup w scores both tiles for its 32 rows 32 w .. 32 w + 31:
+//         S^T [64 keys x 32 rows] = K . Q^T  (QGMMA m64n32k32 e4m3, in 2-step f32 groups as the
+//         16-row kernel: the fp8 MMA's accumulator is short; a group's MMAs of both tiles under
+//         one wait)
+//   softmax: a warpgroup keeps its rows' running state (8 rows a thread); the maxima move lazily
+//         (only when a score passes one by more than 2^8) and every row's rescale factor goes
+//         through shared memory, since o holds all 64 rows; P^T of both tiles in shared memory as f16
+//   p.v:  warpgroup w owns latent dims 256 w .. 256 w + 255 of o for all 64 rows:
+//         O^T [256 x 64] += V^T . P^T  over both tiles in one stream of 8 k16 steps (HGMMA
+//         m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and widening in registers)
 // so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
 // Tiles come by TMA only (pages of 8+ rows, a power of two): warp 0 issues pair j + 1's boxes after
 // pair j's q.k, at the CTA barrier that says both warpgroups finished pair j - 1. The
 // step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
 // fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
+// Measured versions (H200): docs/attention.md, v13-v13e.
 #include <cuda_fp16.h>
 
 #include <algorithm>
