@@ -15,6 +15,7 @@
 #include "cuda/backend.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_errors.hpp"
+#include "cuda/flat_plan.hpp"
 #include "cuda/handles.hpp"
 #include "cuda/stages.hpp"
 
@@ -338,11 +339,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // splits: its segment switches (a 36 KB query reload, 128 KB of partials, a half-empty tile pair)
   // cost more than the flat plan's balance brings there (H200, 949867f: D 320.7 vs 344.1 us, F
   // 175.5 vs 200.4). Uneven or unknown lengths take the flat plan.
-  bool even = !meta.seq_lens_host.empty();
-  if (even) {
-    const auto [lo, hi] = std::minmax_element(meta.seq_lens_host.begin(), meta.seq_lens_host.end());
-    even = int64_t(*hi - *lo) * 8 <= *hi;
-  }
+  const bool even = flat::lengths_even(meta.seq_lens_host.data(), int64_t(meta.seq_lens_host.size()));
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() && !(p.many_rows && even) &&
                     attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) && p.batch <= kMaxFlatBatch &&
                     ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * meta.qlen <= partial_rows_;

@@ -66,6 +66,16 @@ MLA_HD int32_t partial_count(const int32_t* starts, int b, const Cta& c, int cta
   return (starts[b + 1] - 1) / c.per_cta - cta + 1;
 }
 
+// Whether host-known lengths are even enough that fixed splits balance as well as the flat plan:
+// all within 1/8 of the longest (none known: false). The many-rows kernel keeps fixed splits then
+// (CudaBackend::attend: its segment switches cost more than the flat plan's balance brings).
+inline bool lengths_even(const int32_t* lens, int64_t n) {
+  if (n <= 0) return false;
+  int32_t lo = lens[0], hi = lens[0];
+  for (int64_t i = 1; i < n; ++i) lo = lens[i] < lo ? lens[i] : lo, hi = lens[i] > hi ? lens[i] : hi;
+  return int64_t(hi - lo) * 8 <= hi;
+}
+
 #ifdef __CUDACC__
 // Every key-CTA computes the plan itself: starts[i] = request i's first tile (an exclusive scan of
 // the requests' tile counts by warp 0: a lane sums a run of requests, then the runs), starts[batch]

@@ -109,5 +109,18 @@ TEST(FlatPlan, NoCtaServesMoreThanItsShare) {
   }
 }
 
+// The many-rows kernel's choice between fixed splits and the flat plan (flat::lengths_even).
+TEST(FlatPlan, EvenLengthsWithinAnEighth) {
+  const std::vector<int32_t> even{8192, 8192, 8192}, near{8192, 7168, 8000}, apart{8192, 7167, 8000};
+  EXPECT_TRUE(flat::lengths_even(even.data(), 3));
+  EXPECT_TRUE(flat::lengths_even(near.data(), 3));    // 1024 * 8 <= 8192
+  EXPECT_FALSE(flat::lengths_even(apart.data(), 3));  // 1025 * 8 > 8192
+  EXPECT_FALSE(flat::lengths_even(even.data(), 0));   // unknown lengths: the flat plan
+  const std::vector<int32_t> empty_and_long{0, 32768};
+  EXPECT_FALSE(flat::lengths_even(empty_and_long.data(), 2));
+  const std::vector<int32_t> one{5};
+  EXPECT_TRUE(flat::lengths_even(one.data(), 1));
+}
+
 }  // namespace
 }  // namespace mla
