@@ -34,7 +34,6 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;
 constexpr int kMaxSplits = 256;
 constexpr int kMinKeysPerSplit = 192;  // three of attend's key tiles
 
-
 // MLA_ATTEND_FLAT=0: the step's attend keeps fixed splits a request (comparison).
 bool flat_plan_enabled() {
   static const bool on = [] {
@@ -167,8 +166,7 @@ int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_l
     int64_t longest = 0;
     for (int32_t len : seq_lens_host) longest = std::max<int64_t>(longest, len);
     if (opts.dcp.size > 1) longest = (longest + opts.dcp.size - 1) / opts.dcp.size + opts.dcp.interleave;
-    // 64-row CTAs stream tiles in pairs: one pair a split at least (B = 1, 128 heads, ctx 8192: 64
-    // splits on 132 SMs, not 43).
+    // 64-row CTAs stream tiles in pairs: no split under one pair.
     const int min_keys = shape.many_rows ? 128 : kMinKeysPerSplit;  // two 64-key tiles
     splits = int(std::clamp<int64_t>((longest + min_keys - 1) / min_keys, 1, splits));
   }
@@ -340,8 +338,9 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // cost more than the flat plan's balance brings there (H200, 949867f: D 320.7 vs 344.1 us, F
   // 175.5 vs 200.4). Uneven or unknown lengths take the flat plan.
   const bool even = flat::lengths_even(meta.seq_lens_host.data(), int64_t(meta.seq_lens_host.size()));
-  const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() && !(p.many_rows && even) &&
-                    attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) && p.batch <= kMaxFlatBatch &&
+  const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
+                    !(p.many_rows && even) && attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) &&
+                    p.batch <= kMaxFlatBatch &&
                     ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * meta.qlen <= partial_rows_;
   if (flat) {
     const FlatStrides st = flat_strides(query_heads(), meta.qlen);
