@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <string_view>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
