@@ -1,29 +1,26 @@
-// attend for many query rows a key (issue 5, v15): 128 heads, qlen 4-8, DCP-gathered heads.
+// attend for many query rows a key (issue 5, v13): 128 heads, qlen 4-8, DCP-gathered heads.
 //
 // The 16-row wgmma kernel (attend_wgmma.cu) reads each key tile from L2 and widens its V once for
 // every 16 query rows: at 128 heads a tile is read 8 times and widened 8 times, and its small MMAs
 // (N = 16) leave the tensor cores idle (D: 13% of copy, 267 TFLOP/s). Here a CTA takes 64 query
-// rows with two warpgroups at one CTA an SM and streams key tiles in pairs (keys on wgmma's M side
-// as in the 16-row kernel, query rows on N). Warpgroup w owns query rows 32 w .. 32 w + 31 from
-// end to end, so the two share nothing but the key tiles and run out of step: one's softmax and
-// waits go under the other's MMAs (v13's warpgroups split p.v by latent dims and went in lock
-// step: two CTA barriers and nine q.k waits a pair with nothing overlapped):
-//   q.k:  S^T [64 keys x 32 rows] = K . Q^T for both tiles (QGMMA m64n32k32 e4m3, in 2-step f32
-//         groups as the 16-row kernel: the fp8 MMA's accumulator is short; a group's MMAs of both
-//         tiles under one wait)
-//   softmax: 8 rows a thread, the same rows as its o columns; the maxima move lazily (only when a
-//         score passes one by more than 2^8), across the warpgroup's 4 warps through shared memory
-//         and its own named barrier; P^T of both tiles in shared memory as f16
-//   p.v:  O^T [512 x 32] += V^T . P^T over both tiles: 8 k16 steps x 8 dim blocks (HGMMA
-//         m64n32k16, V^T fragments from the fp8 tile by ldmatrix.trans and widening in registers,
-//         half a step's blocks under one commit while the other half's are widened)
-// so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup).
-// Tiles come by TMA only (pages of 8+ rows, a power of two), two stages of a pair: the warpgroup
-// that finishes pair j last (a shared counter) has its warp 0 issue the pair two places on into
-// the freed stage; page ids are loaded a pair ahead by both warpgroups' warp 0. The step's
-// partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and fixed
-// splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
-// Measured versions (H200): docs/attention.md, v13-v15.
+// rows with two consumer warpgroups at one CTA an SM, and streams key tiles in pairs (keys on
+// wgmma's M side as in the 16-row kernel, query rows on N):
+//   q.k:  warpgroup w scores both tiles for its 32 rows 32 w .. 32 w + 31:
+//         S^T [64 keys x 32 rows] = K . Q^T  (QGMMA m64n32k32 e4m3, in 2-step f32 groups as the
+//         16-row kernel: the fp8 MMA's accumulator is short; a group's MMAs of both tiles under
+//         one wait)
+//   softmax: a warpgroup keeps its rows' running state (8 rows a thread); the maxima move lazily
+//         (only when a score passes one by more than 2^8) and every row's rescale factor goes
+//         through shared memory, since o holds all 64 rows; P^T of both tiles in shared memory as f16
+//   p.v:  warpgroup w owns latent dims 256 w .. 256 w + 255 of o for all 64 rows:
+//         O^T [256 x 64] += V^T . P^T  over both tiles in one stream of 8 k16 steps (HGMMA
+//         m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and widening in registers)
+// so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
+// Tiles come by TMA only (pages of 8+ rows, a power of two): warp 0 issues pair j + 1's boxes after
+// pair j's q.k, at the CTA barrier that says both warpgroups finished pair j - 1. The
+// step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
+// fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
+// Measured versions (H200): docs/attention.md, v13-v13e.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -47,24 +44,25 @@ namespace {
 
 using namespace wgmma_attend;
 
-constexpr int kRowsN = kAttendRowsPerCta;       // query rows a CTA (64)
-constexpr int kGroups = 2;                      // warpgroups, each its 32 rows: wgmma N = 32
+constexpr int kRowsN = kAttendRowsPerCta;       // query rows a CTA: wgmma N (64)
+constexpr int kGroups = 2;                      // consumer warpgroups
 constexpr int kRowThreads = 128 * kGroups;
-constexpr int kSlots = kRowsN / kGroups / 4;    // a thread's query rows (softmax state, o columns): 8
-constexpr int kHalfBlocks = kDimBlocks / 2;     // p.v: dim blocks a commit (4 of 64 dims)
+constexpr int kSlots = kRowsN / kGroups / 4;    // a thread's own query rows (softmax state): 8
+constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
 constexpr int kRowChunkStride = kRowsN / 8 * 128;      // B operands' leading byte offset (1024)
 constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
 constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
 
 struct RowsSmem {
-  alignas(1024) uint8_t kv[2][2][kTmaTileBytes];        // [stage][tile of the pair], swizzled slabs
+  alignas(1024) uint8_t kv[2][kGroups][kTmaTileBytes];  // [stage][tile of the pair], swizzled slabs
   alignas(128) uint8_t q[kRowsN * kRow];                // e4m3 query rows, b_offset_n<64>
-  alignas(128) uint16_t p[2][kRowsN * kTileKeys];       // f16 P^T of each tile of the pair, b_offset_n<64>
-  float red[kGroups * 4][kRowsN / kGroups];             // per-warp row maxima, then row sums
+  alignas(128) uint16_t p[kGroups][kRowsN * kTileKeys]; // f16 P^T of each tile of the pair
+  float red[kGroups * 4][kRowsN];                       // per-warp row maxima, then row sums
   int32_t limit[kRowsN];                                // a row's last visible position (causal)
-  alignas(8) uint64_t full[2][2];                       // a tile landed (mbarrier)
-  uint64_t key_mask[2][2];                              // its real keys
-  int32_t released[2];                                  // warpgroups done with a stage's pair
+  float alpha[kRowsN];                                  // a row's rescale factor (lazy rescale)
+  float final_m[kRowsN], final_d[kRowsN];               // a row's softmax state at the end
+  alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier)
+  uint64_t key_mask[2][kGroups];                        // its real keys
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment, next_segment;
 };
@@ -78,14 +76,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   auto& sm = *reinterpret_cast<RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, cwarp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  const int wg_bar = 1 + wg;  // this warpgroup's named barrier
   const CtaWork cta(p, kRowsN, tid);
-  const int rows_total = cta.rows_total, m_base = cta.m_base, wg_row = m_base + 32 * wg;
+  const int rows_total = cta.rows_total, m_base = cta.m_base;
   if (tid == 0) {
-    for (int s = 0; s < 2; ++s) {
-      for (int u = 0; u < 2; ++u) tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), 1);
-      sm.released[s] = 0;
-    }
+    for (int s = 0; s < 2; ++s)
+      for (int u = 0; u < kGroups; ++u) tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), 1);
     tma::fence_barrier_init();  // published by the first segment's CTA barrier
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
@@ -95,23 +90,17 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
     const KeyStream& next = sm.next_segment;
     const int n_tiles = keys.n_tiles(), n_pairs = (n_tiles + 1) / 2;
-    const bool next_has_tiles = has_next && next.n_tiles() > 0;
-    // Pair k of the stream from this segment's first on: this segment's pair k, or for k = n_pairs
-    // the next segment's first (prefetched across the boundary), or nothing.
-    auto stream_pages = [&](int k, int32_t (&page)[2]) {
-      const bool own = k < n_pairs, nxt = k == n_pairs && next_has_tiles;
-      for (int u = 0; u < 2; ++u) page[u] = own ? tiles.page_of(keys, 2 * k + u) : nxt ? tiles.page_of(next, u) : -1;
+    // Warp 0: the pair's boxes (tiles 2 pair, 2 pair + 1 of segment ks) into stage `at` & 1. A
+    // tile past the segment issues no box but still arrives on its mbarrier (0 bytes), so every
+    // mbarrier completes one phase a pair and the parity is (at / 2) & 1 for both tiles.
+    auto issue_pair = [&](const KeyStream& ks, int pair, int at, const int32_t (&page)[2]) {
+      const int stage = at & 1;
+      for (int u = 0; u < kGroups; ++u)
+        tiles.issue(ks, 2 * pair + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]), ptx::smem_addr(&sm.full[stage][u]),
+                    &sm.key_mask[stage][u]);
     };
-    // The pair's boxes (tiles 2 k, 2 k + 1) into stage (done + k) & 1, by a whole warp. A tile past
-    // its segment issues no box but still arrives on its mbarrier (0 bytes), so every mbarrier
-    // completes one phase a pair and the parity is (at / 2) & 1 for both tiles.
-    auto stream_issue = [&](int k, const int32_t (&page)[2]) {
-      const bool own = k < n_pairs, nxt = k == n_pairs && next_has_tiles;
-      if (!own && !nxt) return;
-      const int stage = (done + k) & 1;
-      for (int u = 0; u < 2; ++u)
-        tiles.issue(own ? keys : next, own ? 2 * k + u : u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
-                    ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u]);
+    auto pair_pages = [&](const KeyStream& ks, int pair, int32_t (&page)[2]) {
+      for (int u = 0; u < kGroups; ++u) page[u] = tiles.page_of(ks, 2 * pair + u);  // -1 past the segment
     };
     // The query's loads first, then warp 0's page ids and first boxes: the round trips overlap.
     // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
@@ -119,50 +108,48 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     asm volatile("" : "+r"(tid_q));
     QueryTile<kRowsN, kRowThreads> query;
     query.load(p, b, m_base, rows_total, tid_q);
-    // Every stage is free here (the previous segment's pairs are consumed); pair 0 may be in
-    // flight already (prefetched: issued into its stage during the previous segment's last pairs).
-    if (cwarp == 0) {
+    int32_t next_pages[2] = {-1, -1}, next_segment_pages[2] = {-1, -1};
+    if (cwarp == 0 && n_pairs > 0) {
       __syncwarp();
-      int32_t page[2];
-      for (int k = prefetched && n_pairs > 0 ? 1 : 0; k < 2; ++k) {
-        stream_pages(k, page);
-        stream_issue(k, page);
+      if (!prefetched) {
+        int32_t first[2];
+        pair_pages(keys, 0, first);
+        issue_pair(keys, 0, done, first);
       }
+      if (n_pairs > 1) pair_pages(keys, 1, next_pages);
+      if (has_next) pair_pages(next, 0, next_segment_pages);
     }
-    int32_t ahead[2] = {-1, -1};  // warp 0 of each warpgroup: the page ids of pair j + 2
-    if (warp == 0) stream_pages(2, ahead);
     query.store(sm.q, tid_q);
     if (tid < kRowsN) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);  // (published below)
     wgmma::fence_proxy_async();
     __syncthreads();
 
-    // Causal limits: every row of the warpgroup sees keys up to min_limit (its first row's); a tile
-    // past it takes the per-row rule (rows past the request's see nothing), from shared memory.
-    const int32_t min_limit = keys.limit(p, wg_row, rows_total);
+    // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a tile past
+    // it takes the per-row rule (rows past the request's see nothing), from shared memory.
+    const int32_t min_limit = keys.limit(p, m_base, rows_total);
     float m_run[kSlots], d_run[kSlots];
 #pragma unroll
     for (int r = 0; r < kSlots; ++r) m_run[r] = -INFINITY, d_run[r] = 0.0f;
     const float scale_log2 = p.score_scale * 1.4426950408889634f;
-    float o[kDimBlocks][16];
+    float o[kGroupDimBlocks][32];
 #pragma unroll
-    for (int blk = 0; blk < kDimBlocks; ++blk)
+    for (int blk = 0; blk < kGroupDimBlocks; ++blk)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) o[blk][i] = 0.0f;
-    // q.k's and p.v's B operands: this warpgroup's 32 rows (four 8-row core-matrix groups, 128 bytes apart).
-    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + 4 * wg * 128, kRowChunkStride, 128);
-    const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]) + 4 * wg * 128, kRowChunkStride, 128);
+      for (int i = 0; i < 32; ++i) o[blk][i] = 0.0f;
+    // q.k's B operand: this warpgroup's 32 query rows (four 8-row core-matrix groups, 128 bytes apart).
+    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + 32 * wg / 8 * 128, kRowChunkStride, 128);
 
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
-      // q.k of both tiles for this warpgroup's rows: S^T [64 keys x 32 rows]. A group's MMAs of
-      // both tiles go out together (one wait a group, not one a tile and group).
+      // q.k of both tiles for this warpgroup's 32 rows (32 wg .. + 31): S^T [64 keys x 32 rows]. A
+      // group's MMAs of both tiles go out together (one wait a group, not one a tile and group).
       const bool both = 2 * j + 1 < n_tiles;
-      float x[2][16];
-      uint64_t key_mask[2];
-      uint64_t kd[2];
+      float x[kGroups][16];
+      uint64_t key_mask[kGroups];
+      uint64_t kd[kGroups];
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
+      for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
 #pragma unroll
         for (int i = 0; i < 16; ++i) x[u][i] = 0.0f;
@@ -174,11 +161,14 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // The descriptors advance step by step through opaque registers: unrolled, ptxas would
       // otherwise materialize all of a pair's at once and spill.
       uint64_t qd = q_desc;
-      float acc[2][16];
+      // One accumulator set, each group waited for and summed: double-buffered (group k + 1 issued
+      // before group k's sum) it spilled 176 bytes and was slower on every shape (D 477-485 vs
+      // 316-347 us; H200, bd392bb-7ce1dbc).
+      float acc[kGroups][16];
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {  // kQkGroup k32 steps an accumulator, summed in f32
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < kGroups; ++u) {
 #pragma unroll
           for (int i = 0; i < 16; ++i) acc[u][i] = 0.0f;
           wgmma::fence_operand(acc[u]);
@@ -190,9 +180,9 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
           // a branch around a wgmma makes ptxas fence the accumulators)
 #pragma unroll
-          for (int u = 0; u < 2; ++u) wgmma::mma_m64n32k32_e4m3(acc[u], kd[u], qd, v > 0);
+          for (int u = 0; u < kGroups; ++u) wgmma::mma_m64n32k32_e4m3(acc[u], kd[u], qd, v > 0);
 #pragma unroll
-          for (int u = 0; u < 2; ++u)
+          for (int u = 0; u < kGroups; ++u)
             kd[u] = wgmma::advance(kd[u], key_step_offset<true>(step + 1) - key_step_offset<true>(step));
           qd = wgmma::advance(qd, 2 * kRowChunkStride);
           asm volatile("" : "+l"(kd[0]), "+l"(kd[1]), "+l"(qd));
@@ -200,7 +190,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         wgmma::commit();
         wgmma::wait<0>();
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
+        for (int u = 0; u < kGroups; ++u) {
           wgmma::fence_operand(acc[u]);
 #pragma unroll
           for (int i = 0; i < 16; ++i) x[u][i] += acc[u][i];
@@ -214,7 +204,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       };
       bool grows = false;
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
+      for (int u = 0; u < kGroups; ++u) {
         const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
 #pragma unroll
         for (int i = 0; i < 16; ++i)
@@ -231,15 +221,25 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           grows |= x[u][i] > m_run[row_slot(i)] + kLazyRescale;
         }
       }
-      // This warpgroup's barrier also says its 4 warps are done with pair j - 1's red and P^T.
-      if (ptx::bar_sync_or(wg_bar, 128, grows)) {
-        // The rows' maxima over the warpgroup's keys of both tiles: the thread's, its column's 8
-        // lanes, then the 4 warps through shared memory.
+      // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v):
+      // its stage takes pair j+1 now, and P^T, red and alpha may be rewritten below.
+      const bool any_grows = __syncthreads_or(grows);
+      if (cwarp == 0) {
+        if (j + 1 < n_pairs) {
+          issue_pair(keys, j + 1, at + 1, next_pages);
+          if (j + 2 < n_pairs) pair_pages(keys, j + 2, next_pages);
+        } else if (has_next) {
+          issue_pair(next, 0, at + 1, next_segment_pages);
+        }
+      }
+      if (any_grows) {
+        // This warpgroup's rows: maxima over its 4 warps' keys of both tiles; every row's alpha goes
+        // through shared memory, since o holds all 64 rows.
         float mx[kSlots];
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) mx[r] = -INFINITY;
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
+        for (int u = 0; u < kGroups; ++u)
 #pragma unroll
           for (int i = 0; i < 16; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], x[u][i]);
 #pragma unroll
@@ -249,22 +249,23 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
           if (g == 0) sm.red[cwarp][slot_col(r, c)] = mx[r];
         }
-        ptx::bar_sync(wg_bar, 128);  // the 4 warps' row maxima
-        float alpha[kSlots];
+        __syncthreads();  // every warp's row maxima
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           const int n = slot_col(r, c);
           float m_new = m_run[r];
 #pragma unroll
           for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, sm.red[4 * wg + w][n]);
-          alpha[r] = exp2f(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
+          const float alpha = exp2f(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
           m_run[r] = m_new;
-          d_run[r] *= alpha[r];
+          d_run[r] *= alpha;
+          if (warp == 0 && g == 0) sm.alpha[32 * wg + n] = alpha;
         }
+        __syncthreads();  // every row's alpha
 #pragma unroll
-        for (int blk = 0; blk < kDimBlocks; ++blk) {
+        for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
 #pragma unroll
-          for (int i = 0; i < 16; ++i) o[blk][i] *= alpha[row_slot(i)];
+          for (int i = 0; i < 32; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
           wgmma::fence_operand(o[blk]);
         }
       }
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // + g + 8 h: the thread's base plus a constant (h: 1024, n8 block: 128, i & 1: 16).
       const uint32_t p_thread = ptx::smem_addr(sm.p[0]) + (2 * warp) * kRowChunkStride + (4 * wg) * 128 + (2 * c) * 16 + 2 * g;
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
+      for (int u = 0; u < kGroups; ++u) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           const float m = m_run[row_slot(i)];
@@ -284,91 +285,87 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         }
       }
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
-      ptx::bar_sync(wg_bar, 128);  // the warpgroup's P^T of both tiles
+      __syncthreads();             // both tiles' P^T; every warp has read red and alpha
 
-      // p.v over the pair's tiles: 8 k16 steps (step t: tile t / 4's k16 step t % 4) of V^T
-      // fragments from the fp8 tile (ldmatrix.trans, zeroed where masked, widened) against P^T. A
-      // step's 8 dim blocks go in two commits of 4: half h's fragments are rewritten once the
-      // commit before the other half's is done (an in-flight wgmma reads its A registers).
+      // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
+      // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
       {
+        // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
+        // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
         const int steps = (both ? 2 : 1) * kPvSteps;
+        const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128);
         auto kv_of = [&](int t) { return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]); };
-        uint32_t vraw[2][4], frag[2][kHalfBlocks][4];
+        uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj) v_load<true>(kv_of(0), 0, jj, warp, lane, vraw[jj]);
+        for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
+          v_load<true>(kv_of(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
 #pragma unroll
         for (int t = 0; t < 2 * kPvSteps; ++t) {
           if (t < steps) {
             const int u = t / kPvSteps, ks = t % kPvSteps;
+#pragma unroll
+            for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
+              if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
+              v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
+              if (t + 1 < steps)
+                v_load<true>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+            }
+            wgmma::fence();
             const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              if (t > 0) wgmma::wait<1>();  // the commit that read frag[h] (step t - 1's half h)
-              const int tn = h == 0 ? t : t + 1, hn = 1 - h;  // the next half's loads
-#pragma unroll
-              for (int jj = 0; jj < 2; ++jj) {
-                if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
-                v_convert(vraw[jj], frag[h][2 * jj], frag[h][2 * jj + 1]);
-                if (tn < steps) v_load<true>(kv_of(tn), tn % kPvSteps, 2 * hn + jj, warp, lane, vraw[jj]);
-              }
-              wgmma::fence();
-#pragma unroll
-              for (int blk = 0; blk < kHalfBlocks; ++blk)
-                wgmma::mma_m64n32k16_f16_rs(o[kHalfBlocks * h + blk], frag[h][blk], bp);
-              wgmma::commit();
-            }
+            for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_m64n64k16_f16_rs(o[blk], frag[t & 1][blk], bp);
+            wgmma::commit();
+            if (t > 0) wgmma::wait<1>();
           }
         }
         wgmma::wait<0>();
       }
-      // Pair j's stage is free once both warpgroups are done with it: the later one's warp 0 issues
-      // pair j + 2 there (its page ids were loaded a pair ahead), then loads pair j + 3's.
-      ptx::bar_sync(wg_bar, 128);  // every warp of this warpgroup is past its p.v
-      if (warp == 0) {
-        int last = 0;
-        if (lane == 0) {
-          __threadfence_block();
-          last = atomicAdd(&sm.released[stage], 1) == 1;
-          if (last) sm.released[stage] = 0;
-          __threadfence_block();
-        }
-        if (__shfl_sync(0xffffffffu, last, 0)) stream_issue(j + 2, ahead);
-        stream_pages(j + 3, ahead);
-      }
     }
     wgmma::wait<0>();
 #pragma unroll
-    for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+    for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
 
-    // Row sums: over the 8 lanes of a column, then the warpgroup's 4 warps (red's last readers, the
-    // maxima exchange, are behind the P^T barrier).
+    // Row sums of this warpgroup's rows: over the 8 lanes of a column, then its 4 warps; the rows'
+    // final state goes through shared memory to both warpgroups (each writes its dims of all rows).
+    float d[kSlots];
 #pragma unroll
     for (int r = 0; r < kSlots; ++r) {
-      float d = d_run[r];
-      d += __shfl_xor_sync(0xffffffffu, d, 4);
-      d += __shfl_xor_sync(0xffffffffu, d, 8);
-      d += __shfl_xor_sync(0xffffffffu, d, 16);
-      if (g == 0) sm.red[cwarp][slot_col(r, c)] = d;
+      d[r] = d_run[r];
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 4);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
     }
-    ptx::bar_sync(wg_bar, 128);
+    __syncthreads();  // red is free
+    if (g == 0)
 #pragma unroll
-    for (int r = 0; r < kSlots; ++r) {  // the p.v accumulator's 8 columns of this thread
-      const int n = slot_col(r, c), m = wg_row + n;
+      for (int r = 0; r < kSlots; ++r) sm.red[cwarp][slot_col(r, c)] = d[r];
+    __syncthreads();
+    if (warp == 0 && g == 0)
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r) {
+        const int n = slot_col(r, c);
+        sm.final_d[32 * wg + n] = (sm.red[4 * wg][n] + sm.red[4 * wg + 1][n]) + (sm.red[4 * wg + 2][n] + sm.red[4 * wg + 3][n]);
+        sm.final_m[32 * wg + n] = m_run[r];
+      }
+    __syncthreads();
+
+#pragma unroll
+    for (int r = 0; r < 2 * kSlots; ++r) {  // the p.v accumulator's 16 columns of this thread
+      const int n = slot_col(r, c), m = m_base + n;
       if (m >= rows_total) continue;
       // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
       SoftmaxState f;
-      f.d = (sm.red[4 * wg][n] + sm.red[4 * wg + 1][n]) + (sm.red[4 * wg + 2][n] + sm.red[4 * wg + 3][n]);
-      f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
+      f.d = sm.final_d[n];
+      f.m = f.empty() ? -INFINITY : sm.final_m[n] * 0.6931471805599453f;
       const float scale = f.inv_sum() * p.v_scale;
       const OutRow out(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
-      for (int blk = 0; blk < kDimBlocks; ++blk)
-        out.store_pair(p, 64 * blk + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
-      if (warp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
+      for (int blk = 0; blk < kGroupDimBlocks; ++blk)
+        out.store_pair(p, 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
+      if (cwarp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
     }
     done += n_pairs;
-    __syncthreads();  // both warpgroups are done with the segment, the next one and red
   };  // serve
 
   serve_segments<kRowThreads, kRowsN, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,

@@ -13,29 +13,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// 16 bytes global -> shared, bypassing L1 (.cg); src_bytes = 0 zero-fills without reading src.
+// through_l1 (.ca): the same through L1, for measurement (AttendParams.l1_copies).
 // A 16-bit store to a shared-memory address (32-bit): a base register plus an immediate, where
 // generic pointers would cost a 64-bit address per store.
 __device__ __forceinline__ void st_shared_b16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
 }
 
-// Named barriers for one warpgroup (ids 1 + warpgroup; 0 is __syncthreads): its 128 threads only,
-// so the other warpgroups run on. sync_or: the same, and whether any thread's pred was true.
-__device__ __forceinline__ void bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ bool bar_sync_or(int id, int threads, bool pred) {
-  uint32_t any;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(uint32_t(pred)), "r"(id), "r"(threads)
-      : "memory");
-  return any != 0;
-}
-
-// 16 bytes global -> shared, bypassing L1 (.cg); src_bytes = 0 zero-fills without reading src.
-// through_l1 (.ca): the same through L1, for measurement (AttendParams.l1_copies).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid, bool through_l1 = false) {
   const int src_bytes = valid ? 16 : 0;
   if (through_l1) asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));

@@ -128,22 +128,6 @@ __device__ __forceinline__ void mma_m64n16k16_f16_rs(float (&d)[8], const uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-// d (64 x 32 f32, 16 a thread, the m64n32 layout above) += A (64 x 16 f16 from registers, the
-// mma.sync A layout per warp) * B (32 N x 16 K f16, K-major, smem): the many-rows kernel's p.v for
-// one warpgroup's 32 query rows (attend_rows.cu: A = V^T, B = P^T).
-__device__ __forceinline__ void mma_m64n32k16_f16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
 // d (64 x 64 f32, 32 a thread, the m64n64 layout above) += A (64 x 16 f16 from registers, each warp
 // its 16 rows in the mma.sync m16n8k16 A layout) * B (64 N x 16 K f16 in shared memory): K-major
 // (kTransB = false: the many-rows kernel's p.v, attend_rows.cu, A = V^T, B = P^T) or MN-major (the
