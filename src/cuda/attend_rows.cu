@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     float m_run[kSlots], d_run[kSlots];
 #pragma unroll
     for (int r = 0; r < kSlots; ++r) m_run[r] = -INFINITY, d_run[r] = 0.0f;
-    const float scale_log2 = p.score_scale * 1.4426950408889634f;
+    const float scale_log2 = p.score_scale * 1.4426950408889634f, inv_scale_log2 = 1.0f / scale_log2;
     float o[kGroupDimBlocks][32];
 #pragma unroll
     for (int blk = 0; blk < kGroupDimBlocks; ++blk)
@@ -145,14 +145,12 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // q.k of both tiles for this warpgroup's 32 rows (32 wg .. + 31): S^T [64 keys x 32 rows]. A
       // group's MMAs of both tiles go out together (one wait a group, not one a tile and group).
       const bool both = 2 * j + 1 < n_tiles;
-      float x[kGroups][16];
+      float x[kGroups][16];  // raw scores (q.k in the quantized units; the scale is folded in below)
       uint64_t key_mask[kGroups];
       uint64_t kd[kGroups];
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) x[u][i] = 0.0f;
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
         if (u == 1 && !both) continue;
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
@@ -193,16 +191,21 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         for (int u = 0; u < kGroups; ++u) {
           wgmma::fence_operand(acc[u]);
 #pragma unroll
-          for (int i = 0; i < 16; ++i) x[u][i] += acc[u][i];
+          for (int i = 0; i < 16; ++i) x[u][i] = grp == 0 ? acc[u][i] : x[u][i] + acc[u][i];
         }
       }
-      // Scores in log2 units, masked by a select (a NaN of a masked key goes too). The thread's two
-      // keys of tile u: 16 warp + g (+ 8); its rows: 32 wg + acc_col(i, c). Positions grow with the
-      // local index, so the warp's last key decides whether every row sees all 16.
+      // Scores masked by a select (a NaN of a masked key goes too). The thread's two keys of tile u:
+      // 16 warp + g (+ 8); its rows: 32 wg + acc_col(i, c). Positions grow with the local index, so
+      // the warp's last key decides whether every row sees all 16. The scale (> 0: its factors are
+      // validated positive) stays out of the scores: a row grows where x > (m + 2^3) / scale, and
+      // its weight is exp2(x scale - m), one FFMA.
       auto position = [&](int64_t jj) {
         return keys.plain_positions ? jj : dcp_global_position(jj, p.dcp_size, p.dcp_rank, p.dcp_interleave);
       };
       bool grows = false;
+      float grow_at[kSlots];
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r) grow_at[r] = (m_run[r] + kLazyRescale) * inv_scale_log2;
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
         const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
@@ -216,10 +219,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
             if ((acc_half(i) ? pos1 : pos0) > sm.limit[32 * wg + acc_col(i, c)]) x[u][i] = -INFINITY;
         }
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          x[u][i] *= scale_log2;  // -inf stays -inf
-          grows |= x[u][i] > m_run[row_slot(i)] + kLazyRescale;
-        }
+        for (int i = 0; i < 16; ++i) grows |= x[u][i] > grow_at[row_slot(i)];
       }
       // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v):
       // its stage takes pair j+1 now, and P^T, red and alpha may be rewritten below.
@@ -253,9 +253,10 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           const int n = slot_col(r, c);
-          float m_new = m_run[r];
+          float m_raw = sm.red[4 * wg][n];
 #pragma unroll
-          for (int w = 0; w < 4; ++w) m_new = fmaxf(m_new, sm.red[4 * wg + w][n]);
+          for (int w = 1; w < 4; ++w) m_raw = fmaxf(m_raw, sm.red[4 * wg + w][n]);
+          const float m_new = fmaxf(m_run[r], m_raw * scale_log2);  // -inf stays -inf
           const float alpha = exp2f(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
           m_run[r] = m_new;
           d_run[r] *= alpha;
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           const float m = m_run[row_slot(i)];
-          const float w = exp2f(x[u][i] - (m == -INFINITY ? 0.0f : m));
+          const float w = exp2f(fmaf(x[u][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
           d_run[row_slot(i)] += w;
           ptx::st_shared_b16(p_thread + u * int(sizeof(sm.p[0])) + acc_half(i) * kRowChunkStride + (i >> 2) * 128 + (i & 1) * 16,
                              __half_as_ushort(__float2half_rn(w)));
