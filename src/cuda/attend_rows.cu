@@ -7,8 +7,8 @@
 // wgmma's M side as in the 16-row kernel, query rows on N):
 //   q.k:  warpgroup w scores both tiles for its 32 rows 32 w .. 32 w + 31:
 //         S^T [64 keys x 32 rows] = K . Q^T  (QGMMA m64n32k32 e4m3, in 2-step f32 groups as the
-//         16-row kernel: the fp8 MMA's accumulator is short; a group's MMAs of both tiles under
-//         one wait)
+//         16-row kernel: the fp8 MMA's accumulator is short; one tile's group summed while the
+//         other tile's runs)
 //   softmax: a warpgroup keeps its rows' running state (8 rows a thread); the maxima move lazily
 //         (only when a score passes one by more than 2^8) and every row's rescale factor goes
 //         through shared memory, since o holds all 64 rows; P^T of both tiles in shared memory as f16
@@ -139,11 +139,15 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     // q.k's B operand: this warpgroup's 32 query rows (four 8-row core-matrix groups, 128 bytes apart).
     const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + 32 * wg / 8 * 128, kRowChunkStride, 128);
 
+    float acc[kGroups][16];  // q.k's group accumulators (each group's first MMA overwrites them)
+#pragma unroll
+    for (int u = 0; u < kGroups; ++u)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[u][i] = 0.0f;
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
-      // q.k of both tiles for this warpgroup's 32 rows (32 wg .. + 31): S^T [64 keys x 32 rows]. A
-      // group's MMAs of both tiles go out together (one wait a group, not one a tile and group).
+      // q.k of both tiles for this warpgroup's 32 rows (32 wg .. + 31): S^T [64 keys x 32 rows].
       const bool both = 2 * j + 1 < n_tiles;
       float x[kGroups][16];  // raw scores (q.k in the quantized units; the scale is folded in below)
       uint64_t key_mask[kGroups];
@@ -156,42 +160,40 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
         key_mask[u] = sm.key_mask[stage][u];
       }
-      // The descriptors advance step by step through opaque registers: unrolled, ptxas would
-      // otherwise materialize all of a pair's at once and spill.
-      uint64_t qd = q_desc;
-      // One accumulator set, each group waited for and summed: double-buffered (group k + 1 issued
-      // before group k's sum) it spilled 176 bytes and was slower on every shape (D 477-485 vs
-      // 316-347 us; H200, bd392bb-7ce1dbc).
-      float acc[kGroups][16];
-#pragma unroll
-      for (int grp = 0; grp < kQkGroups; ++grp) {  // kQkGroup k32 steps an accumulator, summed in f32
-#pragma unroll
-        for (int u = 0; u < kGroups; ++u) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) acc[u][i] = 0.0f;
-          wgmma::fence_operand(acc[u]);
-        }
+      // q.k in f32-summed groups of kQkGroup k32 steps, pipelined across the pair's tiles: a tile's
+      // group is summed while the other tile's is on the tensor cores, then its next group goes out
+      // (wait<1>: the newest commit may still run), so the nine groups' latencies overlap instead of
+      // adding up. The accumulator pair is the same 32 registers as one group of both tiles; the
+      // first MMA of a group overwrites (scale-d = 0). The descriptors advance through opaque
+      // registers: unrolled, ptxas would otherwise materialize all of a pair's at once and spill.
+      uint64_t qd[kGroups] = {q_desc, q_desc};
+      auto issue_group = [&](int u, int grp) {
         wgmma::fence();
 #pragma unroll
         for (int v = 0; v < kQkGroup; ++v) {
           const int step = grp * kQkGroup + v;
           // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
           // a branch around a wgmma makes ptxas fence the accumulators)
-#pragma unroll
-          for (int u = 0; u < kGroups; ++u) wgmma::mma_m64n32k32_e4m3(acc[u], kd[u], qd, v > 0);
-#pragma unroll
-          for (int u = 0; u < kGroups; ++u)
-            kd[u] = wgmma::advance(kd[u], key_step_offset<true>(step + 1) - key_step_offset<true>(step));
-          qd = wgmma::advance(qd, 2 * kRowChunkStride);
-          asm volatile("" : "+l"(kd[0]), "+l"(kd[1]), "+l"(qd));
+          wgmma::mma_m64n32k32_e4m3(acc[u], kd[u], qd[u], v > 0);
+          kd[u] = wgmma::advance(kd[u], key_step_offset<true>(step + 1) - key_step_offset<true>(step));
+          qd[u] = wgmma::advance(qd[u], 2 * kRowChunkStride);
+          asm volatile("" : "+l"(kd[u]), "+l"(qd[u]));
         }
         wgmma::commit();
-        wgmma::wait<0>();
+        wgmma::fence_operand(acc[u]);
+      };
+#pragma unroll
+      for (int u = 0; u < kGroups; ++u) issue_group(u, 0);
+#pragma unroll
+      for (int grp = 0; grp < kQkGroups; ++grp) {
 #pragma unroll
         for (int u = 0; u < kGroups; ++u) {
+          if (grp + 1 == kQkGroups && u + 1 == kGroups) wgmma::wait<0>();
+          else wgmma::wait<1>();  // tile u's group grp (the other tile's may still run)
           wgmma::fence_operand(acc[u]);
 #pragma unroll
           for (int i = 0; i < 16; ++i) x[u][i] = grp == 0 ? acc[u][i] : x[u][i] + acc[u][i];
+          if (grp + 1 < kQkGroups) issue_group(u, grp + 1);
         }
       }
       // Scores masked by a select (a NaN of a masked key goes too). The thread's two keys of tile u:
