@@ -16,8 +16,9 @@
 //         O^T [256 x 64] += V^T . P^T  over both tiles in one stream of 8 k16 steps (HGMMA
 //         m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and widening in registers)
 // so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
-// Tiles come by TMA only (pages of 8+ rows, a power of two): warp 0 issues pair j + 1's boxes after
-// pair j's q.k, at the CTA barrier that says both warpgroups finished pair j - 1. The
+// Tiles come by TMA only (pages of 8+ rows, a power of two): pair j + 1's boxes go out after pair
+// j's q.k, at the CTA barrier that says both warpgroups finished pair j - 1, warpgroup u's 4 warps
+// sharing tile u's boxes (warp 0 alone took 40 boxes' slabs a pair at page 16). The
 // step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
 // fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
 // Measured versions (H200): docs/attention.md, v13-v13e.
@@ -61,8 +62,8 @@ struct RowsSmem {
   int32_t limit[kRowsN];                                // a row's last visible position (causal)
   float alpha[kRowsN];                                  // a row's rescale factor (lazy rescale)
   float final_m[kRowsN], final_d[kRowsN];               // a row's softmax state at the end
-  alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier)
-  uint64_t key_mask[2][kGroups];                        // its real keys
+  alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier: an arrival a warp)
+  uint64_t key_mask[2][kGroups][4];                     // its real keys, by the warp that issued them
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment, next_segment;
 };
@@ -80,44 +81,36 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   if (tid == 0) {
     for (int s = 0; s < 2; ++s)
-      for (int u = 0; u < kGroups; ++u) tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), 1);
+      for (int u = 0; u < kGroups; ++u) tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), 4);
     tma::fence_barrier_init();  // published by the first segment's CTA barrier
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
-  const TmaTiles tiles(p, &cache_map, lane);
+  const TmaTiles tiles(p, &cache_map, lane, warp, 4);  // warpgroup u issues tile u of a pair
 
   // keys: the segment, in shared memory (read where needed: registers are short).
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
     const KeyStream& next = sm.next_segment;
     const int n_tiles = keys.n_tiles(), n_pairs = (n_tiles + 1) / 2;
-    // Warp 0: the pair's boxes (tiles 2 pair, 2 pair + 1 of segment ks) into stage `at` & 1. A
-    // tile past the segment issues no box but still arrives on its mbarrier (0 bytes), so every
-    // mbarrier completes one phase a pair and the parity is (at / 2) & 1 for both tiles.
-    auto issue_pair = [&](const KeyStream& ks, int pair, int at, const int32_t (&page)[2]) {
+    // Every warp: its share of tile 2 pair + wg's boxes (segment ks) into stage `at` & 1. A tile
+    // past the segment issues no box but still arrives on its mbarrier (0 bytes), so every mbarrier
+    // completes one phase a pair and the parity is (at / 2) & 1 for both tiles.
+    auto issue_pair = [&](const KeyStream& ks, int pair, int at, int32_t page) {
       const int stage = at & 1;
-      for (int u = 0; u < kGroups; ++u)
-        tiles.issue(ks, 2 * pair + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]), ptx::smem_addr(&sm.full[stage][u]),
-                    &sm.key_mask[stage][u]);
+      tiles.issue(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]), ptx::smem_addr(&sm.full[stage][wg]),
+                  &sm.key_mask[stage][wg][warp]);
     };
-    auto pair_pages = [&](const KeyStream& ks, int pair, int32_t (&page)[2]) {
-      for (int u = 0; u < kGroups; ++u) page[u] = tiles.page_of(ks, 2 * pair + u);  // -1 past the segment
-    };
-    // The query's loads first, then warp 0's page ids and first boxes: the round trips overlap.
+    auto pair_page = [&](const KeyStream& ks, int pair) { return tiles.page_of(ks, 2 * pair + wg); };  // -1: none
+    // The query's loads first, then the page ids and first boxes: the round trips overlap.
     // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
     int tid_q = tid;
     asm volatile("" : "+r"(tid_q));
     QueryTile<kRowsN, kRowThreads> query;
     query.load(p, b, m_base, rows_total, tid_q);
-    int32_t next_pages[2] = {-1, -1}, next_segment_pages[2] = {-1, -1};
-    if (cwarp == 0 && n_pairs > 0) {
-      __syncwarp();
-      if (!prefetched) {
-        int32_t first[2];
-        pair_pages(keys, 0, first);
-        issue_pair(keys, 0, done, first);
-      }
-      if (n_pairs > 1) pair_pages(keys, 1, next_pages);
-      if (has_next) pair_pages(next, 0, next_segment_pages);
+    int32_t next_page = -1, next_segment_page = -1;
+    if (n_pairs > 0) {
+      if (!prefetched) issue_pair(keys, 0, done, pair_page(keys, 0));
+      if (n_pairs > 1) next_page = pair_page(keys, 1);
+      if (has_next) next_segment_page = pair_page(next, 0);
     }
     query.store(sm.q, tid_q);
     if (tid < kRowsN) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);  // (published below)
@@ -158,7 +151,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
         if (u == 1 && !both) continue;
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
-        key_mask[u] = sm.key_mask[stage][u];
+        key_mask[u] = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
       }
       // q.k in f32-summed groups of kQkGroup k32 steps, pipelined across the pair's tiles: a tile's
       // group is summed while the other tile's is on the tensor cores, then its next group goes out
@@ -226,13 +219,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v):
       // its stage takes pair j+1 now, and P^T, red and alpha may be rewritten below.
       const bool any_grows = __syncthreads_or(grows);
-      if (cwarp == 0) {
-        if (j + 1 < n_pairs) {
-          issue_pair(keys, j + 1, at + 1, next_pages);
-          if (j + 2 < n_pairs) pair_pages(keys, j + 2, next_pages);
-        } else if (has_next) {
-          issue_pair(next, 0, at + 1, next_segment_pages);
-        }
+      if (j + 1 < n_pairs) {
+        issue_pair(keys, j + 1, at + 1, next_page);
+        if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
+      } else if (has_next) {
+        issue_pair(next, 0, at + 1, next_segment_page);
       }
       if (any_grows) {
         // This warpgroup's rows: maxima over its 4 warps' keys of both tiles; every row's alpha goes

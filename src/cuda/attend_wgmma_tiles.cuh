@@ -147,24 +147,27 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[3], 0, 0x3120), a1[2], a1[3]);
 }
 
-// TMA key tiles (both wgmma kernels): warp 0's lane i < kTileKeys / box_rows loads box i of a
-// tile, box_rows = min(page, 64) keys of one page (the whole tile for pages of 64 or more), five
-// 128-byte slabs. The caller loads a lane's page id a tile ahead (page_of) and issues the boxes
-// when the stage is free (issue). Every lane of warp 0 calls both.
+// TMA key tiles (both wgmma kernels): a tile is kTileKeys / box_rows boxes, box_rows = min(page,
+// 64) keys of one page (the whole tile for pages of 64 or more), five 128-byte slabs each. The
+// boxes are shared by `slots` warps (the 16-row kernel: warp 0 alone; the many-rows kernel: a
+// warpgroup's 4 warps a tile): lane i of slot k loads box i * slots + k. The caller loads a lane's
+// page id a tile ahead (page_of) and issues the boxes when the stage is free (issue); every lane of
+// an issuing warp calls both, and the tile's mbarrier expects one arrival a slot.
 struct TmaTiles {
   const AttendParams& p;
   const CUtensorMap* map;
-  int lane, box_rows, boxes;
+  int lane, box_rows, boxes, box;  // box: this lane's box (when < boxes)
 
-  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_)
+  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int slot = 0,
+                      int slots = 1)
       : p(params), map(cache_map), lane(lane_), box_rows(min(params.page_size, kTileKeys)),
-        boxes(kTileKeys / min(params.page_size, kTileKeys)) {}
+        boxes(kTileKeys / min(params.page_size, kTileKeys)), box(lane_ * slots + slot) {}
 
   // This lane's box of tile `tile` of segment ks: its page's index in the request's page list
   // (-1: no box) and first local key j0.
   __device__ int64_t box_index(const KeyStream& ks, int tile, int64_t& j0) const {
-    j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(lane) * box_rows;
-    if (lane >= boxes || j0 >= ks.k_end) return -1;
+    j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(box) * box_rows;
+    if (box >= boxes || j0 >= ks.k_end) return -1;
     const int64_t page_index = j0 >> ks.page_shift;
     return page_index < ks.pages_avail ? page_index : -1;
   }
@@ -173,16 +176,17 @@ struct TmaTiles {
     const int64_t i = box_index(ks, tile, j0);
     return i < 0 ? -1 : p.kv_indices[ks.page_begin + i];
   }
-  // The boxes into the stage at shared address dst, completing on mbarrier bar (its expected bytes:
-  // the boxes actually issued); lane 0 writes the tile's real keys to *key_mask (a bad page id's
-  // keys are masked and reported, never read).
+  // This warp's boxes into the stage at shared address dst, completing on mbarrier bar (its one
+  // arrival a slot expects the bytes of the boxes actually issued); lane 0 writes the real keys
+  // among this warp's boxes to *key_mask (the tile's: the OR over its slots; a bad page id's keys
+  // are masked and reported, never read).
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar,
                         uint64_t* key_mask) const {
     int64_t j0;
     const bool have = box_index(ks, tile, j0) >= 0;
     const bool ok = have && page >= 0 && page < p.num_pages;
     if (have && !ok) atomicOr(p.error, kBadPage);
-    const uint64_t mine = ok ? (box_rows == 64 ? ~0ull : ((1ull << box_rows) - 1) << (lane * box_rows)) : 0ull;
+    const uint64_t mine = ok ? (box_rows == 64 ? ~0ull : ((1ull << box_rows) - 1) << (box * box_rows)) : 0ull;
     const uint64_t loaded = uint64_t(__reduce_or_sync(~0u, uint32_t(mine >> 32))) << 32 |
                             __reduce_or_sync(~0u, uint32_t(mine));
     const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
@@ -192,10 +196,10 @@ struct TmaTiles {
     }
     __syncwarp();
     if (ok) {
-      const uint32_t box = dst + lane * box_rows * 128;
+      const uint32_t at = dst + box * box_rows * 128;
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
 #pragma unroll
-      for (int s = 0; s < kSlabs; ++s) tma::load_2d(box + s * kSlabBytes, map, 128 * s, y, bar);
+      for (int s = 0; s < kSlabs; ++s) tma::load_2d(at + s * kSlabBytes, map, 128 * s, y, bar);
     }
   }
 };
