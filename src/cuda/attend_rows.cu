@@ -17,8 +17,8 @@
 //         m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and widening in registers)
 // so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
 // Tiles come by TMA only (pages of 8+ rows, a power of two): pair j + 1's boxes go out after pair
-// j's q.k, at the CTA barrier that says both warpgroups finished pair j - 1, warpgroup u's 4 warps
-// sharing tile u's boxes (warp 0 alone took 40 boxes' slabs a pair at page 16). The
+// j's q.k, at the CTA barrier that says both warpgroups finished pair j - 1, warpgroup u's warps
+// sharing tile u's boxes (TmaTiles: warp 0 alone was 9-18% slower). The
 // step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
 // fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
 // Measured versions (H200): docs/attention.md, v13-v13e.
@@ -62,7 +62,7 @@ struct RowsSmem {
   int32_t limit[kRowsN];                                // a row's last visible position (causal)
   float alpha[kRowsN];                                  // a row's rescale factor (lazy rescale)
   float final_m[kRowsN], final_d[kRowsN];               // a row's softmax state at the end
-  alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier: an arrival a warp)
+  alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier: an arrival a slot)
   uint64_t key_mask[2][kGroups][4];                     // its real keys, by the warp that issued them
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment, next_segment;
@@ -81,25 +81,31 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   if (tid == 0) {
     for (int s = 0; s < 2; ++s)
-      for (int u = 0; u < kGroups; ++u) tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), 4);
+      for (int u = 0; u < kGroups; ++u) {
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), TmaTiles::slots(p));
+        for (int k = 0; k < 4; ++k) sm.key_mask[s][u][k] = 0;  // slots past TmaTiles::slots(p) stay 0
+      }
     tma::fence_barrier_init();  // published by the first segment's CTA barrier
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
-  const TmaTiles tiles(p, &cache_map, lane, warp, 4);  // warpgroup u issues tile u of a pair
+  const TmaTiles tiles(p, &cache_map, lane, warp);  // warpgroup u issues tile u of a pair
 
   // keys: the segment, in shared memory (read where needed: registers are short).
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
     const KeyStream& next = sm.next_segment;
     const int n_tiles = keys.n_tiles(), n_pairs = (n_tiles + 1) / 2;
-    // Every warp: its share of tile 2 pair + wg's boxes (segment ks) into stage `at` & 1. A tile
+    // The issuing warps: their share of tile 2 pair + wg's boxes (segment ks) into stage `at` & 1. A tile
     // past the segment issues no box but still arrives on its mbarrier (0 bytes), so every mbarrier
     // completes one phase a pair and the parity is (at / 2) & 1 for both tiles.
     auto issue_pair = [&](const KeyStream& ks, int pair, int at, int32_t page) {
+      if (!tiles.issues()) return;
       const int stage = at & 1;
       tiles.issue(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]), ptx::smem_addr(&sm.full[stage][wg]),
                   &sm.key_mask[stage][wg][warp]);
     };
-    auto pair_page = [&](const KeyStream& ks, int pair) { return tiles.page_of(ks, 2 * pair + wg); };  // -1: none
+    auto pair_page = [&](const KeyStream& ks, int pair) {  // -1: none
+      return tiles.issues() ? tiles.page_of(ks, 2 * pair + wg) : -1;
+    };
     // The query's loads first, then the page ids and first boxes: the round trips overlap.
     // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
     int tid_q = tid;

@@ -90,9 +90,13 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   if constexpr (kTma) {
     if (tid == 0) {
 #pragma unroll
-      for (int s = 0; s < kStages; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), 1);
-      tma::fence_barrier_init();  // published by the first segment's CTA barrier
+      for (int s = 0; s < kStages; ++s) {
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTiles::slots(p));
+        for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
+      }
+      tma::fence_barrier_init();
     }
+    __syncthreads();  // the mbarriers, for every warp that issues boxes (from the first prologue on)
   }
   int done = 0;  // TMA: tiles consumed by earlier segments (stage and mbarrier parity run on)
 
@@ -111,28 +115,26 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 
     // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
-    const TmaTiles tiles(p, &cache_map, lane);
+    const TmaTiles tiles(p, &cache_map, lane, warp);
     auto box_page_of = [&](const KeyStream& ks, int tile) { return tiles.page_of(ks, tile); };
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
       const int stage = at % kStages;
       tiles.issue(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
-                  &sm.key_mask[stage]);
+                  &sm.key_mask[stage][warp]);
     };
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
-    int32_t next_segment_page = -1;  // warp 0: the lane's page id for the next segment's first tile
-    int32_t next_page = -1;  // warp 0, TMA: the lane's page id for the next tile to issue
+    int32_t next_segment_page = -1;  // issuing warps: the lane's page id for the next segment's first tile
+    int32_t next_page = -1;  // issuing warps, TMA: the lane's page id for the next tile to issue
     // The first tile's boxes go out before the query's loads (warp 0 waits on its page ids first).
     // The other order (v14, query first) moved 0.5 us from the prologue into the first tile's wait
     // and was no faster (H200, 949867f: B64 kernel 90.0 vs 88.9 us; timeline in bench/results).
     if constexpr (kTma) {
-      // (warp 0 initialized the mbarriers: its own lanes see them after __syncwarp; the other warps
-      // wait on them only after the CTA barrier below)
-      if (warp == 0 && n_tiles > 0) {
+      // (the issuing warps: TmaTiles; the mbarriers were published by the CTA barrier at the start)
+      if (tiles.issues() && n_tiles > 0) {
         __syncwarp();
         if (!prefetched) issue_tma(0, box_page(0));
         next_page = n_tiles > 1 ? box_page(1) : -1;
-        if (has_next) next_segment_page = box_page_of(next, 0);
       }
     }
 
@@ -176,6 +178,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
     __syncthreads();             // the query tile, the first tiles' rows, the initialized mbarriers
     if (done == 0) stamp(1, now());
+    // The next segment's first page ids (thread 0 wrote its keys before this segment's barrier
+    // above; the issuing warps other than 0 read them only after it).
+    if (kTma && tiles.issues() && n_tiles > 0 && has_next) next_segment_page = box_page_of(next, 0);
     if constexpr (!kTma) {
       for (int t = 0; t < kStages - 1; ++t) {
         if (t < n_tiles) issue_tile(t, t);
@@ -202,15 +207,15 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       if constexpr (kTma) {
         // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
         // for all four warps at once), so its stage takes tile t+1 now.
-        if (warp == 0 && t + 1 < n_tiles) {
+        if (tiles.issues() && t + 1 < n_tiles) {
           issue_tma(t + 1, next_page);
           next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
-        } else if (warp == 0 && has_next) {
+        } else if (tiles.issues() && has_next) {
           issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
         }
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
         if (done + t == 0) stamp(2, now());
-        key_mask = sm.key_mask[buf];
+        key_mask = (sm.key_mask[buf][0] | sm.key_mask[buf][1]) | (sm.key_mask[buf][2] | sm.key_mask[buf][3]);
       } else {
         ptx::cp_async_wait_group<kStages - 2>();
         wgmma::fence_proxy_async();  // this thread's cp.async writes, before the tensor cores read them

@@ -65,9 +65,9 @@ struct WgSmem {
   // TMA: a stage's loads landed (mbarrier), and which of its keys are real (bit k: key k is in the
   // split and on a good page; the rest of the tile may hold anything, NaN included).
   alignas(8) uint64_t full[kStages];
-  uint64_t key_mask[kStages];
+  uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kTma ? kMaxFlatBatch + 1 : 1];  // the flat plan: request b's first tile
-  KeyStream next_segment;  // the flat plan: the CTA's next segment (read by warp 0 at a boundary)
+  KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
 };
 template <int kStages, bool kTma>
 constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTma>)) + 1024; }  // + alignment slack
@@ -149,19 +149,26 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
 
 // TMA key tiles (both wgmma kernels): a tile is kTileKeys / box_rows boxes, box_rows = min(page,
 // 64) keys of one page (the whole tile for pages of 64 or more), five 128-byte slabs each. The
-// boxes are shared by `slots` warps (the 16-row kernel: warp 0 alone; the many-rows kernel: a
-// warpgroup's 4 warps a tile): lane i of slot k loads box i * slots + k. The caller loads a lane's
-// page id a tile ahead (page_of) and issues the boxes when the stage is free (issue); every lane of
-// an issuing warp calls both, and the tile's mbarrier expects one arrival a slot.
+// boxes are shared by up to 4 warps (slots(p): one a box, at most 4): lane i of warp k < slots
+// loads box i * slots + k. Warp 0 alone took all of a tile's box slabs in a loop over its lanes
+// (page 16: 20 a tile, inside the many-rows kernel's lock step: D 17% slower than at page 64).
+// The caller loads a lane's page id a tile ahead (page_of) and issues the boxes when the stage is
+// free (issue); every lane of an issuing warp (issues()) calls both, and the tile's mbarrier
+// expects slots(p) arrivals.
 struct TmaTiles {
   const AttendParams& p;
   const CUtensorMap* map;
-  int lane, box_rows, boxes, box;  // box: this lane's box (when < boxes)
+  int lane, box_rows, boxes, slot, box;  // box: this lane's box (when < boxes)
 
-  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int slot = 0,
-                      int slots = 1)
+  __host__ __device__ static int slots(const AttendParams& params) {
+    const int boxes = kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
+    return boxes < 4 ? boxes : 4;
+  }
+  // lane_ of warp `warp` (0..3) of the warps that share a tile.
+  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int warp)
       : p(params), map(cache_map), lane(lane_), box_rows(min(params.page_size, kTileKeys)),
-        boxes(kTileKeys / min(params.page_size, kTileKeys)), box(lane_ * slots + slot) {}
+        boxes(kTileKeys / min(params.page_size, kTileKeys)), slot(warp), box(lane_ * slots(params) + warp) {}
+  __device__ bool issues() const { return slot < slots(p); }
 
   // This lane's box of tile `tile` of segment ks: its page's index in the request's page list
   // (-1: no box) and first local key j0.
@@ -226,9 +233,10 @@ struct OutRow {
 // on a page: chunks rounded up to whole tiles); with the flat plan (flat_plan.hpp) the requests
 // overlapping this key-CTA's tiles [begin, end). serve(keys, b, part, tok_base, has_next,
 // prefetched) serves one: request b's keys into partial `part` at token rows tok_base + i;
-// has_next: a next segment follows (next_segment, written by thread 0 and read by warp 0 after a
-// __syncwarp in serve's prologue; the previous segment's reads of it are behind its epilogue's
-// CTA barriers), whose first tile serve issues during its last; prefetched: this one's first tile
+// has_next: a next segment follows (next_segment, written by thread 0 and read by the issuing
+// warps after a CTA barrier of serve's prologue - the many-rows kernel: the one below; the previous
+// segment's reads of it are behind its epilogue's CTA barriers), whose first tile serve issues
+// during its last; prefetched: this one's first tile
 // was issued so. kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA
 // barrier after thread 0 writes it) rather than in registers. One call site of serve (one copy of
 // its code).
