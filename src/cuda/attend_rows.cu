@@ -21,7 +21,7 @@
 // sharing tile u's boxes (TmaTiles: warp 0 alone was 9-18% slower). The
 // step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
 // fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
-// Measured versions (H200): docs/attention.md, v13-v13e.
+// Measured versions (H200): docs/attention.md, v13-v13i and v15 (reverted).
 #include <cuda_fp16.h>
 
 #include <algorithm>
