@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
     int32_t next_segment_page = -1;  // issuing warps: the lane's page id for the next segment's first tile
     int32_t next_page = -1;  // issuing warps, TMA: the lane's page id for the next tile to issue
-    // The first tile's boxes go out before the query's loads (warp 0 waits on its page ids first).
+    // The first tile's boxes go out before the query's loads (the issuing warps wait on their page
+    // ids first).
     // The other order (v14, query first) moved 0.5 us from the prologue into the first tile's wait
     // and was no faster (H200, 949867f: B64 kernel 90.0 vs 88.9 us; timeline in bench/results).
     if constexpr (kTma) {

@@ -234,12 +234,11 @@ struct OutRow {
 // overlapping this key-CTA's tiles [begin, end). serve(keys, b, part, tok_base, has_next,
 // prefetched) serves one: request b's keys into partial `part` at token rows tok_base + i;
 // has_next: a next segment follows (next_segment, written by thread 0 and read by the issuing
-// warps after a CTA barrier of serve's prologue - the many-rows kernel: the one below; the previous
-// segment's reads of it are behind its epilogue's CTA barriers), whose first tile serve issues
-// during its last; prefetched: this one's first tile
-// was issued so. kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA
-// barrier after thread 0 writes it) rather than in registers. One call site of serve (one copy of
-// its code).
+// warps after a CTA barrier: the prologue's in the 16-row kernel, the one below in the many-rows
+// kernel; the previous segment's reads of it are behind its epilogue's CTA barriers), whose first
+// tile serve issues during its last; prefetched: this one's first tile was issued so.
+// kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
+// 0 writes it) rather than in registers. One call site of serve (one copy of its code).
 template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, KeyStream& next_segment,
