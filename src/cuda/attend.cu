@@ -499,7 +499,7 @@ bool wgmma_l1_copies() {
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
   AttendParams p = in;
-  if (attend_wgmma_applies(p)) {
+  if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
     return launch_attend_wgmma(p, stream);
   }

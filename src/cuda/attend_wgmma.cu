@@ -453,9 +453,10 @@ const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
   };
   thread_local Key key{};
   thread_local CUtensorMap map{};
-  const Key want{p.cache, p.num_pages * p.page_size, p.row_stride, box_rows};
+  const int64_t elem = p.cache_fp8 ? 1 : 2;  // the map is over bytes: a bf16 row is 1152 of them
+  const Key want{p.cache, p.num_pages * p.page_size, p.row_stride * elem, box_rows};
   if (!(key == want)) {
-    map = make_tensor_map_bytes_sw128(p.cache, want.rows, kRow, p.row_stride, box_rows);
+    map = make_tensor_map_bytes_sw128(p.cache, want.rows, kRow * elem, want.stride, box_rows);
     key = want;
   }
   return map;
@@ -506,21 +507,28 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
 
 }  // namespace
 
-bool attend_wgmma_applies(const AttendParams& p) {
-  // The default for the step's partials: with its copies through L1 it beats the mma.sync kernel on
-  // every shape measured (H200, docs/attention.md v8d). MLA_ATTEND_KERNEL=mma: never (comparison);
-  // =wgmma: also for attend() into a caller's bf16 o, so the GPU tests check its o and lse directly.
+int attend_kernel_mode() {
   static const int mode = [] {
     const char* env = std::getenv("MLA_ATTEND_KERNEL");
     if (env && std::string_view(env) == "mma") return 0;
     if (env && std::string_view(env) == "wgmma") return 2;
     return 1;
   }();
-  // o rows are written as pairs of dims (8-byte f32 / 4-byte bf16 stores).
+  return mode;
+}
+
+bool attend_o_pairs_aligned(const AttendParams& p) {
   const int64_t elem = p.o_bf16 ? 2 : 4;
-  const bool o_aligned = (reinterpret_cast<uintptr_t>(p.o) % (2 * elem)) == 0 && p.o_split_stride % 2 == 0 &&
-                         p.o_s_stride % 2 == 0 && p.o_h_stride % 2 == 0;
-  return mode > 0 && (p.step_partials || mode == 2) && p.q_fp8 && p.cache_fp8 && !p.exact_p && o_aligned;
+  return (reinterpret_cast<uintptr_t>(p.o) % (2 * elem)) == 0 && p.o_split_stride % 2 == 0 && p.o_s_stride % 2 == 0 &&
+         p.o_h_stride % 2 == 0;
+}
+
+bool attend_wgmma_applies(const AttendParams& p) {
+  // The default for the step's partials: with its copies through L1 it beats the mma.sync kernel on
+  // every shape measured (H200, docs/attention.md v8d).
+  const int mode = attend_kernel_mode();
+  return mode > 0 && (p.step_partials || mode == 2) && p.q_fp8 && p.cache_fp8 && !p.exact_p &&
+         attend_o_pairs_aligned(p);
 }
 
 bool attend_wgmma_uses_tma(const AttendParams& p) {
@@ -546,6 +554,7 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, true>();
   set_smem_limit<2, 2, true, true>();
   prepare_attend_rows_kernel();
+  prepare_attend_rows_bf16_kernel();
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
@@ -559,10 +568,12 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
   // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283).
   auto go = [&](auto kernel, int smem) { kernel<<<grid, kThreads, smem, stream>>>(p, map); };
-  if (tma && p.many_rows) {  // many rows a key: 64-row CTAs (attend_rows.cu)
-    launch_attend_rows(p, map, stream);
+  if (tma && p.many_rows) {  // many rows a key: 64-row CTAs (attend_rows.cu, attend_rows_bf16.cu)
+    if (p.q_fp8) launch_attend_rows(p, map, stream);
+    else launch_attend_rows_bf16(p, map, stream);
     return;
   }
+  MLA_REQUIRE(p.q_fp8 && p.cache_fp8, "attend: the 16-row wgmma kernel takes an fp8 query and cache");
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {

@@ -128,14 +128,15 @@ CudaBackend::~CudaBackend() {
   lt_.reset();
 }
 
-// The CTAs of one (request, split) and the CTA slots of one wave for the attend kernel a step with
-// an fp8 query takes: 16-row CTAs two an SM (attend_wgmma.cu), or where attend_rows_wanted says
-// so (48+ query rows a request and a batch that fills a quarter wave by itself), 64-row CTAs one
-// an SM (attend_rows.cu; it also needs TMA tiles, which the plan cannot see: with pages of 1-4
-// rows the 16-row kernel runs the plan made for 64-row CTAs).
+// The CTAs of one (request, split) and the CTA slots of one wave for the attend kernel a step
+// takes: 16-row CTAs two an SM (attend_wgmma.cu), or where attend_rows_wanted says so (48+ query
+// rows a request and a batch that fills a quarter wave by itself), 64-row CTAs one an SM
+// (attend_rows.cu, or attend_rows_bf16.cu with a bf16 query and cache). Those also need TMA tiles
+// and a matching cache dtype, which the plan cannot see: with pages of 1-4 rows, or a bf16 query
+// over an fp8 cache, the 16-row or mma.sync kernel runs the plan made for 64-row CTAs.
 CudaBackend::AttendShape CudaBackend::attend_shape(int batch, int qlen) const {
   const int rows = query_heads() * qlen;
-  if (opts.q_dtype == DType::fp8_e4m3 && attend_rows_wanted(batch, rows, sms_))
+  if (attend_rows_wanted(batch, rows, sms_))
     return {(rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta, sms_, true};
   return {(rows + 15) / 16, 2 * sms_, false};
 }
@@ -339,7 +340,8 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // 175.5 vs 200.4). Uneven or unknown lengths take the flat plan.
   const bool even = flat::lengths_even(meta.seq_lens_host.data(), int64_t(meta.seq_lens_host.size()));
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
-                    !(p.many_rows && even) && attend_wgmma_applies(p) && attend_wgmma_uses_tma(p) &&
+                    !(p.many_rows && even) && (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
+                    attend_wgmma_uses_tma(p) &&
                     p.batch <= kMaxFlatBatch &&
                     ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * meta.qlen <= partial_rows_;
   if (flat) {

@@ -147,10 +147,14 @@ struct AttendParams {
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
 inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory
 void launch_attend(const AttendParams& p, cudaStream_t stream);
+// MLA_ATTEND_KERNEL, read once: 0 (=mma) the mma.sync kernel (attend.cu) takes every case, for
+// comparison; 1 (unset) the default below; 2 (=wgmma) the wgmma kernels also take attend() into a
+// caller's bf16 o, so the GPU tests check their o and lse directly.
+int attend_kernel_mode();
+// o rows written as pairs of dims (8-byte f32 / 4-byte bf16 stores): base and strides even.
+bool attend_o_pairs_aligned(const AttendParams& p);
 // The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: the step's
-// own partials (step_partials) with an fp8 query and cache, o rows 8-byte aligned;
-// MLA_ATTEND_KERNEL=mma makes the mma.sync kernel (attend.cu) take every case, for comparison, and
-// MLA_ATTEND_KERNEL=wgmma lets the wgmma kernel also take attend() into a bf16 o (for the tests).
+// own partials (step_partials) with an fp8 query and cache, o rows pair-aligned.
 bool attend_wgmma_applies(const AttendParams& p);
 // Where it applies, the wgmma kernel loads whole pages by TMA when the cache allows (pages of 8 or
 // more rows, a power of two, rows of a page contiguous) and the partials may be chunked by whole
@@ -166,6 +170,11 @@ inline constexpr int kAttendRowsPerCta = 64;
 int attend_rows_min();
 bool attend_rows_wanted(int batch, int rows, int sms);
 void prepare_attend_rows_kernel();
+// The bf16 many-rows kernel (attend_rows_bf16.cu): where the planner asked for many rows, with a
+// bf16 query and cache, TMA tiles, a one-rounded P (the step's partials, or a caller's bf16 o under
+// MLA_ATTEND_KERNEL=wgmma). Elsewhere a bf16 operand takes the mma.sync kernel.
+bool attend_rows_bf16_applies(const AttendParams& p);
+void prepare_attend_rows_bf16_kernel();
 void prepare_attend_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the attend kernels; once per process and device,
 // outside any graph capture.

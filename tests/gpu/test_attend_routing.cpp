@@ -88,5 +88,42 @@ TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   EXPECT_TRUE(cuda::attend_wgmma_uses_tma(q));
 }
 
+
+// The bf16 many-rows kernel (attend_rows_bf16.cu): the step's partials with a bf16 query and cache
+// where the planner asked for many rows and the pages can be TMA boxes; anything else a bf16
+// operand meets goes to the mma.sync kernel.
+TEST(AttendRouting, Bf16ManyRowsOnlyForTheStepsBf16PartialsOnTmaPages) {
+  if (std::getenv("MLA_ATTEND_KERNEL") || std::getenv("MLA_ATTEND_TMA"))
+    GTEST_SKIP() << "MLA_ATTEND_KERNEL or MLA_ATTEND_TMA is set: the default policy is not in force";
+  std::vector<float> o(8);
+  alignas(16) static uint8_t cache[16];
+  cuda::AttendParams p = step_partials_params(o.data());
+  p.q_fp8 = p.cache_fp8 = false;
+  p.cache = cache;
+  p.page_size = 64, p.row_stride = 576, p.page_stride = 64 * 576, p.num_pages = 100, p.splits = 4;
+  p.many_rows = true;
+  EXPECT_TRUE(cuda::attend_rows_bf16_applies(p));
+  EXPECT_FALSE(cuda::attend_wgmma_applies(p));
+
+  cuda::AttendParams q = p;
+  q.many_rows = false;  // few rows a key: the mma.sync kernel
+  EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
+  q = p;
+  q.cache_fp8 = true;  // a bf16 query over an fp8 cache
+  EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
+  q = p;
+  q.q_fp8 = q.cache_fp8 = true;  // fp8: attend_rows.cu through attend_wgmma_applies
+  EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
+  q = p;
+  q.page_size = 1, q.page_stride = 576;  // no TMA boxes
+  EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
+  q = p;
+  q.step_partials = false, q.exact_p = true;  // a caller's f32 o: hi + lo P
+  EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
+  q = p;
+  q.o_h_stride = 513;
+  EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
+}
+
 }  // namespace
 }  // namespace mla

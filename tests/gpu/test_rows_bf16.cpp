@@ -1,0 +1,96 @@
+// The bf16 many-rows attend kernel (src/cuda/attend_rows_bf16.cu) inside whole steps against the CPU
+// backend: a bf16 query and cache at shapes where the planner picks 64-row CTAs by its own rule
+// (48+ query rows a request, a batch that fills a quarter wave), so these cases reach the kernel
+// without MLA_ATTEND_ROWS_MIN. Head counts that leave the second row tile part-empty, qlen 1-4,
+// page sizes 8/16/32/64/128, even batches (fixed splits) and uneven ones with empty and short
+// requests (the flat plan), NaN in unused pages and page tails, poisoned outputs. (scripts/
+// device-check also runs every random case with MLA_ATTEND_ROWS_MIN=1, which sends every bf16
+// step with TMA-able pages here.) Without a GPU every test skips.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/synthetic.hpp"
+#include "cuda/device_errors.hpp"
+#include "cuda/stages.hpp"
+#include "gpu/gpu_test_util.hpp"
+#include "mla/mla.hpp"
+#include "support/testing.hpp"
+
+namespace mla {
+namespace {
+
+using testing::expect_close;
+
+TEST(RowsBf16, StepMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU("the bf16 many-rows kernel tests");
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct Shape {
+    const char* preset;
+    int heads, qlen, batch, page, max_context;
+    bool uneven;
+  };
+  const Shape shapes[] = {
+      {"deepseek-v3", 100, 1, 36, 64, 700, false},  // 100 rows: the second row tile 36 of 64
+      {"kimi-k3", 16, 4, 40, 16, 500, true},         // 64 rows, qlen 4 (causal inside the tile)
+      {"kimi-k2", 24, 3, 40, 32, 600, false},        // 72 rows
+      {"deepseek-v3", 64, 1, 40, 8, 400, true},      // 8-row boxes: 8 a tile
+      {"kimi-k3", 12, 8, 40, 128, 900, true},        // 96 rows, qlen 8, one 64-row box in a page of 128
+  };
+  uint64_t seed = 900;
+  for (const Shape& sh : shapes) {
+    ++seed;
+    const LayerConfig cfg = testing::small_config(sh.preset, GateLayout::merged, sh.heads);
+    const int rows = cfg.heads() * sh.qlen;
+    const std::string what = std::string(sh.preset) + " G=" + std::to_string(cfg.heads()) + " Q=" +
+                             std::to_string(sh.qlen) + " B=" + std::to_string(sh.batch) + " page " +
+                             std::to_string(sh.page) + (sh.uneven ? " uneven" : " even");
+    SCOPED_TRACE(what);
+    if (!std::getenv("MLA_ATTEND_ROWS_MIN")) {
+      ASSERT_TRUE(cuda::attend_rows_wanted(sh.batch, rows, sms)) << what;
+    }
+    std::mt19937_64 rng(seed);
+    synth::ScenarioSpec spec;
+    spec.cfg = cfg;
+    spec.qlen = sh.qlen;
+    spec.page_size = sh.page;
+    spec.kv_dtype = DType::bf16;
+    spec.spare_pages = 3;
+    spec.seed = seed;
+    for (int b = 0; b < sh.batch; ++b) {
+      int len = std::uniform_int_distribution<int>(sh.max_context * 3 / 4, sh.max_context)(rng);
+      if (sh.uneven) {
+        const int kind = int(rng() % 8);
+        len = kind == 0 ? 0 : kind == 1 ? std::uniform_int_distribution<int>(sh.qlen, sh.qlen + 70)(rng)
+                                        : std::uniform_int_distribution<int>(sh.qlen, sh.max_context)(rng);
+      }
+      spec.seq_lens.push_back(len);
+    }
+    const PreparedWeights w = prepare_weights(cfg, random_checkpoint_weights(cfg, seed));
+    const synth::Scenario host = synth::make_scenario(spec, w.k_scale);
+    const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
+    auto options = [&](Backend backend) {
+      return LayerOptions{.backend = backend, .q_dtype = DType::bf16, .max_tokens = int(s), .num_threads = 2};
+    };
+    Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
+    synth::Scenario dev = synth::to_device(host);
+    synth::Scenario cpu_host = synth::make_scenario(spec, w.k_scale);
+    Tensor cpu_out = Tensor::empty(DType::bf16, {s, nv});
+    Tensor gpu_out = Tensor::empty(DType::bf16, {s, nv}, Device::cuda);
+    testing::poison(gpu_out);
+    cpu.step(cpu_host.hidden, cpu_host.meta(), cpu_host.kv(), cpu_out);
+    gpu.step(dev.hidden, dev.meta(), dev.kv(), gpu_out);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cuda::take_device_errors(detail::backend_of(gpu)), 0u);
+    expect_close(gpu_out.to_host(), cpu_out, 1e-2, "step out");
+    expect_close(dev.cache.to_host(), cpu_host.cache, 1e-2, "cache after step");
+  }
+}
+
+}  // namespace
+}  // namespace mla
