@@ -12,8 +12,7 @@
 //            share of the row sums; P in registers as bf16 (the accumulator layout is the A layout)
 //   p.v:     warpgroup w owns o's dims 256 w .. 256 w + 255 for all 64 rows: O += P . V over the
 //            whole tile (HGMMA m64n256k16, V MN-major from the tile), its own half's P from
-//            registers, the other half's from shared memory (published by a CTA barrier), issued
-//            behind the next tile's q.k so it runs while that tile's scores are masked and reduced.
+//            registers, the other half's from shared memory after the CTA barrier that publishes it.
 // V rows of masked keys are zeroed in the tile before p.v (NaN x 0 is NaN). P rounded once to bf16
 // gives o a relative error of ~2e-3: only the step's partials (bf16 out) and a caller's bf16 o take
 // this kernel. Tiles come by TMA only (pages of 8+ rows, a power of two); tile j + 1's boxes go out
@@ -198,21 +197,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       const uint64_t tile_mask = (sm.key_mask[stage][0] | sm.key_mask[stage][1]) | (sm.key_mask[stage][2] | sm.key_mask[stage][3]);
       const uint32_t half_mask = uint32_t(tile_mask >> (kHalfKeys * wg));  // this warpgroup's 32 keys
 
-      // q.k: S [64 rows x 32 keys] for this warpgroup's half, then the previous tile's p.v with
-      // the other half's P (published by that tile's second barrier), which runs on the tensor
-      // cores while this tile's scores are masked and reduced below.
+      // q.k: S [64 rows x 32 keys] for this warpgroup's half. This waits for the previous tile's
+      // p.v too (one wait for both: the tensor cores run them back to back).
       float s[16];
-      auto desc_v = [&](uint32_t tile, int half, int ks) {  // keys 32 half + 16 ks .., this warpgroup's 4 slabs of dims
-        return wgmma::descriptor_sw128_mn(tile + (kHalfDims / 64 * wg) * kSlabBytes + (kHalfKeys * half + 16 * ks) * 128,
-                                          kSlabBytes);
-      };
-      const uint64_t p_other = wgmma::descriptor(ptx::smem_addr(sm.p[wg ^ 1]), kChunkStrideM, 128);
-      auto pv_other = [&](uint32_t tile) {  // O += P (the other half's, shared memory) . V (its keys)
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks)
-          wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(p_other, 2 * ks * kChunkStrideM), desc_v(tile, wg ^ 1, ks));
-        wgmma::commit();
-      };
       {
         uint64_t qd = q_desc, kd = wgmma::descriptor_sw128(kv + kHalfKeys * wg * 128);
         wgmma::fence();
@@ -230,13 +217,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           kd = wgmma::advance(kd, 32);
         }
         wgmma::commit();
-        if (j > 0) {
-          pv_other(ptx::smem_addr(sm.kv[stage ^ 1]));
-          wgmma::wait<1>();  // q.k (the p.v may still run)
-        } else {
-          wgmma::wait<0>();
-        }
+        wgmma::wait<0>();
         wgmma::fence_operand(s);
+        wgmma::fence_operand(o);
       }
       // Scores masked by a select (a NaN of a masked key goes too). Element i: row row0 + 8 half,
       // key 8 (i / 4) + 2c + (i & 1) of the half. Positions grow with the local index, so the half's
@@ -272,10 +255,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         }
         wgmma::fence_proxy_async();  // (the tensor cores read them after the barriers below)
       }
-      wgmma::wait<0>();  // the previous tile's p.v: o is whole, its stage and P read
-      wgmma::fence_operand(o);
-      // Both warpgroups are done with tile j - 1: its stage takes tile j + 1 now, and P and the
-      // maxima may be rewritten.
+      // Both warpgroups are done with tile j - 1 (their q.k of tile j waited for its p.v): its
+      // stage takes tile j + 1 now, and P and the maxima may be rewritten.
       __syncthreads();
       if (j + 1 < n_tiles) {
         issue(keys, j + 1, at + 1, next_page);
@@ -320,14 +301,22 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
           ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, pa[ks][e]);
         }
-      // p.v with this half's P from registers; the other half's goes with the next tile's q.k.
+      // p.v with this half's P from registers, then (after the barrier that publishes it) the other's.
+      auto v_desc = [&](int half, int ks) {  // keys 32 half + 16 ks .., this warpgroup's 4 slabs of dims
+        return wgmma::descriptor_sw128_mn(kv + (kHalfDims / 64 * wg) * kSlabBytes + (kHalfKeys * half + 16 * ks) * 128,
+                                          kSlabBytes);
+      };
       wgmma::fence();
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], desc_v(kv, wg, ks));
+      for (int ks = 0; ks < 2; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(wg, ks));
       wgmma::commit();
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
       __syncthreads();
-      if (j + 1 == n_tiles) pv_other(kv);
+      const uint64_t p_other = wgmma::descriptor(ptx::smem_addr(sm.p[wg ^ 1]), kChunkStrideM, 128);
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)
+        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(p_other, 2 * ks * kChunkStrideM), v_desc(wg ^ 1, ks));
+      wgmma::commit();
     }
     wgmma::wait<0>();
     wgmma::fence_operand(o);
