@@ -106,20 +106,16 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     auto pair_page = [&](const KeyStream& ks, int pair) {  // -1: none
       return tiles.issues() ? tiles.page_of(ks, 2 * pair + wg) : -1;
     };
-    auto prefetch_pair = [&](int pair, int32_t page) {  // into L2 (attend_rows_bf16.cu: why)
-      if (tiles.issues()) tiles.prefetch(keys, 2 * pair + wg, page);
-    };
     // The query's loads first, then the page ids and first boxes: the round trips overlap.
     // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
     int tid_q = tid;
     asm volatile("" : "+r"(tid_q));
     QueryTile<kRowsN, kRowThreads> query;
     query.load(p, b, m_base, rows_total, tid_q);
-    int32_t next_page = -1, later_page = -1, next_segment_page = -1;  // pairs j + 1, j + 2
+    int32_t next_page = -1, next_segment_page = -1;
     if (n_pairs > 0) {
       if (!prefetched) issue_pair(keys, 0, done, pair_page(keys, 0));
       if (n_pairs > 1) next_page = pair_page(keys, 1);
-      if (n_pairs > 2) later_page = pair_page(keys, 2);
       if (has_next) next_segment_page = pair_page(next, 0);
     }
     query.store(sm.q, tid_q);
@@ -231,9 +227,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const bool any_grows = __syncthreads_or(grows);
       if (j + 1 < n_pairs) {
         issue_pair(keys, j + 1, at + 1, next_page);
-        if (j + 2 < n_pairs) prefetch_pair(j + 2, later_page);
-        next_page = later_page;
-        if (j + 3 < n_pairs) later_page = pair_page(keys, j + 3);
+        if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
       } else if (has_next) {
         issue_pair(next, 0, at + 1, next_segment_page);
       }

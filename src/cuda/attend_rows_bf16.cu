@@ -158,22 +158,15 @@ __global__ void __launch_bounds__(kThreadsB, 1)
                              &sm.key_mask[stage][warp]);
     };
     auto page_of = [&](const KeyStream& ks, int tile) { return tiles.issues() ? tiles.page_of(ks, tile) : -1; };
-    auto prefetch = [&](int tile, int32_t page) {
-      if (tiles.issues()) tiles.prefetch<kRowSlabs>(keys, tile, page);
-    };
     // The query's loads first, then the page ids and first boxes: the round trips overlap.
     int tid_q = tid;
     asm volatile("" : "+r"(tid_q));  // (the loads' offsets would be hoisted out of the segment loop and held)
     QueryRowsBf16 query;
     query.load(p, b, m_base, rows_total, tid_q);
-    // The issuing lanes' page ids of tiles j + 1 and j + 2: at tile j's first barrier tile j + 1 is
-    // issued and tile j + 2 goes into L2 (the load of a tile is issued only half a tile ahead: two
-    // stages of 72 KB are all shared memory allows; from L2 it lands in time).
-    int32_t next_page = -1, later_page = -1, next_segment_page = -1;
+    int32_t next_page = -1, next_segment_page = -1;
     if (n_tiles > 0) {
       if (!prefetched) issue(keys, 0, done, page_of(keys, 0));
       if (n_tiles > 1) next_page = page_of(keys, 1);
-      if (n_tiles > 2) later_page = page_of(keys, 2);
       if (has_next) next_segment_page = page_of(next, 0);
     }
     query.store(sm.q, tid_q);
@@ -267,9 +260,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       __syncthreads();
       if (j + 1 < n_tiles) {
         issue(keys, j + 1, at + 1, next_page);
-        if (j + 2 < n_tiles) prefetch(j + 2, later_page);
-        next_page = later_page;
-        if (j + 3 < n_tiles) later_page = page_of(keys, j + 3);
+        if (j + 2 < n_tiles) next_page = page_of(keys, j + 2);
       } else if (has_next) {
         issue(next, 0, at + 1, next_segment_page);
       }
