@@ -27,6 +27,12 @@ inline dim3 attend_grid(const AttendParams& p, int rows_per_cta) {
   return dim3(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
 }
 
+// The same with the flat plan (AttendParams.flat_ctas key-CTAs x the row tiles) where it is on.
+inline dim3 attend_launch_grid(const AttendParams& p, int rows_per_cta) {
+  const int m_tiles = (p.heads * p.qlen + rows_per_cta - 1) / rows_per_cta;
+  return p.flat_ctas > 0 ? dim3(unsigned(p.flat_ctas) * unsigned(m_tiles)) : attend_grid(p, rows_per_cta);
+}
+
 // What a CTA serves: request b, split `split` and query rows m_base .. m_base + rows_per_cta - 1
 // (rows m = i*G + h: query i, head h). The row tiles of one (request, split) are adjacent in the
 // grid, so the CTAs that read the same keys run together and all but the first find them in L2.

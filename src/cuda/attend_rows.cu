@@ -403,8 +403,7 @@ void prepare_attend_rows_kernel() {
 }
 
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
-  const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN;
-  const dim3 grid = p.flat_ctas > 0 ? dim3(unsigned(p.flat_ctas) * unsigned(m_tiles)) : attend_grid(p, kRowsN);
+  const dim3 grid = attend_launch_grid(p, kRowsN);
   attend_rows_kernel<<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }

@@ -366,8 +366,7 @@ void prepare_attend_rows_bf16_kernel() {
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
-  const int m_tiles = (p.heads * p.qlen + kRowsM - 1) / kRowsM;
-  const dim3 grid = p.flat_ctas > 0 ? dim3(unsigned(p.flat_ctas) * unsigned(m_tiles)) : attend_grid(p, kRowsM);
+  const dim3 grid = attend_launch_grid(p, kRowsM);
   attend_rows_bf16_kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }

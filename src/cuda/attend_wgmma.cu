@@ -562,8 +562,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   MLA_REQUIRE(p.flat_ctas == 0 || (tma && p.dcp_size == 1 && p.batch <= kMaxFlatBatch),
               "attend: the flat plan needs the wgmma kernel's TMA tiles at W = 1 and B <= ", kMaxFlatBatch);
   // The flat plan: flat_ctas key-CTAs x the row tiles; else one CTA per (request, split, row tile).
-  const dim3 grid = p.flat_ctas > 0 ? dim3(unsigned(p.flat_ctas) * unsigned((p.heads * p.qlen + kN - 1) / kN))
-                                    : attend_grid(p, kN);
+  const dim3 grid = attend_launch_grid(p, kN);
   const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
   // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283).

@@ -59,6 +59,11 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
       "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),    \
       "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
+// The 16 of an m64n32 wgmma (%0 .. %15).
+#define MLA_WGMMA_D16(d)                                                                                    \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),    \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+
 // d (64 x 64 f32, this thread's 32 values) (+)= A (64 x 32 e4m3, K-major) * B (64 x 32 e4m3,
 // K-major)^T. Thread t of the warpgroup holds, for n8 block j and r in 0..3, d[4j + r] =
 // D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2] (the mma.sync C layout per
@@ -95,8 +100,7 @@ __device__ __forceinline__ void mma_m64n32k32_e4m3(float (&d)[16], uint64_t a, u
       "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : MLA_WGMMA_D16(d)
       : "l"(a), "l"(b), "r"(int32_t(accumulate)));
 }
 
