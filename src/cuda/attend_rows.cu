@@ -16,9 +16,10 @@
 //         O^T [256 x 64] += V^T . P^T  over both tiles in one stream of 8 k16 steps (HGMMA
 //         m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and widening in registers)
 // so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
-// Tiles come by TMA only (pages of 8+ rows, a power of two): pair j + 1's boxes go out after pair
-// j's q.k, at the CTA barrier that says both warpgroups finished pair j - 1, warpgroup u's warps
-// sharing tile u's boxes (TmaTiles: warp 0 alone was 9-18% slower). The
+// Tiles come by TMA (pages of 8+ rows, a power of two) or, for other pages, gathered a row at a
+// time by cp.async into the same layout (v17): pair j + 1's copies go out after pair j's q.k, at
+// the CTA barrier that says both warpgroups finished pair j - 1, warpgroup u's warps sharing tile
+// u's boxes (TmaTiles: warp 0 alone was 9-18% slower) or its 128 threads its rows. The
 // step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
 // fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
 // Measured versions (H200): docs/attention.md, v13-v13i and v15 (reverted).
@@ -64,11 +65,16 @@ struct RowsSmem {
   float final_m[kRowsN], final_d[kRowsN];               // a row's softmax state at the end
   alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier: an arrival a slot)
   uint64_t key_mask[2][kGroups][4];                     // its real keys, by the warp that issued them
+  const uint8_t* rows[2][kGroups][kTileKeys];           // cp.async tiles: [pair & 1][tile]: row or null (masked)
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment, next_segment;
 };
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem)) + 1024; }
+static_assert(rows_smem_bytes() <= 227 * 1024, "over the H200's shared memory a block");
 
+// kTma: tiles as whole pages by TMA; else gathered a row at a time by cp.async (pages of 1-4 rows,
+// or not a power of two), in the same swizzled layout, completing on the same mbarriers.
+template <bool kTma>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
@@ -82,7 +88,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < 2; ++s)
       for (int u = 0; u < kGroups; ++u) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), TmaTiles::slots(p));
+        // TMA: an arrival an issuing warp; cp.async: one a thread of the warpgroup (arrive.noinc)
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), kTma ? TmaTiles::slots(p) : 128);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][u][k] = 0;  // slots past TmaTiles::slots(p) stay 0
       }
     tma::fence_barrier_init();  // published by the first segment's CTA barrier
@@ -98,13 +105,45 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     // past the segment issues no box but still arrives on its mbarrier (0 bytes), so every mbarrier
     // completes one phase a pair and the parity is (at / 2) & 1 for both tiles.
     auto issue_pair = [&](const KeyStream& ks, int pair, int at, int32_t page) {
-      if (!tiles.issues()) return;
       const int stage = at & 1;
-      tiles.issue(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]), ptx::smem_addr(&sm.full[stage][wg]),
-                  &sm.key_mask[stage][wg][warp]);
+      if constexpr (kTma) {
+        if (!tiles.issues()) return;
+        tiles.issue(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]),
+                    ptx::smem_addr(&sm.full[stage][wg]), &sm.key_mask[stage][wg][warp]);
+      } else {
+        // cp.async: the warpgroup's 128 threads copy tile 2 pair + wg from the published rows, a warp
+        // 32 consecutive 16-byte chunks (of one or two rows) an instruction, into the swizzled slabs;
+        // a masked key's row is zero-filled. Each thread's copies arrive on the mbarrier when done.
+        const uint32_t dst = ptx::smem_addr(&sm.kv[stage][wg][0]);
+        const uint8_t* const* rows = sm.rows[pair & 1][wg];
+        const int t = tid % 128;
+#pragma unroll 6
+        for (int k = 0; k < kTileKeys * kChunks / 128; ++k) {
+          const int i = t + 128 * k, key = i / kChunks, chunk = i % kChunks;
+          const uint8_t* row = rows[key];
+          ptx::cp_async_16(dst + tile_offset<true>(key, chunk),
+                           row ? row + 16 * chunk : static_cast<const uint8_t*>(p.cache), row != nullptr, p.l1_copies);
+        }
+        tma::cp_async_arrive_noinc(ptx::smem_addr(&sm.full[stage][wg]));
+      }
     };
-    auto pair_page = [&](const KeyStream& ks, int pair) {  // -1: none
-      return tiles.issues() ? tiles.page_of(ks, 2 * pair + wg) : -1;
+    auto pair_page = [&](const KeyStream& ks, int pair) {  // TMA: -1: none
+      return kTma && tiles.issues() ? tiles.page_of(ks, 2 * pair + wg) : -1;
+    };
+    // cp.async: thread t < 64 of warpgroup u loads the page id of key t of tile 2 pair + u a pair
+    // before it publishes the row (a whole pair hides the dependent load) and the tile's real keys
+    // (key_mask[stage][u], slots 0 and 1), a pair before the copies read them.
+    auto key_of = [&](int pair) {
+      return !kTma && pair < n_pairs && tid % 128 < kTileKeys ? keys.page_of(p, 2 * pair + wg, tid % 128) : KeyRow{};
+    };
+    auto publish_pair = [&](const KeyRow& k, int pair, int at) {
+      if (tid % 128 >= kTileKeys) return;
+      const uint8_t* row;
+      int32_t pos;
+      keys.publish(p, k, row, pos);
+      sm.rows[pair & 1][wg][tid % 128] = row;
+      const uint32_t real = __ballot_sync(0xffffffffu, row != nullptr);
+      if (lane == 0) sm.key_mask[at & 1][wg][warp] = uint64_t(real) << (32 * warp);
     };
     // The query's loads first, then the page ids and first boxes: the round trips overlap.
     // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
@@ -113,15 +152,23 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     QueryTile<kRowsN, kRowThreads> query;
     query.load(p, b, m_base, rows_total, tid_q);
     int32_t next_page = -1, next_segment_page = -1;
-    if (n_pairs > 0) {
-      if (!prefetched) issue_pair(keys, 0, done, pair_page(keys, 0));
-      if (n_pairs > 1) next_page = pair_page(keys, 1);
-      if (has_next) next_segment_page = pair_page(next, 0);
+    KeyRow ahead{};  // cp.async: the page id of pair j + 2's key, published at pair j's barrier
+    if constexpr (kTma) {
+      if (n_pairs > 0) {
+        if (!prefetched) issue_pair(keys, 0, done, pair_page(keys, 0));
+        if (n_pairs > 1) next_page = pair_page(keys, 1);
+        if (has_next) next_segment_page = pair_page(next, 0);
+      }
+    } else {  // (fixed splits only: one segment a CTA, nothing prefetched)
+      publish_pair(key_of(0), 0, done);
+      publish_pair(key_of(1), 1, done + 1);
+      ahead = key_of(2);
     }
     query.store(sm.q, tid_q);
     if (tid < kRowsN) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);  // (published below)
     wgmma::fence_proxy_async();
     __syncthreads();
+    if (!kTma && n_pairs > 0) issue_pair(keys, 0, done, -1);  // the rows published above
 
     // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a tile past
     // it takes the per-row rule (rows past the request's see nothing), from shared memory.
@@ -227,8 +274,13 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const bool any_grows = __syncthreads_or(grows);
       if (j + 1 < n_pairs) {
         issue_pair(keys, j + 1, at + 1, next_page);
-        if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
-      } else if (has_next) {
+        if constexpr (kTma) {
+          if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
+        } else {  // pair j's rows and key masks are read: pair j + 2's go there
+          publish_pair(ahead, j + 2, at + 2);
+          ahead = key_of(j + 3);
+        }
+      } else if (kTma && has_next) {
         issue_pair(next, 0, at + 1, next_segment_page);
       }
       if (any_grows) {
@@ -398,13 +450,17 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
 }
 
 void prepare_attend_rows_kernel() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes()));
 }
 
-void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
+void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
+  MLA_REQUIRE(tma || p.flat_ctas == 0, "attend: the flat plan needs TMA tiles");
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  attend_rows_kernel<<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
+  if (tma) attend_rows_kernel<true><<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
+  else attend_rows_kernel<false><<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -567,9 +567,17 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
   // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283).
   auto go = [&](auto kernel, int smem) { kernel<<<grid, kThreads, smem, stream>>>(p, map); };
-  if (tma && p.many_rows) {  // many rows a key: 64-row CTAs (attend_rows.cu, attend_rows_bf16.cu)
-    if (p.q_fp8) launch_attend_rows(p, map, stream);
-    else launch_attend_rows_bf16(p, map, stream);
+  // Many rows a key: 64-row CTAs. attend_rows_bf16.cu takes TMA tiles only (attend_rows_bf16_applies);
+  // attend_rows.cu TMA tiles or, for other pages, rows gathered by cp.async (16-byte aligned rows,
+  // chunks rounded to whole tiles as with TMA: the step's partials or one split).
+  if (p.many_rows && !p.q_fp8) {
+    launch_attend_rows_bf16(p, map, stream);
+    return;
+  }
+  const bool gather = reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 &&
+                      p.page_stride % 16 == 0 && (p.step_partials || p.splits == 1);
+  if (p.many_rows && (tma || gather)) {
+    launch_attend_rows(p, map, tma, stream);
     return;
   }
   MLA_REQUIRE(p.q_fp8 && p.cache_fp8, "attend: the 16-row wgmma kernel takes an fp8 query and cache");

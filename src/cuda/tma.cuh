@@ -54,4 +54,10 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
       : "memory");
 }
 
+// The mbarrier gets one arrival when all of this thread's earlier cp.async copies have landed
+// (.noinc: the arrival is one of those its init count expects).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 }  // namespace mla::cuda::tma

@@ -1,11 +1,12 @@
-// The bf16 many-rows attend kernel (src/cuda/attend_rows_bf16.cu) inside whole steps against the CPU
-// backend: a bf16 query and cache at shapes where the planner picks 64-row CTAs by its own rule
-// (48+ query rows a request, a batch that fills a quarter wave), so these cases reach the kernel
-// without MLA_ATTEND_ROWS_MIN. Head counts that leave the second row tile part-empty, qlen 1-4,
-// page sizes 8/16/32/64/128, even batches (fixed splits) and uneven ones with empty and short
-// requests (the flat plan), NaN in unused pages and page tails, poisoned outputs. (scripts/
-// device-check also runs every random case with MLA_ATTEND_ROWS_MIN=1, which sends every bf16
-// step with TMA-able pages here.) Without a GPU every test skips.
+// The many-rows attend kernels inside whole steps against the CPU backend, at shapes where the
+// planner picks 64-row CTAs by its own rule (48+ query rows a request, a batch that fills a quarter
+// wave), so these cases reach them without MLA_ATTEND_ROWS_MIN: the bf16 kernel
+// (src/cuda/attend_rows_bf16.cu, a bf16 query and cache, TMA pages) and the fp8 kernel's gathered
+// tiles (src/cuda/attend_rows.cu on pages TMA cannot box: 1, 2, 4, 48 rows). Head counts that leave
+// the second row tile part-empty, qlen 1-8, even batches (fixed splits) and uneven ones with empty
+// and short requests (the flat plan where TMA allows), NaN in unused pages and page tails, poisoned
+// outputs. (scripts/device-check also runs every random case with MLA_ATTEND_ROWS_MIN=1.) Without
+// a GPU every test skips.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -26,23 +27,16 @@ namespace {
 
 using testing::expect_close;
 
-TEST(RowsBf16, StepMatchesCpu) {
-  MLA_SKIP_WITHOUT_GPU("the bf16 many-rows kernel tests");
+struct Shape {
+  const char* preset;
+  int heads, qlen, batch, page, max_context;
+  bool uneven;
+};
+
+// Each shape's whole step on both backends (same weights, same inputs), kv and query in `dtype`.
+void steps_match_cpu(const std::vector<Shape>& shapes, DType dtype, uint64_t seed) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  struct Shape {
-    const char* preset;
-    int heads, qlen, batch, page, max_context;
-    bool uneven;
-  };
-  const Shape shapes[] = {
-      {"deepseek-v3", 100, 1, 36, 64, 700, false},  // 100 rows: the second row tile 36 of 64
-      {"kimi-k3", 16, 4, 40, 16, 500, true},         // 64 rows, qlen 4 (causal inside the tile)
-      {"kimi-k2", 24, 3, 40, 32, 600, false},        // 72 rows
-      {"deepseek-v3", 64, 1, 40, 8, 400, true},      // 8-row boxes: 8 a tile
-      {"kimi-k3", 12, 8, 40, 128, 900, true},        // 96 rows, qlen 8, one 64-row box in a page of 128
-  };
-  uint64_t seed = 900;
   for (const Shape& sh : shapes) {
     ++seed;
     const LayerConfig cfg = testing::small_config(sh.preset, GateLayout::merged, sh.heads);
@@ -59,7 +53,7 @@ TEST(RowsBf16, StepMatchesCpu) {
     spec.cfg = cfg;
     spec.qlen = sh.qlen;
     spec.page_size = sh.page;
-    spec.kv_dtype = DType::bf16;
+    spec.kv_dtype = dtype;
     spec.spare_pages = 3;
     spec.seed = seed;
     for (int b = 0; b < sh.batch; ++b) {
@@ -75,7 +69,7 @@ TEST(RowsBf16, StepMatchesCpu) {
     const synth::Scenario host = synth::make_scenario(spec, w.k_scale);
     const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
     auto options = [&](Backend backend) {
-      return LayerOptions{.backend = backend, .q_dtype = DType::bf16, .max_tokens = int(s), .num_threads = 2};
+      return LayerOptions{.backend = backend, .q_dtype = dtype, .max_tokens = int(s), .num_threads = 2};
     };
     Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
     synth::Scenario dev = synth::to_device(host);
@@ -90,6 +84,27 @@ TEST(RowsBf16, StepMatchesCpu) {
     expect_close(gpu_out.to_host(), cpu_out, 1e-2, "step out");
     expect_close(dev.cache.to_host(), cpu_host.cache, 1e-2, "cache after step");
   }
+}
+
+TEST(ManyRows, Bf16StepMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
+  steps_match_cpu({{"deepseek-v3", 100, 1, 36, 64, 700, false},  // 100 rows: the second row tile 36 of 64
+                   {"kimi-k3", 16, 4, 40, 16, 500, true},         // 64 rows, qlen 4 (causal inside the tile)
+                   {"kimi-k2", 24, 3, 40, 32, 600, false},        // 72 rows
+                   {"deepseek-v3", 64, 1, 40, 8, 400, true},      // 8-row boxes: 8 a tile
+                   {"kimi-k3", 12, 8, 40, 128, 900, true}},       // 96 rows, qlen 8, a 64-row box in a page of 128
+                  DType::bf16, 900);
+}
+
+// Pages TMA cannot box: the fp8 many-rows kernel gathers its tiles a row at a time (fixed splits).
+TEST(ManyRows, GatheredTilesStepMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
+  steps_match_cpu({{"deepseek-v3", 100, 1, 36, 1, 700, false},
+                   {"kimi-k3", 16, 4, 40, 1, 500, true},
+                   {"kimi-k2", 24, 3, 40, 2, 600, false},
+                   {"deepseek-v3", 64, 1, 40, 4, 400, true},
+                   {"kimi-k3", 12, 8, 40, 48, 900, true}},
+                  DType::fp8_e4m3, 950);
 }
 
 }  // namespace
