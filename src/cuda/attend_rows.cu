@@ -206,6 +206,9 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
         key_mask[u] = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
       }
+      // Gathered rows are generic-proxy writes, seen complete through the mbarrier: ordered before
+      // the tensor cores' reads (async proxy) by each reading thread (TMA writes are async already).
+      if constexpr (!kTma) wgmma::fence_proxy_async();
       // q.k in f32-summed groups of kQkGroup k32 steps, pipelined across the pair's tiles: a tile's
       // group is summed while the other tile's is on the tensor cores, then its next group goes out
       // (wait<1>: the newest commit may still run), so the nine groups' latencies overlap instead of
