@@ -547,6 +547,11 @@ bool attend_wgmma_uses_tma(const AttendParams& p) {
          (p.step_partials || p.splits == 1);
 }
 
+bool attend_rows_gathers(const AttendParams& p) {
+  return !attend_wgmma_uses_tma(p) && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 &&
+         p.page_stride % 16 == 0 && (p.step_partials || p.splits == 1);
+}
+
 void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, false>();
   set_smem_limit<2, 2, false>();
@@ -574,9 +579,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
     launch_attend_rows_bf16(p, map, stream);
     return;
   }
-  const bool gather = reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 &&
-                      p.page_stride % 16 == 0 && (p.step_partials || p.splits == 1);
-  if (p.many_rows && (tma || gather)) {
+  if (p.many_rows && (tma || attend_rows_gathers(p))) {
     launch_attend_rows(p, map, tma, stream);
     return;
   }

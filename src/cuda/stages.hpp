@@ -169,6 +169,10 @@ inline constexpr int kAttendRowsMinDefault = 48;
 inline constexpr int kAttendRowsPerCta = 64;
 int attend_rows_min();
 bool attend_rows_wanted(int batch, int rows, int sms);
+// Where the fp8 many-rows kernel cannot take TMA tiles (pages of 1-4 rows, not a power of two), it
+// gathers its tiles a row at a time by cp.async: rows 16-byte aligned, and the chunks rounded to
+// whole tiles as with TMA (the step's partials, or one split); else the 16-row kernel takes them.
+bool attend_rows_gathers(const AttendParams& p);
 void prepare_attend_rows_kernel();
 // The bf16 many-rows kernel (attend_rows_bf16.cu): where the planner asked for many rows, with a
 // bf16 query and cache, TMA tiles, a one-rounded P (the step's partials, or a caller's bf16 o under

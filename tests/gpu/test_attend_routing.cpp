@@ -125,5 +125,32 @@ TEST(AttendRouting, Bf16ManyRowsOnlyForTheStepsBf16PartialsOnTmaPages) {
   EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
 }
 
+
+// The fp8 many-rows kernel's gathered tiles: pages TMA cannot box, 16-byte aligned rows, chunks
+// that may be rounded to whole tiles.
+TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
+  if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
+  std::vector<float> o(8);
+  alignas(16) static uint8_t cache[32];
+  cuda::AttendParams p = step_partials_params(o.data());
+  p.cache = cache;
+  p.row_stride = 576, p.num_pages = 100, p.splits = 4;
+  for (int page : {1, 2, 4, 48}) {
+    p.page_size = page, p.page_stride = int64_t(page) * 576;
+    EXPECT_TRUE(cuda::attend_rows_gathers(p)) << "page " << page;
+  }
+  p.page_size = 64, p.page_stride = 64 * 576;  // TMA boxes instead
+  EXPECT_FALSE(cuda::attend_rows_gathers(p));
+  cuda::AttendParams q = p;
+  q.page_size = 1, q.page_stride = 576;
+  q.cache = cache + 8;  // rows not 16-byte aligned
+  EXPECT_FALSE(cuda::attend_rows_gathers(q));
+  q.cache = cache;
+  q.step_partials = false;  // a caller's split partials keep SPEC's chunks
+  EXPECT_FALSE(cuda::attend_rows_gathers(q));
+  q.splits = 1;
+  EXPECT_TRUE(cuda::attend_rows_gathers(q));
+}
+
 }  // namespace
 }  // namespace mla
