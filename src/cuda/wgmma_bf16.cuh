@@ -78,16 +78,19 @@ __device__ __forceinline__ void mma_m64n32k16_bf16_rs(float (&d)[16], const uint
   "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, " \
   "%122, %123, %124, %125, %126, %127}, "
 
+// Both forms below: an accumulating (scale-d = 1) m64n256k16 bf16 HGMMA up to its A operand.
+#define MLA_HGMMA_M64N256_BF16                                 \
+  "{\n"                                                        \
+  ".reg .pred p;\n"                                            \
+  "setp.ne.b32 p, 1, 0;\n"                                     \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " MLA_WGMMA_D128_TEXT
+
 // d (64 x 256 f32, 128 a thread: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2])
 // += A (64 x 16 bf16) * B (16 K x 256 N bf16, MN-major, smem: descriptor_sw128_mn), A from registers
 // (each warp its 16 rows in the mma.sync m16n8k16 A layout) ...
 __device__ __forceinline__ void mma_m64n256k16_bf16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      MLA_WGMMA_D128_TEXT
+      MLA_HGMMA_M64N256_BF16
       "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
       "}\n"
       : MLA_WGMMA_D128(d)
@@ -96,11 +99,7 @@ __device__ __forceinline__ void mma_m64n256k16_bf16_rs(float (&d)[128], const ui
 // ... or from shared memory (K-major).
 __device__ __forceinline__ void mma_m64n256k16_bf16_ss(float (&d)[128], uint64_t a, uint64_t b) {
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      MLA_WGMMA_D128_TEXT
+      MLA_HGMMA_M64N256_BF16
       "%128, %129, p, 1, 1, 0, 1;\n"
       "}\n"
       : MLA_WGMMA_D128(d)
