@@ -20,14 +20,11 @@
 // Shared memory: 2 stages x 72 KB + the 64 KB query + 8 KB P. Measured versions: docs/attention.md.
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
-#include "cuda/flat_plan.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 #include "cuda/tma.cuh"
