@@ -2,22 +2,29 @@
 //
 // The fp8 many-rows kernel (attend_rows.cu) puts keys on wgmma's M side because fp8 operands must
 // be K-major; bf16 ones may be MN-major, so here the query rows are M and V is read straight from
-// the cache rows as TMA wrote them (FlashMLA's layout): a CTA takes 64 query rows with two
-// warpgroups at one CTA an SM and streams 64-key tiles (nine 128-byte slabs a key row):
-//   q.k:     warpgroup w scores its half of the tile, keys 32 w .. 32 w + 31, for all 64 rows:
-//            S [64 rows x 32 keys] = Q . K^T (HGMMA m64n32k16; the query's dims 0..511 from shared
-//            memory, its rope dims 512..575 from registers, which leaves room for two stages)
-//   softmax: the rows' maxima of both halves meet in shared memory, so both warpgroups move every
-//            row's running maximum the same way (lazily: only past 2^8) and each keeps its own
-//            share of the row sums; P in registers as bf16 (the accumulator layout is the A layout)
-//   p.v:     warpgroup w owns o's dims 256 w .. 256 w + 255 for all 64 rows: O += P . V over the
-//            whole tile (HGMMA m64n256k16, V MN-major from the tile), its own half's P from
-//            registers, the other half's from shared memory after the CTA barrier that publishes it.
-// V rows of masked keys are zeroed in the tile before p.v (NaN x 0 is NaN). P rounded once to bf16
-// gives o a relative error of ~2e-3: only the step's partials (bf16 out) and a caller's bf16 o take
-// this kernel. Tiles come by TMA only (pages of 8+ rows, a power of two); tile j + 1's boxes go out
-// at tile j's first CTA barrier, which says both warpgroups are done with tile j - 1.
-// Shared memory: 2 stages x 72 KB + the 64 KB query + 8 KB P. Measured versions: docs/attention.md.
+// the cache rows as TMA wrote them (FlashMLA's layout). A CTA takes 64 query rows with two
+// warpgroups at one CTA an SM and streams 64-key tiles (nine 128-byte slabs a key row) through two
+// buffers, FlashMLA's "seesaw" (v18; docs/attention.md):
+//   ownership: tile j of a segment (in buffer (done + j) & 1) is owned by warpgroup j & 1, which
+//            scores it alone: S [64 rows x 64 keys] = Q . K^T (HGMMA m64n64k16; the query's dims
+//            0..511 from shared memory, its rope dims 512..575 from registers)
+//   softmax: the running maxima pass from owner to owner in tile order: the owner of j takes
+//            m(j - 1) from the other warpgroup, moves it lazily (only past 2^8) to m(j), writes P(j)
+//            as bf16 into the tile's rope slab (free once its q.k is done) and m(j) to shared
+//            memory, and signals on a named barrier (one a direction); each warpgroup keeps its
+//            share of the row sums
+//   p.v:     warpgroup w owns o's dims 256 w .. 256 w + 255 for all 64 rows and adds P(j) V(j) for
+//            every tile in order (HGMMA m64n256k16, V MN-major from the tile's slabs 4w .. 4w + 3):
+//            P from registers for its own tiles, from the rope slab for the other's
+//   overlap: a warpgroup issues q.k of its next tile before it waits for the other's P, so one
+//            warpgroup's softmax runs under the other's MMAs; no CTA barrier in the loop
+//   loads:   warpgroup w loads its dims' slabs of every tile and the rope slab of the other's
+//            tiles (an mbarrier a part and buffer), each right after its own last p.v of the tile
+//            that held them, so nothing waits for the other warpgroup to release a buffer
+// V rows of masked keys are zeroed in the tile before p.v (NaN x 0 is NaN) by the warpgroup whose
+// dims they are. P rounded once to bf16 gives o a relative error of ~2e-3: only the step's partials
+// (bf16 out) and a caller's bf16 o take this kernel. Tiles come by TMA only (pages of 8+ rows, a
+// power of two). Shared memory: 2 buffers x 72 KB + the 64 KB query. Measured: docs/attention.md.
 #include <cuda_bf16.h>
 
 #include "core/softmax_state.hpp"
@@ -40,23 +47,28 @@ using namespace wgmma_attend;
 constexpr int kRowsM = kAttendRowsPerCta;              // query rows a CTA: wgmma M (64)
 constexpr int kGroups = 2;                             // warpgroups
 constexpr int kThreadsB = 128 * kGroups;
-constexpr int kHalfKeys = kTileKeys / kGroups;         // keys a warpgroup scores (32)
 constexpr int kRowSlabs = 2 * kRow / 128;              // 128-byte slabs of a bf16 key row (9)
 constexpr int kTileBytesB = kRowSlabs * kSlabBytes;    // 72 KB
+constexpr int kDimSlabs = kLatent / 64 / kGroups;      // slabs of a warpgroup's dims (4)
+constexpr int kRopeSlab = kLatent / 64;                // the rope dims' slab (8), then P
 constexpr int kQkSmemSteps = kLatent / 16;             // q.k k16 steps from shared memory (32)
 constexpr int kRopeSteps = (kRow - kLatent) / 16;      // ... and from registers (4)
+constexpr int kPvSteps = kTileKeys / 16;               // p.v k16 steps a tile (4)
 constexpr int kHalfDims = kLatent / kGroups;           // o's dims a warpgroup (256)
 constexpr int kChunkStrideM = kRowsM / 8 * 128;        // K-major core-matrix tiles of 64 rows: 1024
 constexpr int kQChunks = kLatent * 2 / 16;             // the query's 16-byte chunks in shared memory (64)
+constexpr int kBarPublished = 1;                       // + w: warpgroup w published a tile (named barrier)
+constexpr int kBarGroup = 3;                           // + w: warpgroup w's 128 threads
+static_assert(kTileKeys / 8 * kChunkStrideM == kSlabBytes, "P [64 rows x 64 keys] fills the rope slab");
 
 struct Bf16RowsSmem {
-  alignas(1024) uint8_t kv[2][kTileBytesB];              // [stage], swizzled slabs (tile_offset<true>)
+  alignas(1024) uint8_t kv[2][kTileBytesB];              // [buffer], swizzled slabs (tile_offset<true>)
   alignas(128) uint8_t q[kQChunks * kChunkStrideM];     // dims 0..511: wgmma::kmajor_offset(row, chunk)
-  alignas(128) uint8_t p[kGroups][kHalfKeys / 8 * kChunkStrideM];  // each half's P, the same layout
-  float red[kGroups][kRowsM];                            // each half's row maxima, then row sums
+  float m_pub[2][kRowsM];                                // the running maxima after tile j ([j & 1], log2 units)
+  float red[kGroups][kRowsM];                            // each warpgroup's share of the row sums
   int32_t limit[kRowsM];                                 // a row's last visible position (causal)
-  alignas(8) uint64_t full[2];                           // a tile landed (mbarrier: an arrival a slot)
-  uint64_t key_mask[2][4];                               // its real keys, by the warp that issued them
+  alignas(8) uint64_t full[2][3];                        // [buffer][part]: warpgroup 0's, 1's slabs, the rope slab
+  uint64_t key_mask[2][kGroups][4];                      // a tile's real keys, by each warpgroup's issuing warps
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment, next_segment;
 };
@@ -130,41 +142,49 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows.cu: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+  const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32;
+  // The warpgroup through a shuffle, so ptxas knows it is warp-uniform: branches on it around
+  // wgmma are then not divergent (ptxas would serialize every wgmma of the kernel, C7520).
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int g = lane / 4, c = lane % 4;
   const int row0 = 16 * warp + g;  // this thread's rows: row0 (h = 0) and row0 + 8 (h = 1)
   const CtaWork cta(p, kRowsM, tid);
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   if (tid == 0) {
-    for (int s = 0; s < 2; ++s) {
-      tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTiles::slots(p));
-      for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;  // slots past TmaTiles::slots(p) stay 0
+    for (int b = 0; b < 2; ++b) {
+      for (int part = 0; part < 3; ++part) tma::mbarrier_init(ptx::smem_addr(&sm.full[b][part]), TmaTiles::slots(p));
+      for (int w = 0; w < kGroups; ++w)
+        for (int k = 0; k < 4; ++k) sm.key_mask[b][w][k] = 0;  // slots past TmaTiles::slots(p) stay 0
     }
     tma::fence_barrier_init();  // published by the first segment's CTA barrier
   }
-  int done = 0;  // tiles consumed by earlier segments (stage and parity run on)
-  const TmaTiles tiles(p, &cache_map, lane, wg == 0 ? warp : 4);  // warpgroup 0's warps issue the boxes
+  int done = 0;  // tiles consumed by earlier segments (buffer and parity run on)
+  const TmaTiles tiles(p, &cache_map, lane, warp);  // each warpgroup's warps issue its own parts
 
-  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
-    const KeyStream& next = sm.next_segment;
+  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool, bool) {
     const int n_tiles = keys.n_tiles();
-    auto issue = [&](const KeyStream& ks, int tile, int at, int32_t page) {
+    auto buffer = [&](int j) { return (done + j) & 1; };
+    auto parity = [&](int j) { return uint32_t((done + j) >> 1) & 1; };
+    auto kv_of = [&](int j) { return ptx::smem_addr(sm.kv[buffer(j)]); };
+    auto bar_of = [&](int j, int part_) { return ptx::smem_addr(&sm.full[buffer(j)][part_]); };
+    // This warpgroup's loads of tile j, in tile order (load_page: j's page id, loaded a tile ahead):
+    // its dims' slabs, and the rope slab of a tile the other warpgroup owns.
+    int32_t load_page = -1;
+    auto load = [&](int j) {
       if (!tiles.issues()) return;
-      const int stage = at & 1;
-      tiles.issue<kRowSlabs>(ks, tile, page, ptx::smem_addr(sm.kv[stage]), ptx::smem_addr(&sm.full[stage]),
-                             &sm.key_mask[stage][warp]);
+      tiles.issue<kDimSlabs>(keys, j, load_page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp], kDimSlabs * wg);
+      if ((j & 1) != wg) tiles.issue<1>(keys, j, load_page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
+      load_page = j + 1 < n_tiles ? tiles.page_of(keys, j + 1) : -1;
     };
-    auto page_of = [&](const KeyStream& ks, int tile) { return tiles.issues() ? tiles.page_of(ks, tile) : -1; };
     // The query's loads first, then the page ids and first boxes: the round trips overlap.
     int tid_q = tid;
     asm volatile("" : "+r"(tid_q));  // (the loads' offsets would be hoisted out of the segment loop and held)
     QueryRowsBf16 query;
     query.load(p, b, m_base, rows_total, tid_q);
-    int32_t next_page = -1, next_segment_page = -1;
-    if (n_tiles > 0) {
-      if (!prefetched) issue(keys, 0, done, page_of(keys, 0));
-      if (n_tiles > 1) next_page = page_of(keys, 1);
-      if (has_next) next_segment_page = page_of(next, 0);
+    if (n_tiles > 0 && tiles.issues()) {
+      load_page = tiles.page_of(keys, 0);
+      load(0);
+      if (n_tiles > 1) load(1);
     }
     query.store(sm.q, tid_q);
     uint32_t q_rope[kRopeSteps][4];
@@ -173,7 +193,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     wgmma::fence_proxy_async();
     __syncthreads();
 
-    // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a half past
+    // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a tile past
     // it takes the per-row rule (rows past the request's see nothing).
     const int32_t min_limit = keys.limit(p, m_base, rows_total);
     const int32_t row_limit[2] = {sm.limit[row0], sm.limit[row0 + 8]};
@@ -186,89 +206,119 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     auto position = [&](int64_t jj) {
       return keys.plain_positions ? jj : dcp_global_position(jj, p.dcp_size, p.dcp_rank, p.dcp_interleave);
     };
-
-    for (int j = 0; j < n_tiles; ++j) {
-      const int at = done + j, stage = at & 1;
-      const uint32_t kv = ptx::smem_addr(sm.kv[stage]);
-      tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage]), (at >> 1) & 1);
-      const uint64_t tile_mask = (sm.key_mask[stage][0] | sm.key_mask[stage][1]) | (sm.key_mask[stage][2] | sm.key_mask[stage][3]);
-      const uint32_t half_mask = uint32_t(tile_mask >> (kHalfKeys * wg));  // this warpgroup's 32 keys
-
-      // q.k: S [64 rows x 32 keys] for this warpgroup's half. This waits for the previous tile's
-      // p.v too (one wait for both: the tensor cores run them back to back).
-      float s[16];
-      {
-        uint64_t qd = q_desc, kd = wgmma::descriptor_sw128(kv + kHalfKeys * wg * 128);
-        wgmma::fence();
+    auto v_desc = [&](uint32_t kv, int ks) {  // keys 16 ks .. of the tile, this warpgroup's 4 slabs of dims
+      return wgmma::descriptor_sw128_mn(kv + kDimSlabs * wg * kSlabBytes + 16 * ks * 128, kSlabBytes);
+    };
+    auto key_mask = [&](int j) {  // tile j's real keys (after a wait on this warpgroup's part of it)
+      const uint64_t* m = sm.key_mask[buffer(j)][wg];
+      return (m[0] | m[1]) | (m[2] | m[3]);
+    };
+    // V rows of tile j's masked keys (past the segment, on a bad page: whatever the buffer held, NaN
+    // included) to zero in this warpgroup's slabs, before its p.v reads them and after the owner's
+    // q.k is done with them; then this warpgroup's threads meet (the tensor cores read them next).
+    auto zero_masked = [&](int j, uint64_t mask) {
+      if (mask == ~0ull) return;
+      uint8_t* slabs = sm.kv[buffer(j)] + kDimSlabs * wg * kSlabBytes;
+#pragma unroll 4
+      for (int k = 0; k < kTileKeys * kDimSlabs * 8 / 128; ++k) {  // 16 16-byte chunks a thread
+        const int unit = tid % 128 + 128 * k, key = unit / 32, slab = (unit / 8) % kDimSlabs, chunk = unit % 8;
+        if (!((mask >> key) & 1))
+          *reinterpret_cast<uint4*>(&slabs[slab * kSlabBytes + key * 128 + 16 * chunk]) = make_uint4(0, 0, 0, 0);
+      }
+      wgmma::fence_proxy_async();
+      ptx::named_sync(kBarGroup + wg, 128);
+    };
+    auto rescale = [&](const float (&alpha)[2]) {
 #pragma unroll
-        for (int t = 0; t < kQkSmemSteps; ++t) {
-          wgmma::mma_m64n32k16_bf16(s, qd, kd, t > 0);
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    };
+
+    // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
+    auto qk = [&](int t, float (&s)[32]) {
+      const uint32_t kv = kv_of(t);
+#pragma unroll
+      for (int half = 0; half < kGroups; ++half) {
+        const int w = half ^ wg;
+        tma::wait_parity_forever(bar_of(t, w), parity(t));
+        wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
+        uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
+        uint64_t kd = wgmma::descriptor_sw128(kv + kDimSlabs * w * kSlabBytes);
+#pragma unroll
+        for (int k = 0; k < kQkSmemSteps / 2; ++k) {
+          wgmma::mma_m64n64k16_bf16(s, qd, kd, half > 0 || k > 0);
           // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
           qd = wgmma::advance(qd, 2 * kChunkStrideM);
-          kd = wgmma::advance(kd, (t & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
+          kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
           asm volatile("" : "+l"(qd), "+l"(kd));  // (unrolled, ptxas would hold every descriptor at once)
         }
-#pragma unroll
-        for (int t = 0; t < kRopeSteps; ++t) {
-          wgmma::mma_m64n32k16_bf16_rs(s, q_rope[t], kd);
-          kd = wgmma::advance(kd, 32);
-        }
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::fence_operand(s);
-        wgmma::fence_operand(o);
       }
-      // Scores masked by a select (a NaN of a masked key goes too). Element i: row row0 + 8 half,
-      // key 8 (i / 4) + 2c + (i & 1) of the half. Positions grow with the local index, so the half's
-      // last key decides whether every row sees all of it.
-      const int64_t key0 = keys.k_begin + int64_t(j) * kTileKeys + kHalfKeys * wg;
+      tma::wait_parity_forever(bar_of(t, 2), parity(t));
+      wgmma::fence();
+      uint64_t kd = wgmma::descriptor_sw128(kv + kRopeSlab * kSlabBytes);
 #pragma unroll
-      for (int i = 0; i < 16; ++i)
-        if (!((half_mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
-      if (position(key0 + kHalfKeys - 1) > min_limit) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-          if (position(key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
+      for (int k = 0; k < kRopeSteps; ++k) {
+        wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kd);
+        kd = wgmma::advance(kd, 32);
       }
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int i = 0; i < 16; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      }
-      if (c == 0) sm.red[wg][row0] = mx[0], sm.red[wg][row0 + 8] = mx[1];
-      // V rows of this half's masked keys (past the segment, on a bad page: whatever the buffer
-      // held, NaN included) to zero before p.v reads them; this warpgroup's q.k is done with them.
-      if (half_mask != 0xFFFFFFFFu) {
-        const int t = tid % 128;
-#pragma unroll 4
-        for (int k = 0; k < kHalfKeys * kLatent * 2 / 16 / 128; ++k) {  // 16 16-byte chunks a thread
-          const int unit = t + 128 * k, key = unit / 64, slab = (unit / 8) % 8, chunk = unit % 8;
-          if (!((half_mask >> key) & 1))
-            *reinterpret_cast<uint4*>(&sm.kv[stage][slab * kSlabBytes + (kHalfKeys * wg + key) * 128 + 16 * chunk]) =
-                make_uint4(0, 0, 0, 0);
-        }
-        wgmma::fence_proxy_async();  // (the tensor cores read them after the barriers below)
-      }
-      // Both warpgroups are done with tile j - 1 (their q.k of tile j waited for its p.v): its
-      // stage takes tile j + 1 now, and P and the maxima may be rewritten.
-      __syncthreads();
-      if (j + 1 < n_tiles) {
-        issue(keys, j + 1, at + 1, next_page);
-        if (j + 2 < n_tiles) next_page = page_of(keys, j + 2);
-      } else if (has_next) {
-        issue(next, 0, at + 1, next_segment_page);
-      }
-      // The rows' maxima over the whole tile, the same in both warpgroups (the same operands in the
-      // same order), and the lazy rescale: a row's maximum moves only past m_run + 2^3 (weights stay
-      // <= 2^8), to the tile's maximum; -inf stays -inf while a row sees nothing.
+      wgmma::commit();
+    };
+    // p.v of the other warpgroup's tile j, once it has published the tile's maxima and P (in the
+    // rope slab): o moves to the new maxima first (nothing in flight adds to o here).
+    auto pv_other = [&](int j) {
+      ptx::named_sync(kBarPublished + (wg ^ 1), kThreadsB);
       float alpha[2];
       bool moved = false;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float tile_max = fmaxf(sm.red[0][row0 + 8 * h], sm.red[1][row0 + 8 * h]) * scale_log2;
+        const float m_new = sm.m_pub[j & 1][row0 + 8 * h];
+        alpha[h] = 1.0f;
+        if (m_new != m_run[h]) {  // the owner's rule, the same operands: the same alpha
+          alpha[h] = exp2f(m_run[h] - m_new);
+          m_run[h] = m_new;
+          d_run[h] *= alpha[h];
+          moved = true;
+        }
+      }
+      if (__any_sync(0xffffffffu, moved)) rescale(alpha);
+      tma::wait_parity_forever(bar_of(j, wg), parity(j));
+      zero_masked(j, key_mask(j));
+      const uint32_t kv = kv_of(j);
+      const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kPvSteps; ++ks)
+        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+      wgmma::commit();
+    };
+    // The owner's softmax of tile t (q.k done), its maxima and P published, then its p.v with P
+    // from registers. in_flight: the other's tile's p.v may still add to o.
+    auto own = [&](int t, float (&s)[32], bool in_flight) {
+      wgmma::fence_operand(s);
+      // Scores masked by a select (a NaN of a masked key goes too). Element i: row row0 + 8 h
+      // (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1). Positions grow with the local index, so
+      // the tile's last key decides whether every row sees all of it.
+      const uint64_t mask = key_mask(t);
+      const int64_t key0 = keys.k_begin + int64_t(t) * kTileKeys;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if (!((mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
+      if (position(key0 + kTileKeys - 1) > min_limit) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if (position(key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
+      }
+      // The rows' maxima over the tile and the lazy rescale: a row's maximum moves only past
+      // m_run + 2^3 (weights stay <= 2^8), to the tile's maximum; -inf stays -inf while a row sees nothing.
+      float alpha[2];
+      bool moved = false;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 2 * h; i < 32; i += 4) mx = fmaxf(mx, fmaxf(s[i], s[i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float tile_max = mx * scale_log2;
         alpha[h] = 1.0f;
         if (tile_max > m_run[h] + kLazyRescale) {
           alpha[h] = exp2f(m_run[h] - tile_max);  // 0 from -inf
@@ -276,19 +326,18 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           d_run[h] *= alpha[h];
           moved = true;
         }
-      }
-      if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+        if (c == 0) sm.m_pub[t & 1][row0 + 8 * h] = m_run[h];
       }
       // P = exp2(s scale - m) in bf16 as p.v's A fragments (k16 step ks: a[0] row0 keys 16 ks + 2c,
-      // +1; a[1] row0 + 8; a[2], a[3] the keys + 8: accumulator elements 8 ks + 2e, + 1), and to
-      // shared memory for the other warpgroup (K-major core matrices, a thread's 4 bytes a chunk row).
-      uint32_t pa[2][4];
+      // +1; a[1] row0 + 8; a[2], a[3] the keys + 8: accumulator elements 8 ks + 2e, + 1), and into
+      // the tile's rope slab for the other warpgroup (K-major core matrices, a thread's 4 bytes a
+      // chunk row): this q.k was its last reader.
+      uint32_t pa[kPvSteps][4];
       const float neg_m[2] = {m_run[0] == -INFINITY ? 0.0f : -m_run[0], m_run[1] == -INFINITY ? 0.0f : -m_run[1]};
-      const uint32_t p_mine = ptx::smem_addr(sm.p[wg]) + 2 * warp * 128 + 16 * g + 4 * c;
+      const uint32_t kv = kv_of(t);
+      const uint32_t p_mine = kv + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks)
+      for (int ks = 0; ks < kPvSteps; ++ks)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 8 * ks + 2 * e, h = e & 1;
@@ -298,28 +347,52 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
           ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, pa[ks][e]);
         }
-      // p.v with this half's P from registers, then (after the barrier that publishes it) the other's.
-      auto v_desc = [&](int half, int ks) {  // keys 32 half + 16 ks .., this warpgroup's 4 slabs of dims
-        return wgmma::descriptor_sw128_mn(kv + (kHalfDims / 64 * wg) * kSlabBytes + (kHalfKeys * half + 16 * ks) * 128,
-                                          kSlabBytes);
-      };
+      wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
+      ptx::named_arrive(kBarPublished + wg, kThreadsB);
+      if (__any_sync(0xffffffffu, moved)) {
+        if (in_flight) wgmma::wait<0>();
+        wgmma::fence_operand(o);
+        rescale(alpha);
+      }
+      zero_masked(t, mask);
       wgmma::fence();
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(wg, ks));
+      for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
       wgmma::commit();
-      wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
-      __syncthreads();
-      const uint64_t p_other = wgmma::descriptor(ptx::smem_addr(sm.p[wg ^ 1]), kChunkStrideM, 128);
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks)
-        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(p_other, 2 * ks * kChunkStrideM), v_desc(wg ^ 1, ks));
-      wgmma::commit();
+    };
+
+    // Warpgroup wg owns tiles t = wg, wg + 2, ...; each round issues q.k(t), then p.v of the
+    // other's tile t - 1 (its softmax runs under these), then t's softmax and p.v. Reloads go out
+    // after this warpgroup's last p.v of the tile they replace: tile t + 1 (the other's) into
+    // t - 1's buffer, tile t + 2 into t's. Warpgroup 0's first round has no t - 1; a last round
+    // may hold only the other's tile. (Rounds without branches around the wgmma waits: ptxas
+    // serializes every wgmma where it cannot count the groups in flight, C7514.)
+    int t = wg;
+    if (wg == 0 && n_tiles > 0) {
+      float s[32];
+      qk(0, s);
+      wgmma::wait<0>();
+      own(0, s, false);
+      wgmma::wait<0>();
+      if (2 < n_tiles) load(2);
+      t = 2;
     }
+    for (; t < n_tiles; t += 2) {
+      float s[32];
+      qk(t, s);
+      pv_other(t - 1);
+      wgmma::wait<1>();
+      own(t, s, true);
+      wgmma::wait<1>();
+      if (t + 1 < n_tiles) load(t + 1);
+      wgmma::wait<0>();
+      if (t + 2 < n_tiles) load(t + 2);
+    }
+    if (t == n_tiles && t >= 1) pv_other(t - 1);
     wgmma::wait<0>();
     wgmma::fence_operand(o);
 
-    // Row sums: over the quad, then both halves through shared memory (the last tile's reads of the
-    // maxima are behind its second barrier).
+    // Row sums: over the quad, then both warpgroups' shares through shared memory.
     float d[2] = {d_run[0], d_run[1]};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -186,11 +186,12 @@ struct TmaTiles {
   // This warp's boxes into the stage at shared address dst, completing on mbarrier bar (its one
   // arrival a slot expects the bytes of the boxes actually issued); lane 0 writes the real keys
   // among this warp's boxes to *key_mask (the tile's: the OR over its slots; a bad page id's keys
-  // are masked and reported, never read). kSlabsN: 128-byte slabs a key row (fp8 rows: 5, the fifth
-  // half past the row and zero-filled; bf16 rows of 1152 bytes: 9).
+  // are masked and reported, never read; nullptr: the caller has them from another part). kSlabsN: 128-byte slabs a key row (fp8 rows: 5, the fifth
+  // half past the row and zero-filled; bf16 rows of 1152 bytes: 9), from slab first_slab on (a
+  // kernel that loads a tile in parts: the bf16 many-rows kernel, a warpgroup's dims at a time).
   template <int kSlabsN = kSlabs>
-  __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar,
-                        uint64_t* key_mask) const {
+  __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
+                        int first_slab = 0) const {
     int64_t j0;
     const bool have = box_index(ks, tile, j0) >= 0;
     const bool ok = have && page >= 0 && page < p.num_pages;
@@ -200,7 +201,7 @@ struct TmaTiles {
                             __reduce_or_sync(~0u, uint32_t(mine));
     const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
     if (lane == 0) {
-      *key_mask = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
+      if (key_mask) *key_mask = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
       tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabsN);
     }
     __syncwarp();
@@ -208,7 +209,8 @@ struct TmaTiles {
       const uint32_t at = dst + box * box_rows * 128;
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
 #pragma unroll
-      for (int s = 0; s < kSlabsN; ++s) tma::load_2d(at + s * kSlabBytes, map, 128 * s, y, bar);
+      for (int s = 0; s < kSlabsN; ++s)
+        tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), y, bar);
     }
   }
 };

@@ -1,6 +1,6 @@
 #pragma once
 // The bf16 HGMMA forms of the bf16 many-rows attend kernel (attend_rows_bf16.cu): q.k as
-// S [64 rows x 32 keys] (m64n32k16, the query from shared memory or, for its rope dims, registers)
+// S [64 rows x 64 keys] (m64n64k16, the query from shared memory or, for its rope dims, registers)
 // and p.v as O [64 rows x 256 dims] (m64n256k16, V MN-major: the cache rows as TMA wrote them).
 #include <cstdint>
 
@@ -17,30 +17,34 @@ __device__ __forceinline__ uint64_t descriptor_sw128_mn(uint32_t smem_addr, uint
          uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
 }
 
-// d (64 x 32 f32, 16 a thread: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2])
-// (+)= A (64 x 16 bf16, K-major, smem) * B (32 N x 16 K bf16, K-major, smem)^T.
-__device__ __forceinline__ void mma_m64n32k16_bf16(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
+// d (64 x 64 f32, 32 a thread: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2])
+// (+)= A (64 x 16 bf16, K-major, smem) * B (64 N x 16 K bf16, K-major, smem)^T.
+__device__ __forceinline__ void mma_m64n64k16_bf16(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n"
       "}\n"
-      : MLA_WGMMA_D16(d)
+      : MLA_WGMMA_D32(d)
       : "l"(a), "l"(b), "r"(int32_t(accumulate)));
 }
 
 // The same with A from registers (each warp its 16 rows in the mma.sync m16n8k16 A layout), accumulating.
-__device__ __forceinline__ void mma_m64n32k16_bf16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
       "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
       "}\n"
-      : MLA_WGMMA_D16(d)
+      : MLA_WGMMA_D32(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
