@@ -16,11 +16,11 @@
 //   p.v:     warpgroup w owns o's dims 256 w .. 256 w + 255 for all 64 rows and adds P(j) V(j) for
 //            every tile in order (HGMMA m64n256k16, V MN-major from the tile's slabs 4w .. 4w + 3):
 //            P from registers for its own tiles, from the rope slab for the other's
-//   overlap: a warpgroup issues q.k of its next tile before it waits for the other's P, so one
-//            warpgroup's softmax runs under the other's MMAs; no CTA barrier in the loop
 //   loads:   warpgroup w loads its dims' slabs of every tile and the rope slab of the other's
 //            tiles (an mbarrier a part and buffer), each right after its own last p.v of the tile
-//            that held them, so nothing waits for the other warpgroup to release a buffer
+//            that held them, so nothing waits for the other warpgroup to release a buffer; tile
+//            j + 2's parts go out right after tile j is published, two tiles ahead of its q.k.
+//            No CTA barrier in the loop.
 // V rows of masked keys are zeroed in the tile before p.v (NaN x 0 is NaN) by the warpgroup whose
 // dims they are. P rounded once to bf16 gives o a relative error of ~2e-3: only the step's partials
 // (bf16 out) and a caller's bf16 o take this kernel. Tiles come by TMA only (pages of 8+ rows, a
@@ -290,9 +290,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
       wgmma::commit();
     };
-    // The owner's softmax of tile t (q.k done), its maxima and P published, then its p.v with P
-    // from registers. in_flight: the other's tile's p.v may still add to o.
-    auto own = [&](int t, float (&s)[32], bool in_flight) {
+    // The owner's softmax of tile t (q.k done, nothing in flight), its maxima and P published, then
+    // its p.v with P from registers.
+    auto own = [&](int t, float (&s)[32]) {
       wgmma::fence_operand(s);
       // Scores masked by a select (a NaN of a masked key goes too). Element i: row row0 + 8 h
       // (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1). Positions grow with the local index, so
@@ -350,7 +350,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
       ptx::named_arrive(kBarPublished + wg, kThreadsB);
       if (__any_sync(0xffffffffu, moved)) {
-        if (in_flight) wgmma::wait<0>();
         wgmma::fence_operand(o);
         rescale(alpha);
       }
@@ -361,30 +360,33 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::commit();
     };
 
-    // Warpgroup wg owns tiles t = wg, wg + 2, ...; each round issues q.k(t), then p.v of the
-    // other's tile t - 1 (its softmax runs under these), then t's softmax and p.v. Reloads go out
-    // after this warpgroup's last p.v of the tile they replace: tile t + 1 (the other's) into
-    // t - 1's buffer, tile t + 2 into t's. Warpgroup 0's first round has no t - 1; a last round
-    // may hold only the other's tile. (Rounds without branches around the wgmma waits: ptxas
-    // serializes every wgmma where it cannot count the groups in flight, C7514.)
+    // Warpgroup wg owns tiles t = wg, wg + 2, ...; a round adds the other's tile t - 1 to o (p.v
+    // with its P) and issues q.k(t) behind it, reloads t - 1's buffer with tile t + 1 (the other's)
+    // as soon as that p.v is done, then runs t's softmax and p.v and reloads t's buffer with tile
+    // t + 2. So a tile's loads go out about two tiles ahead of its q.k: tile t + 1's parts leave
+    // both warpgroups right after tile t - 1 is published (v18b; v18a issued q.k(t) first and
+    // reloaded after the softmax: one tile ahead, and the load latency showed in every tile).
+    // Warpgroup 0's first round has no t - 1; a last round may hold only the other's tile. (No
+    // branches around the wgmma waits: ptxas serializes every wgmma where it cannot count the
+    // groups in flight, C7514.)
     int t = wg;
     if (wg == 0 && n_tiles > 0) {
       float s[32];
       qk(0, s);
       wgmma::wait<0>();
-      own(0, s, false);
+      own(0, s);
       wgmma::wait<0>();
       if (2 < n_tiles) load(2);
       t = 2;
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      qk(t, s);
       pv_other(t - 1);
-      wgmma::wait<1>();
-      own(t, s, true);
+      qk(t, s);
       wgmma::wait<1>();
       if (t + 1 < n_tiles) load(t + 1);
+      wgmma::wait<0>();
+      own(t, s);
       wgmma::wait<0>();
       if (t + 2 < n_tiles) load(t + 2);
     }
