@@ -19,8 +19,9 @@
 //   loads:   warpgroup w loads its dims' slabs of every tile and the rope slab of the other's
 //            tiles (an mbarrier a part and buffer), each right after its own last p.v of the tile
 //            that held them, so nothing waits for the other warpgroup to release a buffer; tile
-//            j + 2's parts go out right after tile j is published, two tiles ahead of its q.k.
-//            No CTA barrier in the loop.
+//            j + 2's parts go out once tile j is done, while tile j + 1 is scored. A warpgroup
+//            issues q.k of its next tile before it waits for the other's P, so one warpgroup's
+//            softmax runs under the other's q.k. No CTA barrier in the loop.
 // V rows of masked keys are zeroed in the tile before p.v (NaN x 0 is NaN) by the warpgroup whose
 // dims they are. P rounded once to bf16 gives o a relative error of ~2e-3: only the step's partials
 // (bf16 out) and a caller's bf16 o take this kernel. Tiles come by TMA only (pages of 8+ rows, a
@@ -263,7 +264,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::commit();
     };
     // p.v of the other warpgroup's tile j, once it has published the tile's maxima and P (in the
-    // rope slab): o moves to the new maxima first (nothing in flight adds to o here).
+    // rope slab): o moves to the new maxima first (only q.k is in flight: nothing adds to o).
     auto pv_other = [&](int j) {
       ptx::named_sync(kBarPublished + (wg ^ 1), kThreadsB);
       float alpha[2];
@@ -360,15 +361,16 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::commit();
     };
 
-    // Warpgroup wg owns tiles t = wg, wg + 2, ...; a round adds the other's tile t - 1 to o (p.v
-    // with its P) and issues q.k(t) behind it, reloads t - 1's buffer with tile t + 1 (the other's)
-    // as soon as that p.v is done, then runs t's softmax and p.v and reloads t's buffer with tile
-    // t + 2. So a tile's loads go out about two tiles ahead of its q.k: tile t + 1's parts leave
-    // both warpgroups right after tile t - 1 is published (v18b; v18a issued q.k(t) first and
-    // reloaded after the softmax: one tile ahead, and the load latency showed in every tile).
-    // Warpgroup 0's first round has no t - 1; a last round may hold only the other's tile. (No
-    // branches around the wgmma waits: ptxas serializes every wgmma where it cannot count the
-    // groups in flight, C7514.)
+    // Warpgroup wg owns tiles t = wg, wg + 2, ...; a round issues q.k(t) first (it runs while the
+    // other warpgroup finishes tile t - 1's softmax), then adds the other's tile t - 1 to o once it
+    // is published (p.v with its P), reloads t - 1's buffer with tile t + 1 (the other's) as soon
+    // as both are done, runs t's softmax and p.v and reloads t's buffer with tile t + 2 (v18c).
+    // v18a waited only for q.k(t) and reloaded after the softmax: the loads went out one tile
+    // ahead and their latency showed in every tile; v18b issued q.k(t) after the other's p.v:
+    // the two warpgroups' q.k and softmax then ran one after the other (ncu at D: 41% of the stall
+    // samples at the named barrier, the tensor pipe 41% busy). Warpgroup 0's first round has no
+    // t - 1; a last round may hold only the other's tile. (No branches around the wgmma waits:
+    // ptxas serializes every wgmma where it cannot count the groups in flight, C7514.)
     int t = wg;
     if (wg == 0 && n_tiles > 0) {
       float s[32];
@@ -381,11 +383,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      pv_other(t - 1);
       qk(t, s);
-      wgmma::wait<1>();
-      if (t + 1 < n_tiles) load(t + 1);
+      pv_other(t - 1);
       wgmma::wait<0>();
+      if (t + 1 < n_tiles) load(t + 1);
       own(t, s);
       wgmma::wait<0>();
       if (t + 2 < n_tiles) load(t + 2);
