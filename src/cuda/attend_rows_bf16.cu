@@ -28,8 +28,6 @@
 // power of two). Shared memory: 2 buffers x 72 KB + the 64 KB query. Measured: docs/attention.md.
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
@@ -140,8 +138,6 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
   }
 }
 
-// kPrefetch: a warpgroup's parts of tile j + 1 go to L2 when it loads tile j (MLA_ATTEND_PREFETCH=1).
-template <bool kPrefetch>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows.cu: why).
@@ -172,19 +168,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     auto parity = [&](int j) { return uint32_t((done + j) >> 1) & 1; };
     auto kv_of = [&](int j) { return ptx::smem_addr(sm.kv[buffer(j)]); };
     auto bar_of = [&](int j, int part_) { return ptx::smem_addr(&sm.full[buffer(j)][part_]); };
-    // This warpgroup's loads of tile j, in tile order (load_page: j's page id, next_page j + 1's,
-    // loaded two tiles ahead): its dims' slabs, and the rope slab of a tile the other warpgroup owns.
-    int32_t load_page = -1, next_page = -1;
+    // This warpgroup's loads of tile j, in tile order (load_page: j's page id, loaded a tile ahead):
+    // its dims' slabs, and the rope slab of a tile the other warpgroup owns.
+    int32_t load_page = -1;
     auto load = [&](int j) {
       if (!tiles.issues()) return;
       tiles.issue<kDimSlabs>(keys, j, load_page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp], kDimSlabs * wg);
       if ((j & 1) != wg) tiles.issue<1>(keys, j, load_page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
-      if (kPrefetch && j + 1 < n_tiles) {
-        tiles.prefetch<kDimSlabs>(keys, j + 1, next_page, kDimSlabs * wg);
-        if (((j + 1) & 1) != wg) tiles.prefetch<1>(keys, j + 1, next_page, kRopeSlab);
-      }
-      load_page = next_page;
-      next_page = j + 2 < n_tiles ? tiles.page_of(keys, j + 2) : -1;
+      load_page = j + 1 < n_tiles ? tiles.page_of(keys, j + 1) : -1;
     };
     // The query's loads first, then the page ids and first boxes: the round trips overlap.
     int tid_q = tid;
@@ -193,7 +184,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     query.load(p, b, m_base, rows_total, tid_q);
     if (n_tiles > 0 && tiles.issues()) {
       load_page = tiles.page_of(keys, 0);
-      next_page = n_tiles > 1 ? tiles.page_of(keys, 1) : -1;
       load(0);
       if (n_tiles > 1) load(1);
     }
@@ -244,26 +234,25 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     };
 
-    // q.k(t), the owner's: the other warpgroup's slabs first, then the rope slab, then this
-    // warpgroup's own slabs, whose reload went out last (right before this q.k: v18c's ncu at D
-    // had 17% of the stall samples on that wait when it came first).
+    // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
     auto qk = [&](int t, float (&s)[32]) {
       const uint32_t kv = kv_of(t);
-      auto dims = [&](int w, bool first) {  // the 16 k16 steps of warpgroup w's 256 dims
+#pragma unroll
+      for (int half = 0; half < kGroups; ++half) {
+        const int w = half ^ wg;
         tma::wait_parity_forever(bar_of(t, w), parity(t));
         wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
         uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
         uint64_t kd = wgmma::descriptor_sw128(kv + kDimSlabs * w * kSlabBytes);
 #pragma unroll
         for (int k = 0; k < kQkSmemSteps / 2; ++k) {
-          wgmma::mma_m64n64k16_bf16(s, qd, kd, !first || k > 0);
+          wgmma::mma_m64n64k16_bf16(s, qd, kd, half > 0 || k > 0);
           // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
           qd = wgmma::advance(qd, 2 * kChunkStrideM);
           kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
           asm volatile("" : "+l"(qd), "+l"(kd));  // (unrolled, ptxas would hold every descriptor at once)
         }
-      };
-      dims(wg ^ 1, true);
+      }
       tma::wait_parity_forever(bar_of(t, 2), parity(t));
       wgmma::fence();
       uint64_t kd = wgmma::descriptor_sw128(kv + kRopeSlab * kSlabBytes);
@@ -272,7 +261,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kd);
         kd = wgmma::advance(kd, 32);
       }
-      dims(wg, false);
       wgmma::commit();
     };
     // p.v of the other warpgroup's tile j, once it has published the tile's maxima and P (in the
@@ -446,19 +434,13 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
 }
 
 void prepare_attend_rows_bf16_kernel() {
-  for (auto kernel : {attend_rows_bf16_kernel<false>, attend_rows_bf16_kernel<true>})
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
-  // MLA_ATTEND_PREFETCH=1: each tile's parts go to L2 a tile before their load (a measurement switch).
-  static const bool prefetch = [] {
-    const char* env = std::getenv("MLA_ATTEND_PREFETCH");
-    return env && std::atoi(env) == 1;
-  }();
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  if (prefetch) attend_rows_bf16_kernel<true><<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
-  else attend_rows_bf16_kernel<false><<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  attend_rows_bf16_kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -213,15 +213,6 @@ struct TmaTiles {
         tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), y, bar);
     }
   }
-  // The same boxes into L2 only, ahead of their issue (a bad page id: nothing).
-  template <int kSlabsN = kSlabs>
-  __device__ void prefetch(const KeyStream& ks, int tile, int32_t page, int first_slab = 0) const {
-    int64_t j0;
-    if (box_index(ks, tile, j0) < 0 || page < 0 || page >= p.num_pages) return;
-    const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
-#pragma unroll
-    for (int s = 0; s < kSlabsN; ++s) tma::prefetch_2d(map, 128 * (first_slab + s), y);
-  }
 };
 
 // Where a query row's results go: row m (query m / G, head m % G) of token rows tok_base + i in

@@ -54,13 +54,6 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
       : "memory");
 }
 
-// The same box into L2 only (no shared memory, no mbarrier): a later load_2d of it finds it there.
-__device__ __forceinline__ void prefetch_2d(const CUtensorMap* map, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
-               "r"(x), "r"(y)
-               : "memory");
-}
-
 // The mbarrier gets one arrival when all of this thread's earlier cp.async copies have landed
 // (.noinc: the arrival is one of those its init count expects).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
