@@ -71,10 +71,10 @@ struct Chain {
   // of a 64-row x 64-key K-major core-matrix tile, chunks chunk_stride apart).
   template <bool kF16>
   __device__ __forceinline__ void weights(const float (&s)[32], float scale_log2, uint32_t p_mine, int chunk_stride,
-                                          uint32_t (&pa)[4][4]) {
+                                          uint32_t (&pa)[wgmma_attend::kPvSteps][4]) {
     const float neg_m[2] = {m_run[0] == -INFINITY ? 0.0f : -m_run[0], m_run[1] == -INFINITY ? 0.0f : -m_run[1]};
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
+    for (int ks = 0; ks < wgmma_attend::kPvSteps; ++ks)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 8 * ks + 2 * e, h = e & 1;
@@ -127,7 +127,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[32], uint64_t mask, int c
 #pragma unroll
   for (int i = 0; i < 32; ++i)
     if (!((mask >> acc_key(i, c)) & 1)) s[i] = -INFINITY;
-  if (position(key0 + 63) > min_limit) {
+  if (position(key0 + kTileKeys - 1) > min_limit) {
 #pragma unroll
     for (int i = 0; i < 32; ++i)
       if (position(key0 + acc_key(i, c)) > row_limit[acc_h(i)]) s[i] = -INFINITY;
