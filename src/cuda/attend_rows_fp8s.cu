@@ -216,7 +216,10 @@ __global__ void __launch_bounds__(kThreadsS, 1)
     auto pv_other = [&](int j) {
       ptx::named_sync(kBarPublished + (wg ^ 1), kThreadsS);
       float alpha[2];
-      if (__any_sync(0xffffffffu, chain.take(sm.m_pub[j & 1], row0, alpha))) rescale(alpha);  // (nothing in flight)
+      if (__any_sync(0xffffffffu, chain.take(sm.m_pub[j & 1], row0, alpha))) {  // (nothing in flight)
+        wgmma::fence_operand(o);  // (the compiler must not move o's reads above the last wait)
+        rescale(alpha);
+      }
       if (j + kBuffers < n_tiles) load_dims(j + kBuffers);
       const uint64_t pd = wgmma::descriptor(kv_of(j) + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
       wgmma::fence();
