@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks)
-        wgmma::mma_m64n256k16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
       wgmma::commit();
     };
     // The owner's softmax of tile t (q.k done, nothing in flight), its maxima and P published, then
@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       zero_masked(t, mask);
       wgmma::fence();
 #pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_rs(o, pa[ks], v_desc(kv, ks));
+      for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
       wgmma::commit();
     };
 

@@ -560,7 +560,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, true, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
-  prepare_attend_rows_fp8s_kernel();
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
@@ -578,10 +577,6 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   // chunks rounded to whole tiles as with TMA: the step's partials or one split).
   if (p.many_rows && !p.q_fp8) {
     launch_attend_rows_bf16(p, map, stream);
-    return;
-  }
-  if (p.many_rows && tma && p.q_fp8 && p.cache_fp8 && attend_rows_seesaw_wanted()) {  // opt-in, never run yet
-    launch_attend_rows_fp8s(p, map, stream);
     return;
   }
   if (p.many_rows && (tma || attend_rows_gathers(p))) {

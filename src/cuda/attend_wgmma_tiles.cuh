@@ -188,8 +188,8 @@ struct TmaTiles {
   // among this warp's boxes to *key_mask (the tile's: the OR over its slots; a bad page id's keys
   // are masked and reported, never read; nullptr: the caller has them from another part).
   // kSlabsN: 128-byte slabs a key row (fp8 rows: 5, the fifth half past the row and zero-filled;
-  // bf16 rows of 1152 bytes: 9), from slab first_slab on (kernels that load a tile in parts, a
-  // warpgroup's dims at a time: attend_rows_bf16.cu, attend_rows_fp8s.cu).
+  // bf16 rows of 1152 bytes: 9), from slab first_slab on (a kernel that loads a tile in parts, a
+  // warpgroup's dims at a time: attend_rows_bf16.cu).
   template <int kSlabsN = kSlabs>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0) const {

@@ -179,10 +179,6 @@ void prepare_attend_rows_kernel();
 // MLA_ATTEND_KERNEL=wgmma). Elsewhere a bf16 operand takes the mma.sync kernel.
 bool attend_rows_bf16_applies(const AttendParams& p);
 void prepare_attend_rows_bf16_kernel();
-// The fp8 seesaw many-rows kernel (attend_rows_fp8s.cu, v19: NOT RUN ON A GPU YET): in place of
-// attend_rows.cu for an fp8 query and cache with TMA tiles, only under MLA_ATTEND_ROWS_KERNEL=seesaw.
-bool attend_rows_seesaw_wanted();
-void prepare_attend_rows_fp8s_kernel();
 void prepare_attend_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the attend kernels; once per process and device,
 // outside any graph capture.

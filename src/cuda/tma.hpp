@@ -19,7 +19,5 @@ struct AttendParams;
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream);
 // The same for a bf16 query and cache (attend_rows_bf16.cu).
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
-// The fp8 seesaw twin (attend_rows_fp8s.cu, opt-in), TMA tiles only.
-void launch_attend_rows_fp8s(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
 
 }  // namespace mla::cuda

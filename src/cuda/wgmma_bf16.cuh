@@ -1,8 +1,7 @@
 #pragma once
-// The HGMMA forms of the rows-on-M many-rows attend kernels: q.k of the bf16 kernel
-// (attend_rows_bf16.cu) as S [64 rows x 64 keys] (m64n64k16, the query from shared memory or, for
-// its rope dims, registers), and p.v as O [64 rows x 256 dims] (m64n256k16, V MN-major: the bf16
-// cache rows as TMA wrote them, or the fp8 seesaw kernel's V widened to f16, attend_rows_fp8s.cu).
+// The bf16 HGMMA forms of the bf16 many-rows attend kernel (attend_rows_bf16.cu): q.k as
+// S [64 rows x 64 keys] (m64n64k16, the query from shared memory or, for its rope dims, registers)
+// and p.v as O [64 rows x 256 dims] (m64n256k16, V MN-major: the cache rows as TMA wrote them).
 #include <cstdint>
 
 #include "cuda/wgmma.cuh"
@@ -83,36 +82,32 @@ __device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[32], const uint
   "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, " \
   "%122, %123, %124, %125, %126, %127}, "
 
-// The forms below: an accumulating (scale-d = 1) m64n256k16 HGMMA on TYPE (bf16 or f16) operands,
-// up to its A operand.
-#define MLA_HGMMA_M64N256(TYPE)                                \
+// Both forms below: an accumulating (scale-d = 1) m64n256k16 bf16 HGMMA up to its A operand.
+#define MLA_HGMMA_M64N256_BF16                                 \
   "{\n"                                                        \
   ".reg .pred p;\n"                                            \
   "setp.ne.b32 p, 1, 0;\n"                                     \
-  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " " MLA_WGMMA_D128_TEXT
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " MLA_WGMMA_D128_TEXT
 
 // d (64 x 256 f32, 128 a thread: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2])
-// += A (64 x 16) * B (16 K x 256 N, MN-major, smem: descriptor_sw128_mn), bf16 (kF16 = false: the
-// bf16 kernel) or f16 (the fp8 seesaw kernel's widened V), A from registers (each warp its 16 rows
-// in the mma.sync m16n8k16 A layout) ...
-template <bool kF16 = false>
-__device__ __forceinline__ void mma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-  if constexpr (kF16)
-    asm volatile(MLA_HGMMA_M64N256("f16") "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-                 : MLA_WGMMA_D128(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  else
-    asm volatile(MLA_HGMMA_M64N256("bf16") "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-                 : MLA_WGMMA_D128(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+// += A (64 x 16 bf16) * B (16 K x 256 N bf16, MN-major, smem: descriptor_sw128_mn), A from registers
+// (each warp its 16 rows in the mma.sync m16n8k16 A layout) ...
+__device__ __forceinline__ void mma_m64n256k16_bf16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      MLA_HGMMA_M64N256_BF16
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
+      "}\n"
+      : MLA_WGMMA_D128(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 // ... or from shared memory (K-major).
-template <bool kF16 = false>
-__device__ __forceinline__ void mma_m64n256k16_ss(float (&d)[128], uint64_t a, uint64_t b) {
-  if constexpr (kF16)
-    asm volatile(MLA_HGMMA_M64N256("f16") "%128, %129, p, 1, 1, 0, 1;\n}\n" : MLA_WGMMA_D128(d) : "l"(a), "l"(b));
-  else
-    asm volatile(MLA_HGMMA_M64N256("bf16") "%128, %129, p, 1, 1, 0, 1;\n}\n" : MLA_WGMMA_D128(d) : "l"(a), "l"(b));
+__device__ __forceinline__ void mma_m64n256k16_bf16_ss(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile(
+      MLA_HGMMA_M64N256_BF16
+      "%128, %129, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : MLA_WGMMA_D128(d)
+      : "l"(a), "l"(b));
 }
 
 }  // namespace mla::cuda::wgmma
