@@ -53,8 +53,9 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
   EXPECT_FALSE(cuda::attend_wgmma_applies(odd_base));
 }
 
-// The wgmma kernel loads whole pages by TMA where the cache is one [rows, 576] matrix with pages of
-// 8+ rows (a power of two) and the partials may be chunked by whole tiles; else by cp.async.
+// The wgmma kernel loads whole pages by TMA where the cache is one [rows, 576] matrix with pages of a
+// power of two rows (1 included: boxes of one row) and the partials may be chunked by whole tiles;
+// else by cp.async.
 TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
   std::vector<float> o(8);
@@ -62,13 +63,13 @@ TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   cuda::AttendParams p = step_partials_params(o.data());
   p.cache = cache;
   p.row_stride = 576, p.num_pages = 100, p.splits = 4;
-  for (int page : {8, 16, 32, 64, 128}) {
+  for (int page : {1, 2, 4, 8, 16, 32, 64, 128}) {
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_wgmma_uses_tma(p)) << "page " << page;
   }
   p.page_size = 64, p.page_stride = 64 * 576;
   cuda::AttendParams q = p;
-  for (int page : {1, 2, 4, 48}) {
+  for (int page : {3, 6, 12, 48}) {
     q.page_size = page, q.page_stride = int64_t(page) * 576;
     EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q)) << "page " << page;
   }
@@ -115,8 +116,10 @@ TEST(AttendRouting, Bf16ManyRowsOnlyForTheStepsBf16PartialsOnTmaPages) {
   q.q_fp8 = q.cache_fp8 = true;  // fp8: attend_rows.cu through attend_wgmma_applies
   EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
   q = p;
-  q.page_size = 1, q.page_stride = 576;  // no TMA boxes
+  q.page_size = 48, q.page_stride = 48 * 576;  // no TMA boxes
   EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
+  q.page_size = 1, q.page_stride = 576;  // one-row boxes
+  EXPECT_TRUE(cuda::attend_rows_bf16_applies(q));
   q = p;
   q.step_partials = false, q.exact_p = true;  // a caller's f32 o: hi + lo P
   EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
@@ -135,14 +138,16 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
   cuda::AttendParams p = step_partials_params(o.data());
   p.cache = cache;
   p.row_stride = 576, p.num_pages = 100, p.splits = 4;
-  for (int page : {1, 2, 4, 48}) {
+  for (int page : {3, 6, 12, 48}) {
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_rows_gathers(p)) << "page " << page;
   }
-  p.page_size = 64, p.page_stride = 64 * 576;  // TMA boxes instead
-  EXPECT_FALSE(cuda::attend_rows_gathers(p));
+  for (int page : {1, 64}) {  // TMA boxes instead
+    p.page_size = page, p.page_stride = int64_t(page) * 576;
+    EXPECT_FALSE(cuda::attend_rows_gathers(p)) << "page " << page;
+  }
   cuda::AttendParams q = p;
-  q.page_size = 1, q.page_stride = 576;
+  q.page_size = 3, q.page_stride = 3 * 576;
   q.cache = cache + 8;  // rows not 16-byte aligned
   EXPECT_FALSE(cuda::attend_rows_gathers(q));
   q.cache = cache;

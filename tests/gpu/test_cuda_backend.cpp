@@ -179,10 +179,11 @@ TEST(CudaBackend, StepMatchesCpu) {
   decode.max_batch = 2;
   decode.max_qlen = 2;
   decode.empty_fraction = 0;
-  // The TMA box shapes beyond the random pages 1/16/64 (fp8: the wgmma kernel's TMA tiles): 8 boxes
-  // of 8 rows, 2 of 32, one 64-row box inside a page of 128.
+  // The TMA box shapes beyond the random pages 1/16/64 (fp8: the wgmma kernel's TMA tiles): boxes
+  // of 2, 4, 8 and 32 rows, one 64-row box inside a page of 128; and pages of 48 rows, which TMA
+  // cannot box (cp.async tiles).
   testing::RandomCaseLimits boxes = limits();
-  boxes.page_sizes = {8, 32, 128};
+  boxes.page_sizes = {2, 4, 8, 32, 128, 48};
   boxes.allow_bf16_q = boxes.allow_bf16_kv = false;
   for (int k = 0; k < kCases + 6; ++k) {
     Fixture f(300 + k, k < kCases ? limits() : k < kCases + 3 ? decode : boxes);

@@ -1,8 +1,9 @@
 // The many-rows attend kernels inside whole steps against the CPU backend, at shapes where the
 // planner picks 64-row CTAs by its own rule (48+ query rows a request, a batch that fills a quarter
 // wave), so these cases reach them without MLA_ATTEND_ROWS_MIN: the bf16 kernel
-// (src/cuda/attend_rows_bf16.cu, a bf16 query and cache, TMA pages) and the fp8 kernel's gathered
-// tiles (src/cuda/attend_rows.cu on pages TMA cannot box: 1, 2, 4, 48 rows). Head counts that leave
+// (src/cuda/attend_rows_bf16.cu, a bf16 query and cache, TMA pages), the fp8 kernel
+// (src/cuda/attend_rows.cu) on pages of 1-4 rows (TMA boxes of 1-4 rows) and its gathered tiles (on
+// pages TMA cannot box: 3, 6, 12, 48 rows). Head counts that leave
 // the second row tile part-empty, qlen 1-8, even batches (fixed splits) and uneven ones with empty
 // and short requests (the flat plan where TMA allows), NaN in unused pages and page tails, poisoned
 // outputs. (scripts/device-check also runs every random case with MLA_ATTEND_ROWS_MIN=1.) Without
@@ -92,17 +93,30 @@ TEST(ManyRows, Bf16StepMatchesCpu) {
                    {"kimi-k3", 16, 4, 40, 16, 500, true},         // 64 rows, qlen 4 (causal inside the tile)
                    {"kimi-k2", 24, 3, 40, 32, 600, false},        // 72 rows
                    {"deepseek-v3", 64, 1, 40, 8, 400, true},      // 8-row boxes: 8 a tile
-                   {"kimi-k3", 12, 8, 40, 128, 900, true}},       // 96 rows, qlen 8, a 64-row box in a page of 128
+                   {"kimi-k3", 12, 8, 40, 128, 900, true},        // 96 rows, qlen 8, a 64-row box in a page of 128
+                   {"kimi-k3", 16, 4, 40, 1, 500, true},          // one-row boxes (v20)
+                   {"deepseek-v3", 100, 1, 36, 2, 700, false}},   // two-row boxes
                   DType::bf16, 900);
 }
 
-// Pages TMA cannot box: the fp8 many-rows kernel gathers its tiles a row at a time (fixed splits).
-TEST(ManyRows, GatheredTilesStepMatchesCpu) {
+// Pages of 1-4 rows: TMA boxes of 1-4 rows at row offsets inside the 128-byte swizzle's 8-row atoms
+// (v20; the flat plan where the batch is uneven).
+TEST(ManyRows, SmallPagesStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
   steps_match_cpu({{"deepseek-v3", 100, 1, 36, 1, 700, false},
                    {"kimi-k3", 16, 4, 40, 1, 500, true},
                    {"kimi-k2", 24, 3, 40, 2, 600, false},
-                   {"deepseek-v3", 64, 1, 40, 4, 400, true},
+                   {"deepseek-v3", 64, 1, 40, 4, 400, true}},
+                  DType::fp8_e4m3, 960);
+}
+
+// Pages TMA cannot box (not a power of two): the fp8 many-rows kernel gathers its tiles a row at a
+// time (fixed splits).
+TEST(ManyRows, GatheredTilesStepMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
+  steps_match_cpu({{"deepseek-v3", 100, 1, 36, 3, 700, false},
+                   {"kimi-k3", 16, 4, 40, 6, 500, true},
+                   {"kimi-k2", 24, 3, 40, 12, 600, false},
                    {"kimi-k3", 12, 8, 40, 48, 900, true}},
                   DType::fp8_e4m3, 950);
 }
