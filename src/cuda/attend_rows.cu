@@ -16,7 +16,7 @@
 //         O^T [256 x 64] += V^T . P^T  over both tiles in one stream of 8 k16 steps (HGMMA
 //         m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and widening in registers)
 // so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
-// Tiles come by TMA (pages of 8+ rows, a power of two) or, for other pages, gathered a row at a
+// Tiles come by TMA (pages of a power of two rows) or, for other pages, gathered a row at a
 // time by cp.async into the same layout (v17): pair j + 1's copies go out after pair j's q.k, at
 // the CTA barrier that says both warpgroups finished pair j - 1, warpgroup u's warps sharing tile
 // u's boxes (TmaTiles: warp 0 alone was 9-18% slower) or its 128 threads its rows. The
@@ -72,8 +72,8 @@ struct RowsSmem {
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem)) + 1024; }
 static_assert(rows_smem_bytes() <= 227 * 1024, "over the H200's shared memory a block");
 
-// kTma: tiles as whole pages by TMA; else gathered a row at a time by cp.async (pages of 1-4 rows,
-// or not a power of two), in the same swizzled layout, completing on the same mbarriers.
+// kTma: tiles as whole pages by TMA; else gathered a row at a time by cp.async (pages not a power
+// of two), in the same swizzled layout, completing on the same mbarriers.
 template <bool kTma>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {

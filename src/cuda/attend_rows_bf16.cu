@@ -24,8 +24,8 @@
 //            softmax runs under the other's q.k. No CTA barrier in the loop.
 // V rows of masked keys are zeroed in the tile before p.v (NaN x 0 is NaN) by the warpgroup whose
 // dims they are. P rounded once to bf16 gives o a relative error of ~2e-3: only the step's partials
-// (bf16 out) and a caller's bf16 o take this kernel. Tiles come by TMA only (pages of 8+ rows, a
-// power of two). Shared memory: 2 buffers x 72 KB + the 64 KB query. Measured: docs/attention.md.
+// (bf16 out) and a caller's bf16 o take this kernel. Tiles come by TMA only (pages of a power of
+// two rows). Shared memory: 2 buffers x 72 KB + the 64 KB query. Measured: docs/attention.md.
 #include <cuda_bf16.h>
 
 #include "core/softmax_state.hpp"

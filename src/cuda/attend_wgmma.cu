@@ -12,12 +12,12 @@
 // steps summed in f32, which keeps the scores near f32 accuracy (SPEC.md: LSE within 1e-3).
 //
 // One CTA = one warpgroup (128 threads), 2 CTAs an SM, 2 tile stages. Key tiles (64 keys) come
-//  - by TMA (v10, pages of 8+ rows): warp 0 loads whole pages as 128-byte-swizzled slabs on a
-//    per-stage mbarrier (attend_wgmma_tiles.cuh: the layout; masked keys are selected away and
-//    their V bytes zeroed in registers), and the step's partials at W = 1, B > 1 follow the flat
-//    plan (flat_plan.hpp: one wave of key-CTAs shares all requests' tiles evenly, a CTA serving a
-//    segment of each request it overlaps);
-//  - else by cp.async through L1 (pages of 1-4 rows, pages not contiguous, a caller's partials),
+//  - by TMA (v10; pages of a power of two rows, 1-4 since v20): the warps load whole pages as
+//    128-byte-swizzled slabs on a per-stage mbarrier (attend_wgmma_tiles.cuh: the layout; masked
+//    keys are selected away and their V bytes zeroed in registers), and the step's partials at
+//    W = 1, B > 1 follow the flat plan (flat_plan.hpp: one wave of key-CTAs shares all requests'
+//    tiles evenly, a CTA serving a segment of each request it overlaps);
+//  - else by cp.async through L1 (other pages, pages not contiguous, a caller's partials),
 //    one CTA per (request, split, 16 query rows) as in attend.cu (attend_keys.cuh).
 // The softmax rescales lazily (maxima move only by more than 2^8). P is rounded once to f16
 // (o ~3e-4) and q.k carries the fp8 MMA's ~1e-4 relative error: this kernel serves only the step's

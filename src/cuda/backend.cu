@@ -132,8 +132,9 @@ CudaBackend::~CudaBackend() {
 // takes: 16-row CTAs two an SM (attend_wgmma.cu), or where attend_rows_wanted says so (48+ query
 // rows a request and a batch that fills a quarter wave by itself), 64-row CTAs one an SM
 // (attend_rows.cu, or attend_rows_bf16.cu with a bf16 query and cache). Those also need TMA tiles
-// and a matching cache dtype, which the plan cannot see: with pages of 1-4 rows, or a bf16 query
-// over an fp8 cache, the 16-row or mma.sync kernel runs the plan made for 64-row CTAs.
+// (or gathered ones) and a matching cache dtype, which the plan cannot see: with a bf16 query over
+// an fp8 cache, or bf16 pages not a power of two, the 16-row or mma.sync kernel runs the plan made
+// for 64-row CTAs.
 CudaBackend::AttendShape CudaBackend::attend_shape(int batch, int qlen) const {
   const int rows = query_heads() * qlen;
   if (attend_rows_wanted(batch, rows, sms_))

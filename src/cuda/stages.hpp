@@ -169,7 +169,7 @@ inline constexpr int kAttendRowsMinDefault = 48;
 inline constexpr int kAttendRowsPerCta = 64;
 int attend_rows_min();
 bool attend_rows_wanted(int batch, int rows, int sms);
-// Where the fp8 many-rows kernel cannot take TMA tiles (pages of 1-4 rows, not a power of two), it
+// Where the fp8 many-rows kernel cannot take TMA tiles (pages not a power of two rows), it
 // gathers its tiles a row at a time by cp.async: rows 16-byte aligned, and the chunks rounded to
 // whole tiles as with TMA (the step's partials, or one split); else the 16-row kernel takes them.
 bool attend_rows_gathers(const AttendParams& p);

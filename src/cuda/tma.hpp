@@ -15,7 +15,7 @@ CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t 
 
 struct AttendParams;
 // The many-rows attend kernel's launch (attend_rows.cu), with the cache's tensor map.
-// tma: the cache's tiles as TMA boxes (map); else gathered by cp.async (pages of 1-4 rows).
+// tma: the cache's tiles as TMA boxes (map); else gathered by cp.async (pages not a power of two).
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream);
 // The same for a bf16 query and cache (attend_rows_bf16.cu).
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
