@@ -538,11 +538,12 @@ bool attend_wgmma_uses_tma(const AttendParams& p) {
     return !(env && std::string_view(env) == "0");
   }();
   // A box is box_rows = min(page, 64) rows of one page, at row box_rows * i of its 1024-byte aligned
-  // slab: pages of a power of two rows (v20: 1, 2 and 4 too, TMA swizzling a box that starts inside
-  // an 8-row atom by its shared address as the whole-atom boxes), rows of a page contiguous (the
-  // cache is one [rows, 576] matrix), 16-byte aligned rows. The chunks are rounded to whole tiles,
-  // which changes the partials: only the step's own (merged by post) or a single split.
-  const bool pow2_page = p.page_size >= 1 && (p.page_size & (p.page_size - 1)) == 0;
+  // slab: pages of a power of two rows (v20: 1, 2 and 4 where p.small_page_tma asks, TMA swizzling a
+  // box that starts inside an 8-row atom by its shared address as it does whole atoms), rows of a
+  // page contiguous (the cache is one [rows, 576] matrix), 16-byte aligned rows. The chunks are
+  // rounded to whole tiles, which changes the partials: only the step's own (merged by post) or a
+  // single split.
+  const bool pow2_page = p.page_size >= (p.small_page_tma ? 1 : 8) && (p.page_size & (p.page_size - 1)) == 0;
   return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride && p.row_stride % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.num_pages * p.page_size <= INT32_MAX &&
          (p.step_partials || p.splits == 1);

@@ -340,6 +340,9 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // cost more than the flat plan's balance brings there (H200, 949867f: D 320.7 vs 344.1 us, F
   // 175.5 vs 200.4). Uneven or unknown lengths take the flat plan.
   const bool even = flat::lengths_even(meta.seq_lens_host.data(), int64_t(meta.seq_lens_host.size()));
+  // Pages of 1-4 rows by TMA boxes where that pays (AttendParams::small_page_tma): a bf16 cache, or
+  // an uneven batch, whose flat plan needs TMA (v20, 64 x u32768 at page 1: 330.7 vs 407.7 µs).
+  p.small_page_tma = !cache_fp8 || !even;
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
                     !(p.many_rows && even) && (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
                     attend_wgmma_uses_tma(p) &&

@@ -54,8 +54,8 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
 }
 
 // The wgmma kernel loads whole pages by TMA where the cache is one [rows, 576] matrix with pages of a
-// power of two rows (1 included: boxes of one row) and the partials may be chunked by whole tiles;
-// else by cp.async.
+// power of two rows (1, 2 and 4 only where the backend asks: small_page_tma) and the partials may be
+// chunked by whole tiles; else by cp.async.
 TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
   std::vector<float> o(8);
@@ -63,12 +63,19 @@ TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   cuda::AttendParams p = step_partials_params(o.data());
   p.cache = cache;
   p.row_stride = 576, p.num_pages = 100, p.splits = 4;
-  for (int page : {1, 2, 4, 8, 16, 32, 64, 128}) {
+  for (int page : {8, 16, 32, 64, 128}) {
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_wgmma_uses_tma(p)) << "page " << page;
   }
   p.page_size = 64, p.page_stride = 64 * 576;
   cuda::AttendParams q = p;
+  for (int page : {1, 2, 4}) {
+    q.page_size = page, q.page_stride = int64_t(page) * 576;
+    q.small_page_tma = false;
+    EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q)) << "page " << page;
+    q.small_page_tma = true;
+    EXPECT_TRUE(cuda::attend_wgmma_uses_tma(q)) << "page " << page << ", small_page_tma";
+  }
   for (int page : {3, 6, 12, 48}) {
     q.page_size = page, q.page_stride = int64_t(page) * 576;
     EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q)) << "page " << page;
@@ -118,7 +125,9 @@ TEST(AttendRouting, Bf16ManyRowsOnlyForTheStepsBf16PartialsOnTmaPages) {
   q = p;
   q.page_size = 48, q.page_stride = 48 * 576;  // no TMA boxes
   EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
-  q.page_size = 1, q.page_stride = 576;  // one-row boxes
+  q.page_size = 1, q.page_stride = 576;  // one-row boxes, which the backend asks for a bf16 cache
+  EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
+  q.small_page_tma = true;
   EXPECT_TRUE(cuda::attend_rows_bf16_applies(q));
   q = p;
   q.step_partials = false, q.exact_p = true;  // a caller's f32 o: hi + lo P
@@ -138,16 +147,18 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
   cuda::AttendParams p = step_partials_params(o.data());
   p.cache = cache;
   p.row_stride = 576, p.num_pages = 100, p.splits = 4;
-  for (int page : {3, 6, 12, 48}) {
+  for (int page : {1, 2, 4, 3, 6, 12, 48}) {  // (1, 2, 4: an even fp8 batch)
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_rows_gathers(p)) << "page " << page;
   }
-  for (int page : {1, 64}) {  // TMA boxes instead
-    p.page_size = page, p.page_stride = int64_t(page) * 576;
-    EXPECT_FALSE(cuda::attend_rows_gathers(p)) << "page " << page;
-  }
+  p.small_page_tma = true;  // an uneven batch: TMA boxes for the flat plan
+  p.page_size = 1, p.page_stride = 576;
+  EXPECT_FALSE(cuda::attend_rows_gathers(p));
+  p.small_page_tma = false;
+  p.page_size = 64, p.page_stride = 64 * 576;  // TMA boxes
+  EXPECT_FALSE(cuda::attend_rows_gathers(p));
   cuda::AttendParams q = p;
-  q.page_size = 3, q.page_stride = 3 * 576;
+  q.page_size = 1, q.page_stride = 576;
   q.cache = cache + 8;  // rows not 16-byte aligned
   EXPECT_FALSE(cuda::attend_rows_gathers(q));
   q.cache = cache;
