@@ -17,7 +17,7 @@
 //            every tile in order (HGMMA m64n256k16, V MN-major from the tile's slabs 4w .. 4w + 3):
 //            P from registers for its own tiles, from the rope slab for the other's
 //   loads:   warpgroup w loads its dims' slabs of every tile and the rope slab of the other's
-//            tiles (an mbarrier a slab and buffer), each right after its own last p.v of the tile
+//            tiles (an mbarrier a part and buffer), each right after its own last p.v of the tile
 //            that held them, so nothing waits for the other warpgroup to release a buffer; tile
 //            j + 2's parts go out once tile j is done, while tile j + 1 is scored. A warpgroup
 //            issues q.k of its next tile before it waits for the other's P, so one warpgroup's
@@ -68,7 +68,7 @@ struct Bf16RowsSmem {
   float m_pub[2][kRowsM];                                // the running maxima after tile j ([j & 1], log2 units)
   float red[kGroups][kRowsM];                            // each warpgroup's share of the row sums
   int32_t limit[kRowsM];                                 // a row's last visible position (causal)
-  alignas(8) uint64_t full[2][kRowSlabs];                // [buffer][slab]: the slab's boxes landed
+  alignas(8) uint64_t full[2][3];                        // [buffer][part]: warpgroup 0's, 1's slabs, the rope slab
   uint64_t key_mask[2][kGroups][4];                      // a tile's real keys, by each warpgroup's issuing warps
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment, next_segment;
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) {
-      for (int s = 0; s < kRowSlabs; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.full[b][s]), TmaTiles::slots(p));
+      for (int part = 0; part < 3; ++part) tma::mbarrier_init(ptx::smem_addr(&sm.full[b][part]), TmaTiles::slots(p));
       for (int w = 0; w < kGroups; ++w)
         for (int k = 0; k < 4; ++k) sm.key_mask[b][w][k] = 0;  // slots past TmaTiles::slots(p) stay 0
     }
@@ -167,19 +167,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     auto buffer = [&](int j) { return (done + j) & 1; };
     auto parity = [&](int j) { return uint32_t((done + j) >> 1) & 1; };
     auto kv_of = [&](int j) { return ptx::smem_addr(sm.kv[buffer(j)]); };
-    auto bar_of = [&](int j, int slab) { return ptx::smem_addr(&sm.full[buffer(j)][slab]); };
-    auto wait_dims = [&](int j, int w) {  // warpgroup w's slabs of tile j
-#pragma unroll
-      for (int s = 0; s < kDimSlabs; ++s) tma::wait_parity_forever(bar_of(j, kDimSlabs * w + s), parity(j));
-    };
+    auto bar_of = [&](int j, int part_) { return ptx::smem_addr(&sm.full[buffer(j)][part_]); };
     // This warpgroup's loads of tile j, in tile order (load_page: j's page id, loaded a tile ahead):
     // its dims' slabs, and the rope slab of a tile the other warpgroup owns.
     int32_t load_page = -1;
     auto load = [&](int j) {
       if (!tiles.issues()) return;
-      tiles.issue<kDimSlabs, true>(keys, j, load_page, kv_of(j), bar_of(j, kDimSlabs * wg),
-                                   &sm.key_mask[buffer(j)][wg][warp], kDimSlabs * wg);
-      if ((j & 1) != wg) tiles.issue<1>(keys, j, load_page, kv_of(j), bar_of(j, kRopeSlab), nullptr, kRopeSlab);
+      tiles.issue<kDimSlabs>(keys, j, load_page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp], kDimSlabs * wg);
+      if ((j & 1) != wg) tiles.issue<1>(keys, j, load_page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
       load_page = j + 1 < n_tiles ? tiles.page_of(keys, j + 1) : -1;
     };
     // The query's loads first, then the page ids and first boxes: the round trips overlap.
@@ -239,21 +234,18 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     };
 
-    // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab, each
-    // slab's four k16 steps issued as soon as it has landed (v21; FlashMLA's pipelined q.k).
+    // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
     auto qk = [&](int t, float (&s)[32]) {
       const uint32_t kv = kv_of(t);
 #pragma unroll
       for (int half = 0; half < kGroups; ++half) {
         const int w = half ^ wg;
+        tma::wait_parity_forever(bar_of(t, w), parity(t));
+        wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
         uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
         uint64_t kd = wgmma::descriptor_sw128(kv + kDimSlabs * w * kSlabBytes);
 #pragma unroll
         for (int k = 0; k < kQkSmemSteps / 2; ++k) {
-          if ((k & 3) == 0) {
-            tma::wait_parity_forever(bar_of(t, kDimSlabs * w + k / 4), parity(t));
-            wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
-          }
           wgmma::mma_m64n64k16_bf16(s, qd, kd, half > 0 || k > 0);
           // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
           qd = wgmma::advance(qd, 2 * kChunkStrideM);
@@ -261,7 +253,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           asm volatile("" : "+l"(qd), "+l"(kd));  // (unrolled, ptxas would hold every descriptor at once)
         }
       }
-      tma::wait_parity_forever(bar_of(t, kRopeSlab), parity(t));
+      tma::wait_parity_forever(bar_of(t, 2), parity(t));
       wgmma::fence();
       uint64_t kd = wgmma::descriptor_sw128(kv + kRopeSlab * kSlabBytes);
 #pragma unroll
@@ -289,7 +281,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         }
       }
       if (__any_sync(0xffffffffu, moved)) rescale(alpha);
-      wait_dims(j, wg);
+      tma::wait_parity_forever(bar_of(j, wg), parity(j));
       zero_masked(j, key_mask(j));
       const uint32_t kv = kv_of(j);
       const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);

@@ -189,9 +189,8 @@ struct TmaTiles {
   // are masked and reported, never read; nullptr: the caller has them from another part).
   // kSlabsN: 128-byte slabs a key row (fp8 rows: 5, the fifth half past the row and zero-filled;
   // bf16 rows of 1152 bytes: 9), from slab first_slab on (a kernel that loads a tile in parts, a
-  // warpgroup's dims at a time: attend_rows_bf16.cu). kBarPerSlab: slab s completes on its own
-  // mbarrier, bar + 8 s (a kernel that starts q.k on a tile's first slab).
-  template <int kSlabsN = kSlabs, bool kBarPerSlab = false>
+  // warpgroup's dims at a time: attend_rows_bf16.cu).
+  template <int kSlabsN = kSlabs>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0) const {
     int64_t j0;
@@ -204,12 +203,7 @@ struct TmaTiles {
     const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
     if (lane == 0) {
       if (key_mask) *key_mask = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
-      if constexpr (kBarPerSlab) {
-#pragma unroll
-        for (int s = 0; s < kSlabsN; ++s) tma::arrive_expect_tx(bar + 8 * s, uint32_t(__popcll(loaded)) * 128u);
-      } else {
-        tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabsN);
-      }
+      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabsN);
     }
     __syncwarp();
     if (ok) {
@@ -217,7 +211,7 @@ struct TmaTiles {
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
 #pragma unroll
       for (int s = 0; s < kSlabsN; ++s)
-        tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), y, kBarPerSlab ? bar + 8 * s : bar);
+        tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), y, bar);
     }
   }
 };
