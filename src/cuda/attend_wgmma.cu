@@ -18,7 +18,9 @@
 //    W = 1, B > 1 follow the flat plan (flat_plan.hpp: one wave of key-CTAs shares all requests'
 //    tiles evenly, a CTA serving a segment of each request it overlaps);
 //  - else by cp.async through L1 (other pages, pages not contiguous, a caller's partials),
-//    one CTA per (request, split, 16 query rows) as in attend.cu (attend_keys.cuh).
+//    one CTA per (request, split, 16 query rows) as in attend.cu (attend_keys.cuh), or the flat
+//    plan's segments for an uneven batch (v22: the copies need no page alignment, only the plan's
+//    whole tiles, which a segment's keys are).
 // The softmax rescales lazily (maxima move only by more than 2^8). P is rounded once to f16
 // (o ~3e-4) and q.k carries the fp8 MMA's ~1e-4 relative error: this kernel serves only the step's
 // own partials (AttendParams.step_partials), which feed post's bf16 out; attend() results handed to
@@ -413,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     done += n_tiles;
   };  // serve
 
-  serve_segments<kThreads, kN, false>(p, cta, kTma && p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
+  serve_segments<kThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
                                      sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
@@ -566,8 +568,8 @@ void prepare_attend_wgmma_kernels() {
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   const bool tma = attend_wgmma_uses_tma(p);
-  MLA_REQUIRE(p.flat_ctas == 0 || (tma && p.dcp_size == 1 && p.batch <= kMaxFlatBatch),
-              "attend: the flat plan needs the wgmma kernel's TMA tiles at W = 1 and B <= ", kMaxFlatBatch);
+  MLA_REQUIRE(p.flat_ctas == 0 || ((tma || !p.many_rows) && p.dcp_size == 1 && p.batch <= kMaxFlatBatch),
+              "attend: the flat plan needs W = 1, B <= ", kMaxFlatBatch, " and TMA tiles for many rows");
   // The flat plan: flat_ctas key-CTAs x the row tiles; else one CTA per (request, split, row tile).
   const dim3 grid = attend_launch_grid(p, kN);
   const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};

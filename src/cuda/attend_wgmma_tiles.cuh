@@ -66,7 +66,7 @@ struct WgSmem {
   // split and on a good page; the rest of the tile may hold anything, NaN included).
   alignas(8) uint64_t full[kStages];
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
-  int32_t flat_start[kTma ? kMaxFlatBatch + 1 : 1];  // the flat plan: request b's first tile
+  int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
 };
 template <int kStages, bool kTma>

@@ -341,12 +341,16 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // 175.5 vs 200.4). Uneven or unknown lengths take the flat plan.
   const bool even = flat::lengths_even(meta.seq_lens_host.data(), int64_t(meta.seq_lens_host.size()));
   // Pages of 1-4 rows by TMA boxes where that pays (AttendParams::small_page_tma): a bf16 cache, or
-  // an uneven batch, whose flat plan needs TMA (v20, 64 x u32768 at page 1: 330.7 vs 407.7 µs).
-  p.small_page_tma = !cache_fp8 || !even;
+  // an uneven batch of the many-rows kernel, whose flat plan needs TMA (v20b, 64 x 128 heads x
+  // u32768 at page 1: 856.3 vs 1394.6 µs on gathered tiles with fixed splits).
+  p.small_page_tma = !cache_fp8 || (!even && p.many_rows);
+  // The 16-row kernel runs the flat plan on cp.async tiles too (v22), for uneven batches only (an
+  // even one gains nothing from it, and its segment switches drain the copies).
+  const bool tma = attend_wgmma_uses_tma(p);
+  const bool copies_flat = !tma && !even && !p.many_rows && attend_wgmma_applies(p);
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
                     !(p.many_rows && even) && (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
-                    attend_wgmma_uses_tma(p) &&
-                    p.batch <= kMaxFlatBatch &&
+                    (tma || copies_flat) && p.batch <= kMaxFlatBatch &&
                     ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * meta.qlen <= partial_rows_;
   if (flat) {
     const FlatStrides st = flat_strides(query_heads(), meta.qlen);
