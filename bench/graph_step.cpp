@@ -5,7 +5,7 @@
 //
 //   mla_graph_bench [--preset kimi-k3] [--iters 100] [--json FILE] B:CONTEXT:QLEN:PAGE:KV[:HEADS[:SPLITS]] ...
 //   e.g. mla_graph_bench 1:8192:1:64:fp8 64:8192:1:64:fp8 64:8192:1:1:fp8 64:u32768:1:64:fp8
-// KV: fp8 (fp8 query and cache) or bf16 (bf16 query and cache). CONTEXT uN: an uneven batch, each request's length drawn uniformly from [QLEN, N] (fixed seed);
+// KV: fp8 (fp8 query and cache) or bf16 (bf16 query and cache). CONTEXT uN: an uneven batch, each request's length drawn uniformly from [QLEN, N] (seeded by B, N and QLEN);
 // bytes and FLOPs count the keys actually there (issue 5: within 10% of the even batch of the same
 // total, e.g. 64:16384 next to 64:u32768).
 #include <cuda_runtime.h>
@@ -111,7 +111,10 @@ int main(int argc, char** argv) {
       const mla::PreparedWeights w = mla::prepare_weights(cfg, mla::random_checkpoint_weights(cfg, 1));
       std::vector<int32_t> seq_lens(size_t(c.batch), c.context);
       if (c.uneven) {
-        std::mt19937 rng(1234 + unsigned(k));
+        // Seeded by the batch shape alone, so one "B:uN:Q" draws the same lengths at any page size,
+        // cache type or head count and at any place in the list (until session 9 the seed was the
+        // config's index: the same config in another place or run drew other lengths).
+        std::mt19937 rng(1234u + unsigned(c.batch) * 131u + unsigned(c.context) * 7u + unsigned(c.qlen));
         std::uniform_int_distribution<int32_t> len(c.qlen, c.context);
         for (int32_t& l : seq_lens) l = len(rng);
       }
