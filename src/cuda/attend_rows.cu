@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         if (n_pairs > 1) next_page = pair_page(keys, 1);
         if (has_next) next_segment_page = pair_page(next, 0);
       }
-    } else {  // (fixed splits only: one segment a CTA, nothing prefetched)
+    } else {  // (gathered: nothing prefetched; the flat plan only under MLA_ATTEND_GATHER_FLAT=1)
       publish_pair(key_of(0), 0, done);
       publish_pair(key_of(1), 1, done + 1);
       ahead = key_of(2);
@@ -460,7 +460,6 @@ void prepare_attend_rows_kernel() {
 }
 
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
-  MLA_REQUIRE(tma || p.flat_ctas == 0, "attend: the flat plan needs TMA tiles");
   const dim3 grid = attend_launch_grid(p, kRowsN);
   if (tma) attend_rows_kernel<true><<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
   else attend_rows_kernel<false><<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);

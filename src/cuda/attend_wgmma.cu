@@ -568,8 +568,9 @@ void prepare_attend_wgmma_kernels() {
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   const bool tma = attend_wgmma_uses_tma(p);
-  MLA_REQUIRE(p.flat_ctas == 0 || ((tma || !p.many_rows) && p.dcp_size == 1 && p.batch <= kMaxFlatBatch),
-              "attend: the flat plan needs W = 1, B <= ", kMaxFlatBatch, " and TMA tiles for many rows");
+  MLA_REQUIRE(p.flat_ctas == 0 || ((tma || !p.many_rows || attend_rows_gathers(p)) && p.dcp_size == 1 &&
+                                    p.batch <= kMaxFlatBatch),
+              "attend: the flat plan needs W = 1, B <= ", kMaxFlatBatch, " and TMA or gathered tiles for many rows");
   // The flat plan: flat_ctas key-CTAs x the row tiles; else one CTA per (request, split, row tile).
   const dim3 grid = attend_launch_grid(p, kN);
   const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};

@@ -43,6 +43,17 @@ bool flat_plan_enabled() {
   return on;
 }
 
+// MLA_ATTEND_GATHER_FLAT=1 (NOT YET RUN on a GPU; session 9): the many-rows kernel's uneven batches
+// at pages TMA boxes row by row or not at all take the flat plan on its gathered tiles (as the
+// 16-row kernel's cp.async tiles do since v22) instead of one-row TMA boxes or fixed splits.
+bool gather_flat_wanted() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ATTEND_GATHER_FLAT");
+    return env && std::string_view(env) == "1";
+  }();
+  return on;
+}
+
 // The flat plan's partials in the o / lse workspace: partial i is [Q, G, L] f32 (lse [Q, G]) at
 // i * Q * G * L, whatever splits the workspace views say (attend writes them, post reads them).
 struct FlatStrides {
@@ -343,11 +354,13 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // Pages of 1-4 rows by TMA boxes where that pays (AttendParams::small_page_tma): a bf16 cache, or
   // an uneven batch of the many-rows kernel, whose flat plan needs TMA (v20b, 64 x 128 heads x
   // u32768 at page 1: 856.3 vs 1394.6 µs on gathered tiles with fixed splits).
-  p.small_page_tma = !cache_fp8 || (!even && p.many_rows);
+  p.small_page_tma = !cache_fp8 || (!even && p.many_rows && !gather_flat_wanted());
   // The 16-row kernel runs the flat plan on cp.async tiles too (v22), for uneven batches only (an
-  // even one gains nothing from it, and its segment switches drain the copies).
+  // even one gains nothing from it, and its segment switches drain the copies); the many-rows
+  // kernel on its gathered tiles only under MLA_ATTEND_GATHER_FLAT=1.
   const bool tma = attend_wgmma_uses_tma(p);
-  const bool copies_flat = !tma && !even && !p.many_rows && attend_wgmma_applies(p);
+  const bool copies_flat = !tma && !even && attend_wgmma_applies(p) &&
+                           (!p.many_rows || (gather_flat_wanted() && attend_rows_gathers(p)));
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
                     !(p.many_rows && even) && (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
                     (tma || copies_flat) && p.batch <= kMaxFlatBatch &&
