@@ -151,7 +151,7 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_rows_gathers(p)) << "page " << page;
   }
-  p.small_page_tma = true;  // an uneven batch: TMA boxes for the flat plan
+  p.small_page_tma = true;  // an uneven many-rows batch: TMA boxes for the flat plan
   p.page_size = 1, p.page_stride = 576;
   EXPECT_FALSE(cuda::attend_rows_gathers(p));
   p.small_page_tma = false;
