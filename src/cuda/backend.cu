@@ -359,8 +359,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // even one gains nothing from it, and its segment switches drain the copies); the many-rows
   // kernel on its gathered tiles only under MLA_ATTEND_GATHER_FLAT=1.
   const bool tma = attend_wgmma_uses_tma(p);
-  const bool copies_flat = !tma && !even && attend_wgmma_applies(p) &&
-                           (!p.many_rows || (gather_flat_wanted() && attend_rows_gathers(p)));
+  const bool copies_flat = !tma && !even && (!p.many_rows || (gather_flat_wanted() && attend_rows_gathers(p)));
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
                     !(p.many_rows && even) && (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
                     (tma || copies_flat) && p.batch <= kMaxFlatBatch &&
