@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         if (n_pairs > 1) next_page = pair_page(keys, 1);
         if (has_next) next_segment_page = pair_page(next, 0);
       }
-    } else {  // (gathered: nothing prefetched; the flat plan only under MLA_ATTEND_GATHER_FLAT=1)
+    } else {  // (gathered: nothing prefetched across segments)
       publish_pair(key_of(0), 0, done);
       publish_pair(key_of(1), 1, done + 1);
       ahead = key_of(2);

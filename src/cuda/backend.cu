@@ -43,17 +43,6 @@ bool flat_plan_enabled() {
   return on;
 }
 
-// MLA_ATTEND_GATHER_FLAT=1 (NOT YET RUN on a GPU; session 9): the many-rows kernel's uneven batches
-// at pages TMA boxes row by row or not at all take the flat plan on its gathered tiles (as the
-// 16-row kernel's cp.async tiles do since v22) instead of one-row TMA boxes or fixed splits.
-bool gather_flat_wanted() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_GATHER_FLAT");
-    return env && std::string_view(env) == "1";
-  }();
-  return on;
-}
-
 // The flat plan's partials in the o / lse workspace: partial i is [Q, G, L] f32 (lse [Q, G]) at
 // i * Q * G * L, whatever splits the workspace views say (attend writes them, post reads them).
 struct FlatStrides {
@@ -351,15 +340,14 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // cost more than the flat plan's balance brings there (H200, 949867f: D 320.7 vs 344.1 us, F
   // 175.5 vs 200.4). Uneven or unknown lengths take the flat plan.
   const bool even = flat::lengths_even(meta.seq_lens_host.data(), int64_t(meta.seq_lens_host.size()));
-  // Pages of 1-4 rows by TMA boxes where that pays (AttendParams::small_page_tma): a bf16 cache, or
-  // an uneven batch of the many-rows kernel, whose flat plan needs TMA (v20b, 64 x 128 heads x
-  // u32768 at page 1: 856.3 vs 1394.6 µs on gathered tiles with fixed splits).
-  p.small_page_tma = !cache_fp8 || (!even && p.many_rows && !gather_flat_wanted());
-  // The 16-row kernel runs the flat plan on cp.async tiles too (v22), for uneven batches only (an
-  // even one gains nothing from it, and its segment switches drain the copies); the many-rows
-  // kernel on its gathered tiles only under MLA_ATTEND_GATHER_FLAT=1.
+  // Pages of 1-4 rows by TMA boxes for a bf16 cache only (AttendParams::small_page_tma: D bf16 at
+  // page 1 597.5 vs 1835.9 µs, v20b). fp8 caches gather such pages (cp.async), and uneven batches
+  // take the flat plan on those tiles in both kernels: the 16-row kernel since v22, the many-rows
+  // kernel since 3d5094f's run (64 x 128 heads x u32768 at page 1: 744.8 µs vs 863.1 on one-row
+  // TMA boxes, same lengths; H200). Even batches gain nothing from it (segment switches drain the copies).
+  p.small_page_tma = !cache_fp8;
   const bool tma = attend_wgmma_uses_tma(p);
-  const bool copies_flat = !tma && !even && (!p.many_rows || (gather_flat_wanted() && attend_rows_gathers(p)));
+  const bool copies_flat = !tma && !even && (!p.many_rows || attend_rows_gathers(p));
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
                     !(p.many_rows && even) && (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
                     (tma || copies_flat) && p.batch <= kMaxFlatBatch &&

@@ -147,11 +147,11 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
   cuda::AttendParams p = step_partials_params(o.data());
   p.cache = cache;
   p.row_stride = 576, p.num_pages = 100, p.splits = 4;
-  for (int page : {1, 2, 4, 3, 6, 12, 48}) {  // (1, 2, 4: an even fp8 batch)
+  for (int page : {1, 2, 4, 3, 6, 12, 48}) {  // (1, 2, 4: an fp8 cache, even or uneven)
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_rows_gathers(p)) << "page " << page;
   }
-  p.small_page_tma = true;  // an uneven many-rows batch: TMA boxes for the flat plan
+  p.small_page_tma = true;  // (as for a bf16 cache): one-row TMA boxes
   p.page_size = 1, p.page_stride = 576;
   EXPECT_FALSE(cuda::attend_rows_gathers(p));
   p.small_page_tma = false;
