@@ -18,9 +18,7 @@
 //            registers for its own tile, from the rope slab for the other's
 //   loads:   each part of a buffer is reloaded by the warpgroup that reads it last, right after
 //            that read (an mbarrier a part and buffer): warpgroup w its dims' slabs, and the rope
-//            slab (the P it read) of the other's tile. Warpgroup 0 reloads a's dims right after its
-//            own p.v of a, so it scores the next pair's first tile in two phases: those dims, then
-//            the rest once warpgroup 1 has reloaded them. No CTA barrier in the loop.
+//            slab (the P it read) of the other's tile. No CTA barrier in the loop.
 // V rows of masked keys are zeroed in the tile before p.v (NaN x 0 is NaN) by the warpgroup whose
 // dims they are. P rounded once to bf16 gives o a relative error of ~2e-3: only the step's partials
 // (bf16 out) and a caller's bf16 o take this kernel. Tiles come by TMA only (pages of a power of
@@ -328,23 +326,33 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
       return __any_sync(0xffffffffu, moved);
     };
-    // Weights as bf16 p.v A fragments (k16 step ks: a[0] row0 keys 16 ks + 2c, +1; a[1] row0 + 8;
-    // a[2], a[3] the keys + 8: accumulator elements 8 ks + 2e, + 1).
-    auto pack = [&](const float (&s)[32], uint32_t (&pa)[kPvSteps][4]) {
-#pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pa[ks][e] = ptx::pack_bf16x2(s[8 * ks + 2 * e], s[8 * ks + 2 * e + 1]);
+    // P of tile t as bf16 into its rope slab (the owner's q.k was the slab's last reader), where
+    // both warpgroups' p.v read it (an SS operand: K-major core matrices, a thread's 4 bytes a
+    // chunk row). Element pair (8 ks + 2e, + 1): row row0 + 8 (e & 1), keys 16 ks + 8 (e / 2) + 2c,
+    // + 1: chunk 2 ks + e / 2. (P stays out of registers while p.v runs: v23's first form kept
+    // the owner's P as register A fragments, and ptxas serialized every wgmma, short of registers.)
+    auto p_addr = [&](int t, int ks, int e) {
+      return kv_of(t) + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c + (2 * ks + (e >> 1)) * kChunkStrideM +
+             128 * (e & 1);
     };
-    // P of tile t into its rope slab for the other warpgroup (the owner's q.k was the slab's last
-    // reader): K-major core matrices, a thread's 4 bytes a chunk row; then visible to the tensor cores.
-    auto store_p = [&](int t, const uint32_t (&pa)[kPvSteps][4]) {
-      const uint32_t at = kv_of(t) + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
+    auto store_p = [&](int t, const float (&s)[32]) {
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)  // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
-          ptx::st_shared_b32(at + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * (e & 1), pa[ks][e]);
+        for (int e = 0; e < 4; ++e)
+          ptx::st_shared_b32(p_addr(t, ks, e), ptx::pack_bf16x2(s[8 * ks + 2 * e], s[8 * ks + 2 * e + 1]));
+      wgmma::fence_proxy_async();
+    };
+    // P(a) moved to the pair's maxima in place (rounded twice where a row moved: the lazy rule makes it rare).
+    auto scale_p = [&](int t, const float (&beta)[2]) {
+#pragma unroll
+      for (int ks = 0; ks < kPvSteps; ++ks)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const uint32_t at = p_addr(t, ks, e), v = ptx::ld_shared_b32(at);
+          const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+          ptx::st_shared_b32(at, ptx::pack_bf16x2(w.x * beta[e & 1], w.y * beta[e & 1]));
+        }
       wgmma::fence_proxy_async();
     };
     auto rescale_if = [&](bool moved, const float (&alpha)[2]) {
@@ -353,17 +361,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
 #pragma unroll
       for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     };
-    // p.v of the owner's tile t (P from registers) or of the other's tile j (P from its rope slab),
-    // into this warpgroup's dims after their masked V rows are zeroed; one group each.
-    auto pv_own = [&](int t, const uint32_t (&pa)[kPvSteps][4]) {
-      zero_masked(t, key_mask(t));
-      const uint32_t kv = kv_of(t);
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
-      wgmma::commit();
-    };
-    auto pv_other = [&](int j) {
+    // p.v of tile j (P from its rope slab) into this warpgroup's dims, after their masked V rows
+    // are zeroed; one group.
+    auto pv = [&](int j) {
       tma::wait_parity_forever(bar_of(j, wg), parity(j));
       zero_masked(j, key_mask(j));
       const uint32_t kv = kv_of(j);
@@ -382,94 +382,80 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // Each part of a buffer is reloaded by the warpgroup that reads it last, right after that read:
     // warpgroup 0 its dims of a's buffer after its p.v of a (the next pair's first tile an), and of
     // b's with b's rope slab (P(b)) after its p.v of b; warpgroup 1 its dims of b's buffer after
-    // its p.v of b, and of a's with a's rope slab (P(a)) after its p.v of a. Warpgroup 0 scores an
-    // in two phases around its reload of b's buffer: its own dims (loaded first) then the rest.
-    auto head0 = [&](int a, float (&s)[32], uint32_t (&pa)[kPvSteps][4]) {  // q.k(a) committed
+    // its p.v of b, and of a's with a's rope slab (P(a)) after its p.v of a.
+    auto head0 = [&](int a, float (&s)[32]) {  // q.k(a) committed
       wgmma::wait<0>();
       float alpha[2];
       const bool moved = weights(a, s, alpha);
       ptx::named_arrive(kBarA, kThreadsB);
-      pack(s, pa);
+      store_p(a, s);
       rescale_if(moved, alpha);
-      pv_own(a, pa);
+      pv(a);
     };
-    auto mid0 = [&](int a, int n, uint32_t (&pa)[kPvSteps][4]) {  // b = a + 1 < n
+    auto mid0 = [&](int a, int n) {  // b = a + 1 < n
       ptx::named_sync(kBarB, kThreadsB);
       wgmma::wait<0>();
       if (a + 2 < n) load(a + 2);
       float beta[2];
       const bool moved = take_max(a + 1, beta);
-      if (moved) {  // P(a) to m(b) in bf16 (rounded twice where a row moved: the lazy rule makes it rare)
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pa[ks][e]));
-            pa[ks][e] = ptx::pack_bf16x2(w.x * beta[e & 1], w.y * beta[e & 1]);
-          }
-      }
-      store_p(a, pa);
+      if (moved) scale_p(a, beta);
       ptx::named_arrive(kBarC, kThreadsB);
       rescale_if(moved, beta);
-      pv_other(a + 1);
+      pv(a + 1);
     };
-    auto pair1 = [&](int a, float (&s)[32], uint32_t (&pa)[kPvSteps][4]) {  // q.k(b) committed, b < n
+    auto pair1 = [&](int a, float (&s)[32]) {  // q.k(b) committed, b < n
       ptx::named_sync(kBarA, kThreadsB);
       float alpha0[2], alpha1[2];
       const bool moved0 = take_max(a, alpha0);
       wgmma::wait<0>();
       const bool moved1 = weights(a + 1, s, alpha1);
-      pack(s, pa);
-      store_p(a + 1, pa);
+      store_p(a + 1, s);
       ptx::named_arrive(kBarB, kThreadsB);
       const float alpha[2] = {alpha0[0] * alpha1[0], alpha0[1] * alpha1[1]};
       rescale_if(moved0 || moved1, alpha);
-      pv_own(a + 1, pa);
+      pv(a + 1);
       ptx::named_sync(kBarC, kThreadsB);
-      pv_other(a);
+      pv(a);
     };
     auto single1 = [&](int a) {  // a alone: the segment's last tile
+      // (Nothing is in flight here; the wait tells ptxas so.)
+      wgmma::wait<0>();
       ptx::named_sync(kBarA, kThreadsB);
       float alpha[2];
       rescale_if(take_max(a, alpha), alpha);
       ptx::named_sync(kBarC, kThreadsB);
-      pv_other(a);
+      pv(a);
       wgmma::wait<0>();
     };
 
-    float s[32];
-    uint32_t pa[kPvSteps][4];
+    // (Each round declares its scores and issues their q.k itself: an accumulator carried across
+    // the loop's back edge made ptxas serialize every wgmma of the kernel, C7515: v23's first run,
+    // D 443 µs.)
     if (wg == 0) {
-      if (n_tiles > 0) qk(0, s);
       for (int a = 0; a < n_tiles; a += 2) {
-        head0(a, s, pa);
+        wgmma::wait<0>();  // (p.v of the previous pair's b done)
+        if (a > 0 && a + 1 < n_tiles) load(a + 1);
+        // (Scoring a's own dims first, before that wait, as FlashMLA does, made ptxas serialize
+        // every wgmma here, C7514.)
+        float s[32];
+        qk(a, s);
+        head0(a, s);
         if (a + 1 < n_tiles) {
-          mid0(a, n_tiles, pa);
-        } else {  // a last tile alone: P(a) at m(a)
-          wgmma::wait<0>();
-          store_p(a, pa);
+          mid0(a, n_tiles);
+        } else {  // a last tile alone: P(a) stays at m(a)
           ptx::named_arrive(kBarC, kThreadsB);
-        }
-        if (a + 2 < n_tiles) {  // the next pair's first tile: its dims 0..255 (loaded first), then the rest
-          qk_dims(a + 2, s, 0, true);
-          wgmma::commit();
-          wgmma::wait<1>();  // (p.v of b done)
-          if (a + 3 < n_tiles) load(a + 3);
-          qk_dims(a + 2, s, 1, false);
-          qk_rope(a + 2, s);
-          wgmma::commit();
         }
       }
     } else {
-      if (n_tiles > 1) qk(1, s);
       for (int a = 0; a < n_tiles; a += 2) {
         if (a + 1 < n_tiles) {
-          pair1(a, s, pa);
+          float s[32];
+          qk(a + 1, s);
+          pair1(a, s);
           wgmma::wait<1>();  // (p.v of b done)
           if (a + 3 < n_tiles) load(a + 3);
           wgmma::wait<0>();  // (p.v of a done)
           if (a + 2 < n_tiles) load(a + 2);
-          if (a + 3 < n_tiles) qk(a + 3, s);
         } else {
           single1(a);
         }
