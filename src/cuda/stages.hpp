@@ -184,6 +184,7 @@ void prepare_attend_rows_kernel();
 // MLA_ATTEND_KERNEL=wgmma). Elsewhere a bf16 operand takes the mma.sync kernel.
 bool attend_rows_bf16_applies(const AttendParams& p);
 void prepare_attend_rows_bf16_kernel();
+void prepare_attend_rows_bf16_pairs_kernel();
 void prepare_attend_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the attend kernels; once per process and device,
 // outside any graph capture.

@@ -1,0 +1,518 @@
+// attend for many query rows a key with a bf16 query and cache (issue 5: 128 heads, qlen 4-8):
+// v23c, FlashMLA's pair schedule, opt-in by MLA_ATTEND_BF16_PAIRS=1 while it is measured against
+// the default (attend_rows_bf16.cu, v18c); one of the two goes once it is.
+//
+// The fp8 many-rows kernel (attend_rows.cu) puts keys on wgmma's M side because fp8 operands must
+// be K-major; bf16 ones may be MN-major, so here the query rows are M and V is read straight from
+// the cache rows as TMA wrote them (FlashMLA's layout). A CTA takes 64 query rows with two
+// warpgroups at one CTA an SM and streams 64-key tiles (nine 128-byte slabs a key row) through two
+// buffers, in FlashMLA's pair schedule (v23; docs/attention.md):
+//   ownership: tiles go in pairs (a, b = a + 1); warpgroup 0 scores a, warpgroup 1 scores b, each
+//            alone: S [64 rows x 64 keys] = Q . K^T (HGMMA m64n64k16; the query's dims 0..511 from
+//            shared memory, its rope dims 512..575 from registers)
+//   softmax: one hand-off chain a pair: warpgroup 0 moves the maxima lazily (only past 2^8) over
+//            a and publishes them (A), warpgroup 1 goes on from there over b, stores P(b) as bf16
+//            in b's rope slab (free once its q.k is done) and publishes (B), warpgroup 0 moves P(a)
+//            to b's maxima and stores it in a's rope slab (C): both halves of o add both tiles at
+//            the pair's maxima. Each warpgroup keeps its share of the row sums.
+//   p.v:     warpgroup w owns o's dims 256 w .. 256 w + 255 for all 64 rows and adds both tiles of
+//            a pair (HGMMA m64n256k16, V MN-major from the tile's slabs 4w .. 4w + 3): P from
+//            registers for its own tile, from the rope slab for the other's
+//   loads:   each part of a buffer is reloaded by the warpgroup that reads it last, right after
+//            that read (an mbarrier a part and buffer): warpgroup w its dims' slabs, and the rope
+//            slab (the P it read) of the other's tile. No CTA barrier in the loop.
+// V rows of masked keys are zeroed in the tile before p.v (NaN x 0 is NaN) by the warpgroup whose
+// dims they are. P rounded once to bf16 gives o a relative error of ~2e-3: only the step's partials
+// (bf16 out) and a caller's bf16 o take this kernel. Tiles come by TMA only (pages of a power of
+// two rows). Shared memory: 2 buffers x 72 KB + the 64 KB query. Measured: docs/attention.md.
+#include <cuda_bf16.h>
+
+#include "core/softmax_state.hpp"
+#include "cuda/attend_keys.cuh"
+#include "cuda/attend_wgmma_tiles.cuh"
+#include "cuda/check.hpp"
+#include "cuda/device_math.cuh"
+#include "cuda/ptx.cuh"
+#include "cuda/stages.hpp"
+#include "cuda/tma.cuh"
+#include "cuda/tma.hpp"
+#include "cuda/wgmma.cuh"
+#include "cuda/wgmma_bf16.cuh"
+
+namespace mla::cuda {
+namespace {
+
+using namespace wgmma_attend;
+
+constexpr int kRowsM = kAttendRowsPerCta;              // query rows a CTA: wgmma M (64)
+constexpr int kGroups = 2;                             // warpgroups
+constexpr int kThreadsB = 128 * kGroups;
+constexpr int kRowSlabs = 2 * kRow / 128;              // 128-byte slabs of a bf16 key row (9)
+constexpr int kTileBytesB = kRowSlabs * kSlabBytes;    // 72 KB
+constexpr int kDimSlabs = kLatent / 64 / kGroups;      // slabs of a warpgroup's dims (4)
+constexpr int kRopeSlab = kLatent / 64;                // the rope dims' slab (8), then P
+constexpr int kQkSmemSteps = kLatent / 16;             // q.k k16 steps from shared memory (32)
+constexpr int kRopeSteps = (kRow - kLatent) / 16;      // ... and from registers (4)
+constexpr int kPvSteps = kTileKeys / 16;               // p.v k16 steps a tile (4)
+constexpr int kHalfDims = kLatent / kGroups;           // o's dims a warpgroup (256)
+constexpr int kChunkStrideM = kRowsM / 8 * 128;        // K-major core-matrix tiles of 64 rows: 1024
+constexpr int kQChunks = kLatent * 2 / 16;             // the query's 16-byte chunks in shared memory (64)
+constexpr int kBarA = 1, kBarB = 2, kBarC = 3;         // the pair's hand-offs (named barriers; see serve)
+constexpr int kBarGroup = 4;                           // + w: warpgroup w's 128 threads
+static_assert(kTileKeys / 8 * kChunkStrideM == kSlabBytes, "P [64 rows x 64 keys] fills the rope slab");
+
+struct Bf16RowsSmem {
+  alignas(1024) uint8_t kv[2][kTileBytesB];              // [buffer], swizzled slabs (tile_offset<true>)
+  alignas(128) uint8_t q[kQChunks * kChunkStrideM];     // dims 0..511: wgmma::kmajor_offset(row, chunk)
+  float m_pub[2][kRowsM];                                // the running maxima after tile j ([j & 1], log2 units)
+  float red[kGroups][kRowsM];                            // each warpgroup's share of the row sums
+  int32_t limit[kRowsM];                                 // a row's last visible position (causal)
+  alignas(8) uint64_t full[2][3];                        // [buffer][part]: warpgroup 0's, 1's slabs, the rope slab
+  uint64_t key_mask[2][kGroups][4];                      // a tile's real keys, by each warpgroup's issuing warps
+  int32_t flat_start[kMaxFlatBatch + 1];
+  KeyStream segment, next_segment;
+};
+constexpr int bf16_rows_smem_bytes() { return int(sizeof(Bf16RowsSmem)) + 1024; }
+static_assert(bf16_rows_smem_bytes() <= 227 * 1024, "over the H200's shared memory a block");
+
+// The query rows m_base .. m_base + 63 (zero past the request's): dims 0..511 to shared memory in
+// K-major core matrices, through registers (load, then store: a kernel issues the loads before it
+// waits on something else), a warp 8 rows x 4 chunks an instruction so both sides are dense
+// (64 contiguous bytes a row; 8 rows' 16-byte chunks on distinct banks a quarter warp).
+struct QueryRowsBf16 {
+  static constexpr int kPerThread = kRowsM * kQChunks / kThreadsB;  // 16
+  uint4 raw[kPerThread];
+
+  __device__ __forceinline__ static void rc(int tid, int k, int& row, int& chunk) {
+    const int unit = tid / 32 + k * (kThreadsB / 32), lane = tid % 32;  // 128 units of 8 rows x 4 chunks
+    row = 8 * (unit % 8) + lane % 8;
+    chunk = 4 * (unit / 8) + lane / 8;
+  }
+  __device__ __forceinline__ void load(const AttendParams& p, int b, int m_base, int rows_total, int tid) {
+    const uint16_t* q = static_cast<const uint16_t*>(p.q);
+    const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(2 * p.q_s_stride) | uintptr_t(2 * p.q_h_stride)) % 16 == 0;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      int row, chunk;
+      rc(tid, k, row, chunk);
+      raw[k] = make_uint4(0, 0, 0, 0);
+      if (m_base + row >= rows_total) continue;
+      const uint16_t* src = q + query_offset(p, b, m_base + row, 8 * chunk);
+      if (vec) {
+        raw[k] = *reinterpret_cast<const uint4*>(src);
+      } else {
+        uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = uint32_t(src[2 * e]) | uint32_t(src[2 * e + 1]) << 16;
+        raw[k] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+  }
+  __device__ __forceinline__ void store(uint8_t* q_smem, int tid) const {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      int row, chunk;
+      rc(tid, k, row, chunk);
+      *reinterpret_cast<uint4*>(&q_smem[wgmma::kmajor_offset(row, chunk)]) = raw[k];
+    }
+  }
+};
+
+// The query's rope dims (512..575) as q.k's register A fragments: k16 step ks, this warp's rows
+// 16 warp + g (a[0], a[2]) and + 8 (a[1], a[3]), dims 512 + 16 ks + 2c, +1 (a[0], a[1]) and + 8 (a[2], a[3]).
+__device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_base, int rows_total, int warp, int g,
+                                          int c, uint32_t (&a)[kRopeSteps][4]) {
+  const uint16_t* q = static_cast<const uint16_t*>(p.q);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int m = m_base + 16 * warp + g + 8 * h;
+    const uint16_t* row = m < rows_total ? q + query_offset(p, b, m, kLatent) : nullptr;
+#pragma unroll
+    for (int ks = 0; ks < kRopeSteps; ++ks)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = 16 * ks + 8 * e + 2 * c;
+        a[ks][h + 2 * e] = row ? uint32_t(row[d]) | uint32_t(row[d + 1]) << 16 : 0u;
+      }
+  }
+}
+
+__global__ void __launch_bounds__(kThreadsB, 1)
+    attend_rows_bf16_pairs_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
+  // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows.cu: why).
+  extern __shared__ uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32;
+  // The warpgroup through a shuffle, so ptxas knows it is warp-uniform: branches on it around
+  // wgmma are then not divergent (ptxas would serialize every wgmma of the kernel, C7520).
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const int g = lane / 4, c = lane % 4;
+  const int row0 = 16 * warp + g;  // this thread's rows: row0 (h = 0) and row0 + 8 (h = 1)
+  const CtaWork cta(p, kRowsM, tid);
+  const int rows_total = cta.rows_total, m_base = cta.m_base;
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      for (int part = 0; part < 3; ++part) tma::mbarrier_init(ptx::smem_addr(&sm.full[b][part]), TmaTiles::slots(p));
+      for (int w = 0; w < kGroups; ++w)
+        for (int k = 0; k < 4; ++k) sm.key_mask[b][w][k] = 0;  // slots past TmaTiles::slots(p) stay 0
+    }
+    tma::fence_barrier_init();  // published by the first segment's CTA barrier
+  }
+  int done = 0;  // tiles consumed by earlier segments (buffer and parity run on)
+  const TmaTiles tiles(p, &cache_map, lane, warp);  // each warpgroup's warps issue its own parts
+
+  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool, bool) {
+    const int n_tiles = keys.n_tiles();
+    auto buffer = [&](int j) { return (done + j) & 1; };
+    auto parity = [&](int j) { return uint32_t((done + j) >> 1) & 1; };
+    auto kv_of = [&](int j) { return ptx::smem_addr(sm.kv[buffer(j)]); };
+    auto bar_of = [&](int j, int part_) { return ptx::smem_addr(&sm.full[buffer(j)][part_]); };
+    // This warpgroup's loads of tile j: its dims' slabs, and the rope slab of a tile the other
+    // warpgroup owns (it holds that tile's P, which this warpgroup reads last). Tiles of each parity
+    // go out in order, those of a pair in either (warpgroup 1 reloads b's buffer first), so each
+    // parity keeps its next tile's page id, loaded a pair ahead.
+    int32_t load_page[2] = {-1, -1};
+    auto load = [&](int j) {
+      if (!tiles.issues()) return;
+      tiles.issue<kDimSlabs>(keys, j, load_page[j & 1], kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp],
+                             kDimSlabs * wg);
+      if ((j & 1) != wg) tiles.issue<1>(keys, j, load_page[j & 1], kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
+      load_page[j & 1] = j + 2 < n_tiles ? tiles.page_of(keys, j + 2) : -1;
+    };
+    // The query's loads first, then the page ids and first boxes: the round trips overlap.
+    int tid_q = tid;
+    asm volatile("" : "+r"(tid_q));  // (the loads' offsets would be hoisted out of the segment loop and held)
+    QueryRowsBf16 query;
+    query.load(p, b, m_base, rows_total, tid_q);
+    if (n_tiles > 0 && tiles.issues()) {
+      load_page[0] = tiles.page_of(keys, 0);
+      if (n_tiles > 1) load_page[1] = tiles.page_of(keys, 1);
+      load(0);
+      if (n_tiles > 1) load(1);
+    }
+    query.store(sm.q, tid_q);
+    uint32_t q_rope[kRopeSteps][4];
+    load_rope(p, b, m_base, rows_total, warp, g, c, q_rope);
+    if (tid < kRowsM) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);
+    wgmma::fence_proxy_async();
+    __syncthreads();
+
+    // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a tile past
+    // it takes the per-row rule (rows past the request's see nothing).
+    const int32_t min_limit = keys.limit(p, m_base, rows_total);
+    const int32_t row_limit[2] = {sm.limit[row0], sm.limit[row0 + 8]};
+    float m_run[2] = {-INFINITY, -INFINITY}, d_run[2] = {0.0f, 0.0f};  // log2 units (scaled scores)
+    const float scale_log2 = p.score_scale * 1.4426950408889634f;
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q), kChunkStrideM, 128);
+    auto position = [&](int64_t jj) {
+      return keys.plain_positions ? jj : dcp_global_position(jj, p.dcp_size, p.dcp_rank, p.dcp_interleave);
+    };
+    auto v_desc = [&](uint32_t kv, int ks) {  // keys 16 ks .. of the tile, this warpgroup's 4 slabs of dims
+      return wgmma::descriptor_sw128_mn(kv + kDimSlabs * wg * kSlabBytes + 16 * ks * 128, kSlabBytes);
+    };
+    auto key_mask = [&](int j) {  // tile j's real keys (after a wait on this warpgroup's part of it)
+      const uint64_t* m = sm.key_mask[buffer(j)][wg];
+      return (m[0] | m[1]) | (m[2] | m[3]);
+    };
+    // V rows of tile j's masked keys (past the segment, on a bad page: whatever the buffer held, NaN
+    // included) to zero in this warpgroup's slabs, before its p.v reads them and after the owner's
+    // q.k is done with them; then this warpgroup's threads meet (the tensor cores read them next).
+    auto zero_masked = [&](int j, uint64_t mask) {
+      if (mask == ~0ull) return;
+      uint8_t* slabs = sm.kv[buffer(j)] + kDimSlabs * wg * kSlabBytes;
+#pragma unroll 4
+      for (int k = 0; k < kTileKeys * kDimSlabs * 8 / 128; ++k) {  // 16 16-byte chunks a thread
+        const int unit = tid % 128 + 128 * k, key = unit / 32, slab = (unit / 8) % kDimSlabs, chunk = unit % 8;
+        if (!((mask >> key) & 1))
+          *reinterpret_cast<uint4*>(&slabs[slab * kSlabBytes + key * 128 + 16 * chunk]) = make_uint4(0, 0, 0, 0);
+      }
+      wgmma::fence_proxy_async();
+      ptx::named_sync(kBarGroup + wg, 128);
+    };
+
+    // q.k(t), the owner's, in parts: warpgroup w's dims (slabs 4w .. 4w + 3, after their part's
+    // wait), the rope slab (query from registers). commit closes a group.
+    auto qk_dims = [&](int t, float (&s)[32], int w, bool first) {
+      tma::wait_parity_forever(bar_of(t, w), parity(t));
+      wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
+      uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
+      uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kDimSlabs * w * kSlabBytes);
+#pragma unroll
+      for (int k = 0; k < kQkSmemSteps / 2; ++k) {
+        wgmma::mma_m64n64k16_bf16(s, qd, kd, !first || k > 0);
+        // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
+        qd = wgmma::advance(qd, 2 * kChunkStrideM);
+        kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
+        asm volatile("" : "+l"(qd), "+l"(kd));  // (unrolled, ptxas would hold every descriptor at once)
+      }
+    };
+    auto qk_rope = [&](int t, float (&s)[32]) {
+      tma::wait_parity_forever(bar_of(t, 2), parity(t));
+      wgmma::fence();
+      uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kRopeSlab * kSlabBytes);
+#pragma unroll
+      for (int k = 0; k < kRopeSteps; ++k) {
+        wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kd);
+        kd = wgmma::advance(kd, 32);
+      }
+    };
+    auto qk = [&](int t, float (&s)[32]) {  // this warpgroup's slabs first: its own loads went out first
+      qk_dims(t, s, wg, true);
+      qk_dims(t, s, wg ^ 1, false);
+      qk_rope(t, s);
+      wgmma::commit();
+    };
+    // The owner's softmax of tile t (its q.k done): scores masked, the rows' maxima moved lazily
+    // from m_run and published for the other warpgroup, s turned into the weights (f32) and added
+    // to the row sums. alpha: o's factor (d_run already moved). Returns whether any row moved.
+    auto weights = [&](int t, float (&s)[32], float (&alpha)[2]) {
+      wgmma::fence_operand(s);
+      // Scores masked by a select (a NaN of a masked key goes too). Element i: row row0 + 8 h
+      // (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1). Positions grow with the local index, so
+      // the tile's last key decides whether every row sees all of it.
+      const uint64_t mask = key_mask(t);
+      const int64_t key0 = keys.k_begin + int64_t(t) * kTileKeys;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if (!((mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
+      if (position(key0 + kTileKeys - 1) > min_limit) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if (position(key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
+      }
+      // A row's maximum moves only past m_run + 2^3 (weights stay <= 2^8), to the tile's maximum;
+      // -inf stays -inf while a row sees nothing.
+      bool moved = false;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 2 * h; i < 32; i += 4) mx = fmaxf(mx, fmaxf(s[i], s[i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float tile_max = mx * scale_log2;
+        alpha[h] = 1.0f;
+        if (tile_max > m_run[h] + kLazyRescale) {
+          alpha[h] = exp2f(m_run[h] - tile_max);  // 0 from -inf
+          m_run[h] = tile_max;
+          d_run[h] *= alpha[h];
+          moved = true;
+        }
+        if (c == 0) sm.m_pub[t & 1][row0 + 8 * h] = m_run[h];
+      }
+      const float neg_m[2] = {m_run[0] == -INFINITY ? 0.0f : -m_run[0], m_run[1] == -INFINITY ? 0.0f : -m_run[1]};
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        s[i] = exp2f(fmaf(s[i], scale_log2, neg_m[(i >> 1) & 1]));
+        d_run[(i >> 1) & 1] += s[i];
+      }
+      return __any_sync(0xffffffffu, moved);
+    };
+    // The other warpgroup's maxima after tile j (published before its signal): m_run moves there,
+    // the row sums with it; alpha: o's factor (the owner's operands and rule: the same alpha).
+    auto take_max = [&](int j, float (&alpha)[2]) {
+      bool moved = false;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = sm.m_pub[j & 1][row0 + 8 * h];
+        alpha[h] = 1.0f;
+        if (m_new != m_run[h]) {
+          alpha[h] = exp2f(m_run[h] - m_new);
+          m_run[h] = m_new;
+          d_run[h] *= alpha[h];
+          moved = true;
+        }
+      }
+      return __any_sync(0xffffffffu, moved);
+    };
+    // P of tile t as bf16 into its rope slab (the owner's q.k was the slab's last reader), where
+    // both warpgroups' p.v read it (an SS operand: K-major core matrices, a thread's 4 bytes a
+    // chunk row). Element pair (8 ks + 2e, + 1): row row0 + 8 (e & 1), keys 16 ks + 8 (e / 2) + 2c,
+    // + 1: chunk 2 ks + e / 2. (P stays out of registers while p.v runs: v23's first form kept
+    // the owner's P as register A fragments, and ptxas serialized every wgmma, short of registers.)
+    auto p_addr = [&](int t, int ks, int e) {
+      return kv_of(t) + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c + (2 * ks + (e >> 1)) * kChunkStrideM +
+             128 * (e & 1);
+    };
+    auto store_p = [&](int t, const float (&s)[32]) {
+#pragma unroll
+      for (int ks = 0; ks < kPvSteps; ++ks)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          ptx::st_shared_b32(p_addr(t, ks, e), ptx::pack_bf16x2(s[8 * ks + 2 * e], s[8 * ks + 2 * e + 1]));
+      wgmma::fence_proxy_async();
+    };
+    // P(a) moved to the pair's maxima in place (rounded twice where a row moved: the lazy rule makes it rare).
+    auto scale_p = [&](int t, const float (&beta)[2]) {
+#pragma unroll
+      for (int ks = 0; ks < kPvSteps; ++ks)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const uint32_t at = p_addr(t, ks, e), v = ptx::ld_shared_b32(at);
+          const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+          ptx::st_shared_b32(at, ptx::pack_bf16x2(w.x * beta[e & 1], w.y * beta[e & 1]));
+        }
+      wgmma::fence_proxy_async();
+    };
+    auto rescale_if = [&](bool moved, const float (&alpha)[2]) {
+      if (!moved) return;
+      wgmma::fence_operand(o);
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    };
+    // p.v of tile j (P from its rope slab) into this warpgroup's dims, after their masked V rows
+    // are zeroed; one group.
+    auto pv = [&](int j) {
+      tma::wait_parity_forever(bar_of(j, wg), parity(j));
+      zero_masked(j, key_mask(j));
+      const uint32_t kv = kv_of(j);
+      const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kPvSteps; ++ks)
+        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+      wgmma::commit();
+    };
+
+    // FlashMLA's pair schedule (v23; docs/attention.md): tiles go in pairs (a, b = a + 1), a owned
+    // by warpgroup 0, b by 1, with one hand-off chain a pair on three named barriers:
+    //   A (0 -> 1): m(a) published;  B (1 -> 0): m(b) published and P(b) stored;  C (0 -> 1): P(a)
+    //   stored, moved to m(b), so both halves of o add both tiles at the pair's maxima.
+    // Each part of a buffer is reloaded by the warpgroup that reads it last, right after that read:
+    // warpgroup 0 its dims of a's buffer after its p.v of a (the next pair's first tile an), and of
+    // b's with b's rope slab (P(b)) after its p.v of b; warpgroup 1 its dims of b's buffer after
+    // its p.v of b, and of a's with a's rope slab (P(a)) after its p.v of a.
+    auto head0 = [&](int a, float (&s)[32]) {  // q.k(a) committed
+      wgmma::wait<0>();
+      float alpha[2];
+      const bool moved = weights(a, s, alpha);
+      ptx::named_arrive(kBarA, kThreadsB);
+      store_p(a, s);
+      rescale_if(moved, alpha);
+      pv(a);
+    };
+    auto mid0 = [&](int a, int n) {  // b = a + 1 < n
+      ptx::named_sync(kBarB, kThreadsB);
+      wgmma::wait<0>();
+      if (a + 2 < n) load(a + 2);
+      float beta[2];
+      const bool moved = take_max(a + 1, beta);
+      if (moved) scale_p(a, beta);
+      ptx::named_arrive(kBarC, kThreadsB);
+      rescale_if(moved, beta);
+      pv(a + 1);
+    };
+    auto pair1 = [&](int a, float (&s)[32]) {  // q.k(b) committed, b < n
+      ptx::named_sync(kBarA, kThreadsB);
+      float alpha0[2], alpha1[2];
+      const bool moved0 = take_max(a, alpha0);
+      wgmma::wait<0>();
+      const bool moved1 = weights(a + 1, s, alpha1);
+      store_p(a + 1, s);
+      ptx::named_arrive(kBarB, kThreadsB);
+      const float alpha[2] = {alpha0[0] * alpha1[0], alpha0[1] * alpha1[1]};
+      rescale_if(moved0 || moved1, alpha);
+      pv(a + 1);
+      ptx::named_sync(kBarC, kThreadsB);
+      pv(a);
+    };
+    auto single1 = [&](int a) {  // a alone: the segment's last tile
+      // (Nothing is in flight here; the wait tells ptxas so.)
+      wgmma::wait<0>();
+      ptx::named_sync(kBarA, kThreadsB);
+      float alpha[2];
+      rescale_if(take_max(a, alpha), alpha);
+      ptx::named_sync(kBarC, kThreadsB);
+      pv(a);
+      wgmma::wait<0>();
+    };
+
+    // (Each round declares its scores and issues their q.k itself: an accumulator carried across
+    // the loop's back edge made ptxas serialize every wgmma of the kernel, C7515: v23's first run,
+    // D 443 µs.)
+    if (wg == 0) {
+      for (int a = 0; a < n_tiles; a += 2) {
+        // a's dims 0..255 first (this warpgroup reloaded them right after its p.v of a - 2), while
+        // its p.v of the previous b runs; then that p.v's wait (a wait<1> here, as FlashMLA's,
+        // made ptxas serialize every wgmma of the kernel, C7514), b's reload, the rest of a.
+        float s[32];
+        qk_dims(a, s, 0, true);
+        wgmma::commit();
+        wgmma::wait<0>();
+        if (a > 0 && a + 1 < n_tiles) load(a + 1);
+        qk_dims(a, s, 1, false);
+        qk_rope(a, s);
+        wgmma::commit();
+        head0(a, s);
+        if (a + 1 < n_tiles) {
+          mid0(a, n_tiles);
+        } else {  // a last tile alone: P(a) stays at m(a)
+          ptx::named_arrive(kBarC, kThreadsB);
+        }
+      }
+    } else {
+      for (int a = 0; a < n_tiles; a += 2) {
+        if (a + 1 < n_tiles) {
+          float s[32];
+          qk(a + 1, s);
+          pair1(a, s);
+          wgmma::wait<1>();  // (p.v of b done)
+          if (a + 3 < n_tiles) load(a + 3);
+          wgmma::wait<0>();  // (p.v of a done)
+          if (a + 2 < n_tiles) load(a + 2);
+        } else {
+          single1(a);
+        }
+      }
+    }
+    wgmma::wait<0>();
+    wgmma::fence_operand(o);
+
+    // Row sums: over the quad, then both warpgroups' shares through shared memory.
+    float d[2] = {d_run[0], d_run[1]};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
+      d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+    }
+    if (c == 0) sm.red[wg][row0] = d[0], sm.red[wg][row0 + 8] = d[1];
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = row0 + 8 * h, m = m_base + n;
+      if (m >= rows_total) continue;
+      // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
+      SoftmaxState f;
+      f.d = sm.red[0][n] + sm.red[1][n];
+      f.m = f.empty() ? -INFINITY : m_run[h] * 0.6931471805599453f;
+      const float scale = f.inv_sum() * p.v_scale;
+      const OutRow out(p, part, tok_base, m);
+#pragma unroll
+      for (int jj = 0; jj < kHalfDims / 8; ++jj)
+        out.store_pair(p, kHalfDims * wg + 8 * jj + 2 * c, o[4 * jj + 2 * h] * scale, o[4 * jj + 2 * h + 1] * scale);
+      if (wg == 0 && c == 0) p.lse[out.lse_index] = f.lse();
+    }
+    done += n_tiles;
+  };  // serve
+
+  serve_segments<kThreadsB, kRowsM, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, sm.next_segment,
+                                          &sm.segment, serve);
+}
+
+}  // namespace
+
+void prepare_attend_rows_bf16_pairs_kernel() {
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_pairs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      bf16_rows_smem_bytes()));
+}
+
+void launch_attend_rows_bf16_pairs(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
+  const dim3 grid = attend_launch_grid(p, kRowsM);
+  attend_rows_bf16_pairs_kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  MLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mla::cuda
