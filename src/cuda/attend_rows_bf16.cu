@@ -28,9 +28,6 @@
 // two rows). Shared memory: 2 buffers x 72 KB + the 64 KB query. Measured: docs/attention.md.
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-#include <string_view>
-
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
@@ -442,11 +439,6 @@ void prepare_attend_rows_bf16_kernel() {
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
-  static const bool pairs = [] {  // MLA_ATTEND_BF16_PAIRS=1: v23c (attend_rows_bf16_pairs.cu), measured against this one
-    const char* env = std::getenv("MLA_ATTEND_BF16_PAIRS");
-    return env && std::string_view(env) == "1";
-  }();
-  if (pairs) return launch_attend_rows_bf16_pairs(p, map, stream);
   const dim3 grid = attend_launch_grid(p, kRowsM);
   attend_rows_bf16_kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();

@@ -564,7 +564,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, true, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
-  prepare_attend_rows_bf16_pairs_kernel();
 }
 
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {

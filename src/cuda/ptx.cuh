@@ -23,11 +23,6 @@ __device__ __forceinline__ void st_shared_b16(uint32_t addr, uint16_t v) {
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
-__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
 
 // Named barriers (ids 1..15; __syncthreads is 0) over `threads` threads, a multiple of 32: sync
 // waits for them all; arrive counts this warp in without waiting (a producer's signal: its earlier

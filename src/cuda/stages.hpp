@@ -144,9 +144,10 @@ struct AttendParams {
   // choice (attend_rows_wanted), which its split counts assume.
   bool many_rows = false;
   // TMA boxes of 1-4 rows for pages of 1, 2 or 4 rows (attend_wgmma_uses_tma), set by the backend
-  // for a bf16 cache (the bf16 many-rows kernel takes TMA tiles only). Elsewhere cp.async tiles:
-  // five boxes a key row cost more than its 36 cp.async chunks (H200, v20: B64 page 1 158.5 vs
-  // 121.2 µs, D 433.5 vs 375.0; uneven 128-head batches 744.8 vs 863.1 under the flat plan).
+  // for a bf16 cache (the bf16 many-rows kernel takes TMA tiles only) and for the many-rows kernel's
+  // uneven batches (its flat plan runs on TMA tiles; the 16-row kernel's on cp.async tiles, v22).
+  // Elsewhere cp.async tiles: five boxes a key row cost more than its 36 cp.async chunks (H200,
+  // v20: B64 page 1 158.5 vs 121.2 µs, D 433.5 vs 375.0).
   bool small_page_tma = false;
 };
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
@@ -184,7 +185,6 @@ void prepare_attend_rows_kernel();
 // MLA_ATTEND_KERNEL=wgmma). Elsewhere a bf16 operand takes the mma.sync kernel.
 bool attend_rows_bf16_applies(const AttendParams& p);
 void prepare_attend_rows_bf16_kernel();
-void prepare_attend_rows_bf16_pairs_kernel();
 void prepare_attend_wgmma_kernels();
 // Raises the dynamic shared-memory limit of the attend kernels; once per process and device,
 // outside any graph capture.

@@ -17,9 +17,7 @@ struct AttendParams;
 // The many-rows attend kernel's launch (attend_rows.cu), with the cache's tensor map.
 // tma: the cache's tiles as TMA boxes (map); else gathered by cp.async (pages not a power of two).
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream);
-// The same for a bf16 query and cache (attend_rows_bf16.cu; MLA_ATTEND_BF16_PAIRS=1: the pair
-// schedule of attend_rows_bf16_pairs.cu, under measurement).
+// The same for a bf16 query and cache (attend_rows_bf16.cu).
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
-void launch_attend_rows_bf16_pairs(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
 
 }  // namespace mla::cuda
