@@ -114,6 +114,11 @@ int bench_command(const BenchOptions& o) {
       std::snprintf(line, sizeof line, "device: %s   copy %.1f GB/s   matmul %.2f TFLOP/s   fp8 matmul %.2f TFLOP/s\n",
                     ceil.device_name.c_str(), ceil.copy_gbps, ceil.matmul_tflops, ceil.fp8_matmul_tflops);
       text << line;
+      if (ceil.read_rows_gbps > 0) {
+        std::snprintf(line, sizeof line, "576-byte rows read: in order %.1f GB/s   at random rows %.1f GB/s\n",
+                      ceil.read_rows_gbps, ceil.gather_rows_gbps);
+        text << line;
+      }
       if (ceil.fp32_fma_gflops > 0) {
         std::snprintf(line, sizeof line, "attend's instructions: fp32 FMA %.1f GFLOP/s   bf16 dot %.1f GFLOP/s\n",
                       ceil.fp32_fma_gflops, ceil.bf16_dot_gflops);
@@ -186,6 +191,8 @@ int bench_command(const BenchOptions& o) {
     j["ceilings"] = {{"copy_gbps", ceil.copy_gbps},
                      {"matmul_tflops", ceil.matmul_tflops},
                      {"fp8_matmul_tflops", ceil.fp8_matmul_tflops},
+                     {"read_rows_gbps", ceil.read_rows_gbps},
+                     {"gather_rows_gbps", ceil.gather_rows_gbps},
                      {"fp32_fma_gflops", ceil.fp32_fma_gflops},
                      {"bf16_dot_gflops", ceil.bf16_dot_gflops}};
     j["warmup"] = o.warmup;

@@ -23,6 +23,10 @@ struct Ceilings {
   double copy_gbps = 0;            // device (or host memory) copy: bytes read + bytes written per s
   double matmul_tflops = 0;        // dense bf16 matmul, fp32 accumulation (CPU: sgemm)
   double fp8_matmul_tflops = 0;    // dense fp8 matmul where the device has one (0 otherwise)
+  // GPU: 576-byte rows read (bytes read per s; 0: not measured): in order (a page of 64+ rows),
+  // and at random rows (pages of one row: a key row alone, wherever the page table puts it)
+  double read_rows_gbps = 0;
+  double gather_rows_gbps = 0;
   // CPU: peak rates of the instructions attend runs on, all threads (register-only loops; 0: not measured)
   double fp32_fma_gflops = 0;      // fp32 FMA, widest vectors the attend kernels use
   double bf16_dot_gflops = 0;      // vdpbf16ps (AVX512-BF16; 0 without), 4 FLOPs per fp32 lane

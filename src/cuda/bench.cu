@@ -1,6 +1,7 @@
 // Benchmark support of the CUDA backend (`mla bench`): CUDA-event timing with L2 flushed before
 // each run, and the ceilings measured in the same run: device copy bandwidth (bytes read +
-// written), cuBLASLt bf16 and fp8 matmul rates on random data (zeros run faster: METHOD.md).
+// written), 576-byte rows read in order and at random rows (bytes read), cuBLASLt bf16 and fp8
+// matmul rates on random data (zeros run faster: METHOD.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,6 +30,39 @@ __global__ void fill_random_kernel(uint8_t* data, int64_t bytes, uint32_t seed, 
 void fill_random(void* data, size_t bytes, uint32_t seed, bool fp8, cudaStream_t stream) {
   fill_random_kernel<<<1024, 256, 0, stream>>>(static_cast<uint8_t*>(data), int64_t(bytes), seed, fp8);
   MLA_CUDA_CHECK_LAUNCH();
+}
+
+// Rows of 576 bytes (an fp8 key row) read 16 bytes a lane, a warp a row, four rows a warp in
+// flight: row i in order (random = false) or at a hashed row index of the buffer (random: the
+// access pattern of pages of one row). The bytes are folded into a word per thread, stored only if
+// it matches a value no data here makes, so the loads stay.
+constexpr int kRowChunks = 576 / 16;
+__global__ void read_rows_kernel(const uint4* __restrict__ base, int64_t rows_total, int64_t n_rows, bool random,
+                                 uint32_t* out) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  uint32_t acc = 0;
+  for (int64_t i0 = 4 * warp; i0 < n_rows; i0 += 4 * warps) {
+    uint4 v[4][2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t i = i0 + k < n_rows ? i0 + k : n_rows - 1;
+      uint32_t h = uint32_t(i) * 2654435761u;
+      h ^= h >> 15;
+      h *= 2246822519u;
+      h ^= h >> 13;
+      const int64_t row = random ? int64_t(h % uint32_t(rows_total)) : i % rows_total;
+      const uint4* r = base + row * kRowChunks;
+      v[k][0] = __ldg(r + lane);
+      v[k][1] = lane + 32 < kRowChunks ? __ldg(r + lane + 32) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) acc ^= v[k][e].x ^ v[k][e].y ^ v[k][e].z ^ v[k][e].w;
+  }
+  if (acc == 0x9E3779B9u) out[0] = acc;
 }
 
 double median(std::vector<double> v) {
@@ -93,6 +127,17 @@ detail::Ceilings CudaBackend::measure_ceilings() {
       MLA_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream_));
     });
     c.copy_gbps = 2.0 * double(bytes) / (us * 1e-6) / 1e9;
+    // 576-byte rows of the same 1 GiB (far past L2), 2^20 rows a run: in order, then at random.
+    const int64_t rows_total = int64_t(bytes / 576), n_rows = int64_t(1) << 20;
+    DeviceBuffer sink(sizeof(uint32_t));
+    for (const bool random : {false, true}) {
+      const double t = median_us(stream_, 3, 10, [&] {
+        read_rows_kernel<<<2048, 256, 0, stream_>>>(static_cast<const uint4*>(a.get()), rows_total, n_rows, random,
+                                                   static_cast<uint32_t*>(sink.get()));
+        MLA_CUDA_CHECK_LAUNCH();
+      });
+      (random ? c.gather_rows_gbps : c.read_rows_gbps) = double(n_rows) * 576 / (t * 1e-6) / 1e9;
+    }
   }
   const int n = 8192;
   const double flops = 2.0 * n * double(n) * n;

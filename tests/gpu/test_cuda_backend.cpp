@@ -204,6 +204,22 @@ TEST(CudaBackend, StepMatchesCpu) {
 
 // The same step twice gives bit-identical outputs; a graph captured on one step's buffers and
 // replayed after new inputs are copied into them matches an eager step on those inputs.
+// The roofline ceilings `mla bench` and mla_graph_bench report run (no timing is asserted: only that
+// each kernel and cuBLASLt call completes and yields a rate).
+TEST(CudaBackend, CeilingsAreMeasured) {
+  MLA_REQUIRE_GPU();
+  const testing::RandomCase rc = testing::random_case(402, limits());
+  const PreparedWeights w = prepare_weights(rc.spec.cfg, random_checkpoint_weights(rc.spec.cfg, 402));
+  Layer layer(rc.spec.cfg, w, LayerOptions{.backend = Backend::cuda});
+  const detail::Ceilings c = detail::backend_of(layer).measure_ceilings();
+  EXPECT_FALSE(c.device_name.empty());
+  EXPECT_GT(c.copy_gbps, 0.0);
+  EXPECT_GT(c.read_rows_gbps, 0.0);
+  EXPECT_GT(c.gather_rows_gbps, 0.0);
+  EXPECT_GT(c.matmul_tflops, 0.0);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 TEST(CudaBackend, GraphReplayWithNewInputs) {
   MLA_REQUIRE_GPU();
   testing::RandomCaseLimits lim = limits();
