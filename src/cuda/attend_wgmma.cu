@@ -12,7 +12,7 @@
 // steps summed in f32, which keeps the scores near f32 accuracy (SPEC.md: LSE within 1e-3).
 //
 // One CTA = one warpgroup (128 threads), 2 CTAs an SM, 2 tile stages. Key tiles (64 keys) come
-//  - by TMA (v10; pages of a power of two rows, 1-4 since v20): the warps load whole pages as
+//  - by TMA (v10; pages of a power of two rows, 8+ for an fp8 cache): the warps load whole pages as
 //    128-byte-swizzled slabs on a per-stage mbarrier (attend_wgmma_tiles.cuh: the layout; masked
 //    keys are selected away and their V bytes zeroed in registers), and the step's partials at
 //    W = 1, B > 1 follow the flat plan (flat_plan.hpp: one wave of key-CTAs shares all requests'
@@ -540,12 +540,15 @@ bool attend_wgmma_uses_tma(const AttendParams& p) {
     return !(env && std::string_view(env) == "0");
   }();
   // A box is box_rows = min(page, 64) rows of one page, at row box_rows * i of its 1024-byte aligned
-  // slab: pages of a power of two rows (v20: 1, 2 and 4 where p.small_page_tma asks, TMA swizzling a
-  // box that starts inside an 8-row atom by its shared address as it does whole atoms), rows of a
+  // slab: pages of a power of two rows (v20: 1, 2 and 4 for a bf16 cache only, whose kernel takes
+  // TMA tiles only; TMA swizzles a box that starts inside an 8-row atom by its shared address as it
+  // does whole atoms. An fp8 cache gathers such pages: five boxes a key row cost more than its 36
+  // cp.async chunks, H200 v20: B64 page 1 158.5 vs 121.2 µs; uneven 128-head batches 863.1 vs
+  // 744.8 under the flat plan, session 10), rows of a
   // page contiguous (the cache is one [rows, 576] matrix), 16-byte aligned rows. The chunks are
   // rounded to whole tiles, which changes the partials: only the step's own (merged by post) or a
   // single split.
-  const bool pow2_page = p.page_size >= (p.small_page_tma ? 1 : 8) && (p.page_size & (p.page_size - 1)) == 0;
+  const bool pow2_page = p.page_size >= (p.cache_fp8 ? 8 : 1) && (p.page_size & (p.page_size - 1)) == 0;
   return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride && p.row_stride % 16 == 0 &&
          reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.num_pages * p.page_size <= INT32_MAX &&
          (p.step_partials || p.splits == 1);

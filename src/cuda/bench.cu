@@ -15,12 +15,17 @@
 namespace mla::cuda {
 namespace {
 
+// A 32-bit hash of index i (Knuth's multiplicative hash, then an xorshift-multiply-xorshift mix).
+__device__ __forceinline__ uint32_t hash_index(int64_t i, uint32_t seed) {
+  uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  return h ^ (h >> 13);
+}
+
 __global__ void fill_random_kernel(uint8_t* data, int64_t bytes, uint32_t seed, bool fp8) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < bytes; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
+    const uint32_t h = hash_index(i, seed);
     // bf16 (pairs of bytes): a small exponent keeps values finite and O(1); fp8: no NaN (0x7F).
     if (fp8) data[i] = uint8_t((h & 0xB7u));                  // |x| < 2^-1..., never 0x7F / 0xFF
     else data[i] = (i & 1) ? uint8_t(0x3C | ((h >> 7) & 0x81)) : uint8_t(h);  // exponent ~ 2^-7..2^1
@@ -48,11 +53,7 @@ __global__ void read_rows_kernel(const uint4* __restrict__ base, int64_t rows_to
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int64_t i = i0 + k < n_rows ? i0 + k : n_rows - 1;
-      uint32_t h = uint32_t(i) * 2654435761u;
-      h ^= h >> 15;
-      h *= 2246822519u;
-      h ^= h >> 13;
-      const int64_t row = random ? int64_t(h % uint32_t(rows_total)) : i % rows_total;
+      const int64_t row = random ? int64_t(hash_index(i, 0) % uint32_t(rows_total)) : i % rows_total;
       const uint4* r = base + row * kRowChunks;
       v[k][0] = __ldg(r + lane);
       v[k][1] = lane + 32 < kRowChunks ? __ldg(r + lane + 32) : make_uint4(0, 0, 0, 0);

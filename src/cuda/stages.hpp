@@ -143,12 +143,6 @@ struct AttendParams {
   // The many-rows kernel (attend_rows.cu) where the wgmma kernel takes TMA tiles: the planner's
   // choice (attend_rows_wanted), which its split counts assume.
   bool many_rows = false;
-  // TMA boxes of 1-4 rows for pages of 1, 2 or 4 rows (attend_wgmma_uses_tma), set by the backend
-  // for a bf16 cache (the bf16 many-rows kernel takes TMA tiles only) and for the many-rows kernel's
-  // uneven batches (its flat plan runs on TMA tiles; the 16-row kernel's on cp.async tiles, v22).
-  // Elsewhere cp.async tiles: five boxes a key row cost more than its 36 cp.async chunks (H200,
-  // v20: B64 page 1 158.5 vs 121.2 µs, D 433.5 vs 375.0).
-  bool small_page_tma = false;
 };
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
 inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory

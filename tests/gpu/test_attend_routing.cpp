@@ -54,7 +54,7 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
 }
 
 // The wgmma kernel loads whole pages by TMA where the cache is one [rows, 576] matrix with pages of a
-// power of two rows (1, 2 and 4 only where the backend asks: small_page_tma) and the partials may be
+// power of two rows (1, 2 and 4 only for a bf16 cache, whose kernel takes TMA tiles only) and the partials may be
 // chunked by whole tiles; else by cp.async.
 TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
@@ -71,10 +71,11 @@ TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   cuda::AttendParams q = p;
   for (int page : {1, 2, 4}) {
     q.page_size = page, q.page_stride = int64_t(page) * 576;
-    q.small_page_tma = false;
+    q.cache_fp8 = true;
     EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q)) << "page " << page;
-    q.small_page_tma = true;
-    EXPECT_TRUE(cuda::attend_wgmma_uses_tma(q)) << "page " << page << ", small_page_tma";
+    q.cache_fp8 = false;
+    EXPECT_TRUE(cuda::attend_wgmma_uses_tma(q)) << "page " << page << ", bf16 cache";
+    q.cache_fp8 = true;
   }
   for (int page : {3, 6, 12, 48}) {
     q.page_size = page, q.page_stride = int64_t(page) * 576;
@@ -125,9 +126,7 @@ TEST(AttendRouting, Bf16ManyRowsOnlyForTheStepsBf16PartialsOnTmaPages) {
   q = p;
   q.page_size = 48, q.page_stride = 48 * 576;  // no TMA boxes
   EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
-  q.page_size = 1, q.page_stride = 576;  // one-row boxes, which the backend asks for a bf16 cache
-  EXPECT_FALSE(cuda::attend_rows_bf16_applies(q));
-  q.small_page_tma = true;
+  q.page_size = 1, q.page_stride = 576;  // one-row boxes: a bf16 cache takes them
   EXPECT_TRUE(cuda::attend_rows_bf16_applies(q));
   q = p;
   q.step_partials = false, q.exact_p = true;  // a caller's f32 o: hi + lo P
@@ -151,10 +150,10 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_rows_gathers(p)) << "page " << page;
   }
-  p.small_page_tma = true;  // (as for a bf16 cache): one-row TMA boxes
+  p.cache_fp8 = false;  // a bf16 cache: one-row TMA boxes
   p.page_size = 1, p.page_stride = 576;
   EXPECT_FALSE(cuda::attend_rows_gathers(p));
-  p.small_page_tma = false;
+  p.cache_fp8 = true;
   p.page_size = 64, p.page_stride = 64 * 576;  // TMA boxes
   EXPECT_FALSE(cuda::attend_rows_gathers(p));
   cuda::AttendParams q = p;

@@ -202,8 +202,6 @@ TEST(CudaBackend, StepMatchesCpu) {
   }
 }
 
-// The same step twice gives bit-identical outputs; a graph captured on one step's buffers and
-// replayed after new inputs are copied into them matches an eager step on those inputs.
 // The roofline ceilings `mla bench` and mla_graph_bench report run (no timing is asserted: only that
 // each kernel and cuBLASLt call completes and yields a rate).
 TEST(CudaBackend, CeilingsAreMeasured) {
@@ -220,6 +218,8 @@ TEST(CudaBackend, CeilingsAreMeasured) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// The same step twice gives bit-identical outputs; a graph captured on one step's buffers and
+// replayed after new inputs are copied into them matches an eager step on those inputs.
 TEST(CudaBackend, GraphReplayWithNewInputs) {
   MLA_REQUIRE_GPU();
   testing::RandomCaseLimits lim = limits();

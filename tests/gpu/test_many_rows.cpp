@@ -2,9 +2,9 @@
 // planner picks 64-row CTAs by its own rule (48+ query rows a request, a batch that fills a quarter
 // wave), so these cases reach them without MLA_ATTEND_ROWS_MIN: the bf16 kernel
 // (src/cuda/attend_rows_bf16.cu, a bf16 query and cache, TMA pages, boxes of 1-2 rows included),
-// the fp8 kernel (src/cuda/attend_rows.cu) on pages of 1-4 rows (gathered tiles for even batches,
-// TMA boxes of 1-4 rows for uneven ones) and on pages TMA cannot box (3, 6, 12, 48 rows: gathered
-// tiles). Head counts that leave
+// the fp8 kernel (src/cuda/attend_rows.cu) on pages of 1-4 rows (gathered tiles: fixed splits for
+// even batches, the flat plan for uneven ones) and on pages TMA cannot box (3, 6, 12, 48 rows:
+// gathered tiles). Head counts that leave
 // the second row tile part-empty, qlen 1-8, even batches (fixed splits) and uneven ones with empty
 // and short requests (the flat plan where TMA allows), NaN in unused pages and page tails, poisoned
 // outputs. (scripts/device-check also runs every random case with MLA_ATTEND_ROWS_MIN=1.) Without
@@ -100,8 +100,8 @@ TEST(ManyRows, Bf16StepMatchesCpu) {
                   DType::bf16, 900);
 }
 
-// Pages of 1-4 rows: uneven batches take TMA boxes of 1-4 rows at row offsets inside the 128-byte
-// swizzle's 8-row atoms and the flat plan (v20); even ones gathered tiles (fixed splits).
+// Pages of 1-4 rows: the fp8 kernel gathers them (TMA boxes of 1-4 rows only for a bf16 cache);
+// uneven batches take the flat plan on those tiles, even ones fixed splits.
 TEST(ManyRows, SmallPagesStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
   steps_match_cpu({{"deepseek-v3", 100, 1, 36, 1, 700, false},
@@ -112,7 +112,7 @@ TEST(ManyRows, SmallPagesStepMatchesCpu) {
 }
 
 // Pages TMA cannot box (not a power of two): the fp8 many-rows kernel gathers its tiles a row at a
-// time (fixed splits).
+// time (fixed splits for even batches, the flat plan for uneven ones).
 TEST(ManyRows, GatheredTilesStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
   steps_match_cpu({{"deepseek-v3", 100, 1, 36, 3, 700, false},
