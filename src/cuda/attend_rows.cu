@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         for (int k = 0; k < kTileKeys * kChunks / 128; ++k) {
           const int i = t + 128 * k, key = i / kChunks, chunk = i % kChunks;
           const uint8_t* row = rows[key];
-          ptx::cp_async_16(dst + tile_offset<true>(key, chunk),
+          ptx::cp_async_16(dst + tile_offset<Tiles::kBoxes>(key, chunk),
                            row ? row + 16 * chunk : static_cast<const uint8_t*>(p.cache), row != nullptr, p.l1_copies);
         }
         tma::cp_async_arrive_noinc(ptx::smem_addr(&sm.full[stage][wg]));
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
           // a branch around a wgmma makes ptxas fence the accumulators)
           wgmma::mma_m64n32k32_e4m3(acc[u], kd[u], qd[u], v > 0);
-          kd[u] = wgmma::advance(kd[u], key_step_offset<true>(step + 1) - key_step_offset<true>(step));
+          kd[u] = wgmma::advance(kd[u], key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
           qd[u] = wgmma::advance(qd[u], 2 * kRowChunkStride);
           asm volatile("" : "+l"(kd[u]), "+l"(qd[u]));
         }
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
 #pragma unroll
         for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
-          v_load<true>(kv_of(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+          v_load<Tiles::kBoxes>(kv_of(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
 #pragma unroll
         for (int t = 0; t < 2 * kPvSteps; ++t) {
           if (t < steps) {
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
               if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
               v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
               if (t + 1 < steps)
-                v_load<true>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+                v_load<Tiles::kBoxes>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
             }
             wgmma::fence();
             const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);

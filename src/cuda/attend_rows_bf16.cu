@@ -63,7 +63,7 @@ constexpr int kBarGroup = 3;                           // + w: warpgroup w's 128
 static_assert(kTileKeys / 8 * kChunkStrideM == kSlabBytes, "P [64 rows x 64 keys] fills the rope slab");
 
 struct Bf16RowsSmem {
-  alignas(1024) uint8_t kv[2][kTileBytesB];              // [buffer], swizzled slabs (tile_offset<true>)
+  alignas(1024) uint8_t kv[2][kTileBytesB];              // [buffer], swizzled slabs (tile_offset<Tiles::kBoxes>)
   alignas(128) uint8_t q[kQChunks * kChunkStrideM];     // dims 0..511: wgmma::kmajor_offset(row, chunk)
   float m_pub[2][kRowsM];                                // the running maxima after tile j ([j & 1], log2 units)
   float red[kGroups][kRowsM];                            // each warpgroup's share of the row sums

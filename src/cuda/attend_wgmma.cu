@@ -17,7 +17,9 @@
 //    keys are selected away and their V bytes zeroed in registers), and the step's partials at
 //    W = 1, B > 1 follow the flat plan (flat_plan.hpp: one wave of key-CTAs shares all requests'
 //    tiles evenly, a CTA serving a segment of each request it overlaps);
-//  - else by cp.async through L1 (other pages, pages not contiguous, a caller's partials),
+//  - by bulk copies of one key row each (v24; fp8 pages TMA does not box: 1-4 rows, not a power of
+//    two, not contiguous), on the same mbarriers and plan, q.k's K through ldmatrix into registers;
+//  - else by cp.async through L1 (a caller's partials, rows not 16-byte aligned, MLA_ATTEND_TMA=0),
 //    one CTA per (request, split, 16 query rows) as in attend.cu (attend_keys.cuh), or the flat
 //    plan's segments for an uneven batch (v22: the copies need no page alignment, only the plan's
 //    whole tiles, which a segment's keys are).
@@ -53,21 +55,27 @@ using namespace wgmma_attend;
 
 // kGroupSteps: k32 steps a q.k accumulator takes before the f32 sum (1: the most accurate, two waves
 // of 9 accumulators; 2: one wave, 1.6e-4 vs 1.1e-4 rel L2 in tests/gpu/test_wgmma.cpp).
-// kTma: the key tiles come as whole pages by TMA (one elected warp issues a tile's boxes, which
-// complete on the stage's mbarrier), else by cp.async from every thread (page size 1 to 4, pages
-// not contiguous in the cache, or a caller's partials whose chunks are not page-aligned).
+// kTiles (attend_wgmma_tiles.cuh): the key tiles come by the TMA unit on the stage's mbarrier, as
+// whole pages (kBoxes) or a bulk copy a key row (kRows: fp8 pages TMA does not box, v24), issued by
+// one lane a box of up to 4 warps; or by cp.async from every thread (kCopies: a caller's partials
+// whose chunks are not page-aligned, rows not 16-byte aligned, MLA_ATTEND_TMA=0).
 // kTimeline (MLA_ATTEND_TIMELINE, measurement only): thread 0 of each CTA stamps the global timer
 // at its phases into p.timeline[8 * CTA + k] (k: 0 start, 1 prologue done, 2 first tile landed,
 // 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments).
-template <int kStages, int kGroupSteps, bool kTma, bool kTimeline = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
-  constexpr int kAccs = kQkSteps / kGroupSteps, kWave = kAccs < kQkWave ? kAccs : kQkWave;
+  constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
+  constexpr bool kRows = kTiles == Tiles::kRows;
+  // Accumulators a wave: one wave of up to kQkWave; kRows holds its A operands in registers as well,
+  // so 9 or 6 k32 steps a wave (ptxas spills in the loop else).
+  constexpr int kAccs = kQkSteps / kGroupSteps;
+  constexpr int kWave = kTiles == Tiles::kRows ? (kGroupSteps == 1 ? 6 : kAccs / 2) : kAccs < kQkWave ? kAccs : kQkWave;
   static_assert(kQkSteps % kGroupSteps == 0 && kAccs % kWave == 0);
   // The dynamic window is not guaranteed 1024-byte aligned (the 128-byte swizzle needs it): by hand.
   extern __shared__ uint8_t smem_raw[];
   auto& sm =
-      *reinterpret_cast<WgSmem<kStages, kTma>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+      *reinterpret_cast<WgSmem<kStages, kTiles>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   constexpr int kSlots = kStages + 1;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -93,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTiles::slots(p));
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTiles::slots(p, kRows));
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
       tma::fence_barrier_init();
@@ -117,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 
     // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
-    const TmaTiles tiles(p, &cache_map, lane, warp);
+    const TmaTiles tiles(p, &cache_map, lane, warp, kRows);
     auto box_page_of = [&](const KeyStream& ks, int tile) { return tiles.page_of(ks, tile); };
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
@@ -164,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 #pragma unroll
         for (int j = 0; j < kChunks / 4; ++j) {
           const int chunk = 4 * j + lane / 8;
-          ptx::cp_async_16(dst + tile_offset<false>(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr,
+          ptx::cp_async_16(dst + tile_offset<Tiles::kCopies>(key, chunk), src + (row ? chunk * 16 : 0), row != nullptr,
                            p.l1_copies);
         }
       }
@@ -230,14 +238,23 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
         else ptx::cp_async_commit();
       }
 
-      // q.k: kGroupSteps k32 steps an accumulator (the first with scale-d = 0), summed in f32.
+      // q.k: kGroupSteps k32 steps an accumulator (the first with scale-d = 0), summed in f32. K from
+      // shared memory by descriptor, or (kRows) from registers: ldmatrix gives warp w its keys 16 w ..
+      // 16 w + 15 (lane l: key row l % 8 + 8 ((l / 8) % 2), bytes 16 (l / 16) of the step's 32).
       const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
-      const uint64_t k_desc =
-          kTma ? wgmma::descriptor_sw128(kv_addr) : wgmma::descriptor(kv_addr, wgmma::kChunkStride, 128);
+      uint64_t k_desc = 0;
+      uint32_t k_row = 0;
+      if constexpr (kRows) k_row = kv_addr + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
+      else k_desc = kTma ? wgmma::descriptor_sw128(kv_addr) : wgmma::descriptor(kv_addr, wgmma::kChunkStride, 128);
       float x[8] = {};
 #pragma unroll
       for (int wave = 0; wave < kAccs / kWave; ++wave) {
         float sg[kWave][8];
+        uint32_t ka[kRows ? kWave * kGroupSteps : 1][4];
+        if constexpr (kRows) {
+#pragma unroll
+          for (int u = 0; u < kWave * kGroupSteps; ++u) ptx::ldmatrix_x4(ka[u], k_row + (wave * kWave * kGroupSteps + u) * 32);
+        }
 #pragma unroll
         for (int k = 0; k < kWave; ++k) {  // defined before the fence, else ptxas serializes (C7515)
 #pragma unroll
@@ -250,8 +267,9 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 #pragma unroll
           for (int u = 0; u < kGroupSteps; ++u) {
             const int step = (wave * kWave + k) * kGroupSteps + u;
-            wgmma::mma_m64n16k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTma>(step)),
-                                      wgmma::advance(q_desc, step * 2 * kBChunkStride), u > 0);
+            const uint64_t q_step = wgmma::advance(q_desc, step * 2 * kBChunkStride);
+            if constexpr (kRows) wgmma::mma_m64n16k32_e4m3_rs(sg[k], ka[k * kGroupSteps + u], q_step, u > 0);
+            else wgmma::mma_m64n16k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTiles>(step)), q_step, u > 0);
           }
         wgmma::commit();
         if constexpr (!kTma) {
@@ -272,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       // The first k16 step of V^T, loaded now: its shared-memory latency hides behind the softmax.
       uint32_t vraw[kDimBlocks / 2][4];
 #pragma unroll
-      for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTma>(kv_addr, 0, j, warp, lane, vraw[j]);
+      for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTiles>(kv_addr, 0, j, warp, lane, vraw[j]);
 
       // The thread's two keys (accumulator rows g and g + 8 of its warp): global positions, INT_MAX
       // where masked (past the chunk, causal limit of every row of the CTA, bad page).
@@ -361,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
           for (int j = 0; j < kDimBlocks / 2; ++j) {
             if constexpr (decltype(masked)::value) v_mask(vraw[j], key_mask, ks, c);
             v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
-            if (ks + 1 < kPvSteps) v_load<kTma>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
+            if (ks + 1 < kPvSteps) v_load<kTiles>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
           }
           wgmma::fence();
           const uint64_t bp = wgmma::advance(p_desc, ks * 2 * kBChunkStride);
@@ -427,10 +445,10 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
   }
 }
 
-template <int kStages, int kGroupSteps, bool kTma, bool kTimeline = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTma, kTimeline>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTma>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
 // q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
@@ -488,7 +506,7 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
   MLA_REQUIRE(words <= capacity, "MLA_ATTEND_TIMELINE: the first launch of a shape must be outside a graph capture");
   AttendParams p = in;
   p.timeline = buffer;
-  attend_wgmma_kernel<2, 2, true, true><<<grid, kThreads, smem_bytes<2, true>(), stream>>>(p, map);
+  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capture != cudaStreamCaptureStatusNone) return;
   std::vector<uint64_t> host(words);
@@ -533,12 +551,19 @@ bool attend_wgmma_applies(const AttendParams& p) {
          attend_o_pairs_aligned(p);
 }
 
-bool attend_wgmma_uses_tma(const AttendParams& p) {
-  // MLA_ATTEND_TMA=0: cp.async tiles everywhere (comparison).
+namespace {
+// MLA_ATTEND_TMA=0: cp.async tiles everywhere (comparison): no TMA boxes, no bulk row copies.
+bool tma_allowed() {
   static const bool allowed = [] {
     const char* env = std::getenv("MLA_ATTEND_TMA");
     return !(env && std::string_view(env) == "0");
   }();
+  return allowed;
+}
+}  // namespace
+
+bool attend_wgmma_uses_tma(const AttendParams& p) {
+  const bool allowed = tma_allowed();
   // A box is box_rows = min(page, 64) rows of one page, at row box_rows * i of its 1024-byte aligned
   // slab: pages of a power of two rows (v20: 1, 2 and 4 for a bf16 cache only, whose kernel takes
   // TMA tiles only; TMA swizzles a box that starts inside an 8-row atom by its shared address as it
@@ -554,17 +579,28 @@ bool attend_wgmma_uses_tma(const AttendParams& p) {
          (p.step_partials || p.splits == 1);
 }
 
+bool attend_wgmma_row_copies(const AttendParams& p) {
+  // The pages TMA does not box, in the 16-row kernel: a bulk copy a key row (v24), whatever the page
+  // size and page stride, for 16-byte aligned fp8 rows and, as with boxes, partials chunked by whole
+  // tiles (the step's own, or one split).
+  return tma_allowed() && p.cache_fp8 && !p.many_rows && !attend_wgmma_uses_tma(p) &&
+         reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 && p.page_stride % 16 == 0 &&
+         (p.step_partials || p.splits == 1);
+}
+
 bool attend_rows_gathers(const AttendParams& p) {
   return !attend_wgmma_uses_tma(p) && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 &&
          p.page_stride % 16 == 0 && (p.step_partials || p.splits == 1);
 }
 
 void prepare_attend_wgmma_kernels() {
-  set_smem_limit<2, 1, false>();
-  set_smem_limit<2, 2, false>();
-  set_smem_limit<2, 1, true>();
-  set_smem_limit<2, 2, true>();
-  set_smem_limit<2, 2, true, true>();
+  set_smem_limit<2, 1, Tiles::kCopies>();
+  set_smem_limit<2, 2, Tiles::kCopies>();
+  set_smem_limit<2, 1, Tiles::kBoxes>();
+  set_smem_limit<2, 2, Tiles::kBoxes>();
+  set_smem_limit<2, 1, Tiles::kRows>();
+  set_smem_limit<2, 3, Tiles::kRows>();
+  set_smem_limit<2, 2, Tiles::kBoxes, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -595,11 +631,14 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
-    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, true>, smem_bytes<2, true>());
-    else go(attend_wgmma_kernel<2, 1, true>, smem_bytes<2, true>());
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
+    else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
+  } else if (attend_wgmma_row_copies(p)) {
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>());
+    else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>());
   } else {
-    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, false>, smem_bytes<2, false>());
-    else go(attend_wgmma_kernel<2, 1, false>, smem_bytes<2, false>());
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());
+    else go(attend_wgmma_kernel<2, 1, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());
   }
   MLA_CUDA_CHECK_LAUNCH();
 }

@@ -31,17 +31,36 @@ constexpr int kSlabBytes = kTileKeys * 128;
 constexpr int kSlabs = (kRow + 127) / 128;
 constexpr int kTmaTileBytes = kSlabs * kSlabBytes;
 
-// Byte offset of a key's 16-byte chunk in a tile: K-major core matrices (cp.async) or the swizzled
-// slabs (TMA: chunk c of a 128-byte line at c ^ (line % 8)).
-template <bool kTma>
+// How key tiles reach shared memory, and in which layout:
+//  - kCopies: cp.async 16-byte chunks from every thread into K-major core matrices (q.k's A from
+//    shared memory, wgmma::kmajor_offset);
+//  - kBoxes: TMA boxes of whole pages (a power of two rows) into the 128-byte swizzled slabs, on an
+//    mbarrier (q.k's A from shared memory);
+//  - kRows (v24): one bulk copy a key row (cp.async.bulk, 576 bytes, any page size) into rows
+//    kRowPitch bytes apart, on an mbarrier: TMA's asynchrony for pages it cannot box (a box holds
+//    one page's rows, and a swizzled row of one key is five boxes). wgmma cannot read K-major rows
+//    576 bytes apart from shared memory (a core matrix's rows are 16 bytes apart), so q.k takes K
+//    from registers, loaded by ldmatrix (the mma.sync A layout is wgmma's register A layout).
+enum class Tiles { kCopies, kBoxes, kRows };
+// kRows: rows 592 bytes (148 words) apart, so the 8 rows of an ldmatrix phase start 20 words mod 32
+// apart and their 16-byte chunks fall in 8 different bank quads (576 would put 4 rows on one).
+constexpr int kRowPitch = kRow + 16;
+constexpr int kRowTileBytes = kTileKeys * kRowPitch;
+
+// Byte offset of a key's 16-byte chunk in a tile: K-major core matrices (cp.async), the swizzled
+// slabs (TMA boxes: chunk c of a 128-byte line at c ^ (line % 8)) or plain rows (bulk row copies).
+template <Tiles kTiles>
 __device__ __forceinline__ int tile_offset(int key, int chunk) {
-  if constexpr (kTma) return (chunk >> 3) * kSlabBytes + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
+  if constexpr (kTiles == Tiles::kBoxes) return (chunk >> 3) * kSlabBytes + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
+  else if constexpr (kTiles == Tiles::kRows) return key * kRowPitch + chunk * 16;
   else return wgmma::kmajor_offset(key, chunk);
 }
-// Byte offset of q.k's A operand (64 keys x 32 bytes) for k32 step `step` from the tile's start.
-template <bool kTma>
+// Byte offset of q.k's A operand (64 keys x 32 bytes) for k32 step `step` from the tile's start
+// (the layouts wgmma reads from shared memory).
+template <Tiles kTiles>
 __host__ __device__ constexpr int key_step_offset(int step) {
-  return kTma ? (step >> 2) * kSlabBytes + (step & 3) * 32 : step * 2 * wgmma::kChunkStride;
+  static_assert(kTiles != Tiles::kRows, "bulk-copied rows: q.k's A comes from registers");
+  return kTiles == Tiles::kBoxes ? (step >> 2) * kSlabBytes + (step & 3) * 32 : step * 2 * wgmma::kChunkStride;
 }
 // Running maxima move only by more than this (log2 units): weights stay <= 2^8.
 constexpr float kLazyRescale = 8.0f;
@@ -53,24 +72,28 @@ __host__ __device__ constexpr int b_offset_n(int n, int chunk) { return chunk * 
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
 __host__ __device__ constexpr int b_offset(int n, int chunk) { return b_offset_n<kN>(n, chunk); }
 
-template <int kStages, bool kTma>
+template <int kStages, Tiles kTiles>
 struct WgSmem {
-  alignas(1024) uint8_t kv[kStages][kTma ? kTmaTileBytes : kTileBytes];  // key tiles, tile_offset<kTma>
+  static constexpr bool kTma = kTiles != Tiles::kCopies;
+  // key tiles, tile_offset<kTiles>
+  alignas(1024) uint8_t kv[kStages][kTiles == Tiles::kBoxes ? kTmaTileBytes
+                                    : kTiles == Tiles::kRows ? kRowTileBytes
+                                                             : kTileBytes];
   alignas(128) uint8_t q[kN * kRow];        // e4m3 query rows, b_offset(n, chunk)
   alignas(128) uint16_t p[kN * kTileKeys];  // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
   // cp.async: tiles t .. t+kStages: row address (null: masked) and global position (INT_MAX: masked)
   const uint8_t* rows[kTma ? 1 : kStages + 1][kTileKeys];
   int32_t pos[kTma ? 1 : kStages + 1][kTileKeys];
   float red[4][kN];  // per-warp row maxima, then row sums
-  // TMA: a stage's loads landed (mbarrier), and which of its keys are real (bit k: key k is in the
+  // TMA (boxes or rows): a stage's loads landed (mbarrier), and which of its keys are real (bit k: key k is in the
   // split and on a good page; the rest of the tile may hold anything, NaN included).
   alignas(8) uint64_t full[kStages];
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
 };
-template <int kStages, bool kTma>
-constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTma>)) + 1024; }  // + alignment slack
+template <int kStages, Tiles kTiles>
+constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles>)) + 1024; }  // + alignment slack
 
 // This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
 // N column col(i, c).
@@ -125,13 +148,13 @@ struct QueryTile {
 // (fragment row g) and dim 2g+1 (row g+8). So A row r of the warp is dim 2r (r < 8) or
 // 2(r - 8) + 1 of its 16: accumulator M row g + 8 h holds dim 64 blk + 16 warp + 2g + h.
 // (v_load issues the ldmatrix early, v_convert makes the fragments when they are needed.)
-template <bool kTma>
+template <Tiles kTiles>
 __device__ __forceinline__ void v_load(uint32_t tile, int ks, int j, int warp, int lane, uint32_t (&r)[4]) {
   const int key = 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8;
   const int chunk = 4 * (2 * j + (lane >> 4)) + warp;
-  ptx::ldmatrix_x4_trans(r, tile + tile_offset<kTma>(key, chunk));
+  ptx::ldmatrix_x4_trans(r, tile + tile_offset<kTiles>(key, chunk));
 }
-// TMA tiles are not zero-filled where keys are masked, and 0 x NaN is NaN in p.v: the raw V bytes
+// TMA tiles (boxes or rows) are not zero-filled where keys are masked, and 0 x NaN is NaN in p.v: the raw V bytes
 // of masked keys are zeroed before widening. Lane (g, c) holds keys 16 ks + 2c, +1 (r[0], r[2]) and
 // 16 ks + 8 + 2c, +1 (r[1], r[3]), one 16-bit half each.
 __device__ __forceinline__ void v_mask(uint32_t (&r)[4], uint64_t key_mask, int ks, int c) {
@@ -147,11 +170,12 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[3], 0, 0x3120), a1[2], a1[3]);
 }
 
-// TMA key tiles (both wgmma kernels): a tile is kTileKeys / box_rows boxes, box_rows = min(page,
-// 64) keys of one page (the whole tile for pages of 64 or more), five 128-byte slabs each. The
-// boxes are shared by up to 4 warps (slots(p): one a box, at most 4): lane i of warp k < slots
-// loads box i * slots + k. Warp 0 alone took all of a tile's box slabs in a loop over its lanes
-// (page 16: 20 a tile, inside the many-rows kernel's lock step: D 17% slower than at page 64).
+// TMA key tiles (all wgmma kernels): a tile is kTileKeys / box_rows boxes, box_rows = min(page,
+// 64) keys of one page (the whole tile for pages of 64 or more), five 128-byte slabs each; or, with
+// row copies (Tiles::kRows, the 16-row kernel), 64 boxes of one key row, one bulk copy of 576 bytes
+// each. The boxes are shared by up to 4 warps (slots(p): one a box, at most 4): lane i of warp
+// k < slots loads box i * slots + k. Warp 0 alone took all of a tile's box slabs in a loop over its
+// lanes (page 16: 20 a tile, inside the many-rows kernel's lock step: D 17% slower than at page 64).
 // The caller loads a lane's page id a tile ahead (page_of) and issues the boxes when the stage is
 // free (issue); every lane of an issuing warp (issues()) calls both, and the tile's mbarrier
 // expects slots(p) arrivals.
@@ -159,23 +183,25 @@ struct TmaTiles {
   const AttendParams& p;
   const CUtensorMap* map;
   int lane, box_rows, boxes, slot, box;  // box: this lane's box (when < boxes)
+  bool rows;                             // one bulk copy a key row (any page size; no tensor map)
 
-  __host__ __device__ static int slots(const AttendParams& params) {
-    const int boxes = kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
+  __host__ __device__ static int slots(const AttendParams& params, bool rows = false) {
+    const int boxes = rows ? kTileKeys : kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
     return boxes < 4 ? boxes : 4;
   }
   // lane_ of warp `warp` (0..3) of the warps that share a tile.
-  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int warp)
-      : p(params), map(cache_map), lane(lane_), box_rows(min(params.page_size, kTileKeys)),
-        boxes(kTileKeys / min(params.page_size, kTileKeys)), slot(warp), box(lane_ * slots(params) + warp) {}
-  __device__ bool issues() const { return slot < slots(p); }
+  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int warp, bool rows_ = false)
+      : p(params), map(cache_map), lane(lane_), box_rows(rows_ ? 1 : min(params.page_size, kTileKeys)),
+        boxes(kTileKeys / box_rows), slot(warp), box(lane_ * slots(params, rows_) + warp), rows(rows_) {}
+  __device__ bool issues() const { return slot < slots(p, rows); }
 
   // This lane's box of tile `tile` of segment ks: its page's index in the request's page list
   // (-1: no box) and first local key j0.
   __device__ int64_t box_index(const KeyStream& ks, int tile, int64_t& j0) const {
     j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(box) * box_rows;
     if (box >= boxes || j0 >= ks.k_end) return -1;
-    const int64_t page_index = j0 >> ks.page_shift;
+    // (keys of a request fit 32 bits: KeyStream's own page arithmetic is 32-bit too)
+    const int64_t page_index = ks.page_shift >= 0 ? j0 >> ks.page_shift : int32_t(j0) / p.page_size;
     return page_index < ks.pages_avail ? page_index : -1;
   }
   __device__ int32_t page_of(const KeyStream& ks, int tile) const {
@@ -189,7 +215,8 @@ struct TmaTiles {
   // are masked and reported, never read; nullptr: the caller has them from another part).
   // kSlabsN: 128-byte slabs a key row (fp8 rows: 5, the fifth half past the row and zero-filled;
   // bf16 rows of 1152 bytes: 9), from slab first_slab on (a kernel that loads a tile in parts, a
-  // warpgroup's dims at a time: attend_rows_bf16.cu).
+  // warpgroup's dims at a time: attend_rows_bf16.cu). Row copies: one fp8 row of kRow bytes a box
+  // at dst + key * kRowPitch, from the cache's address (any page and row strides of 16 bytes).
   template <int kSlabsN = kSlabs>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0) const {
@@ -203,10 +230,14 @@ struct TmaTiles {
     const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
     if (lane == 0) {
       if (key_mask) *key_mask = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
-      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabsN);
+      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * (rows ? uint32_t(kRow) : 128u * kSlabsN));
     }
     __syncwarp();
-    if (ok) {
+    if (ok && rows) {
+      const int64_t in_page = ks.page_shift >= 0 ? j0 & (p.page_size - 1) : int32_t(j0) % p.page_size;
+      const uint8_t* src = static_cast<const uint8_t*>(p.cache) + int64_t(page) * p.page_stride + in_page * p.row_stride;
+      tma::load_bytes(dst + box * kRowPitch, src, kRow, bar);
+    } else if (ok) {
       const uint32_t at = dst + box * box_rows * 128;
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
 #pragma unroll

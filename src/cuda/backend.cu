@@ -344,7 +344,9 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // take the flat plan on those tiles in both kernels: the 16-row kernel since v22, the many-rows
   // kernel since session 10 (64 x 128 heads x u32768 at page 1: 744.8 µs vs 863.1 on one-row TMA
   // boxes, same lengths; H200). Even batches gain nothing from it (segment switches drain the copies).
-  const bool tma = attend_wgmma_uses_tma(p);
+  // Bulk row copies (the 16-row kernel's pages TMA does not box, v24) are TMA's asynchrony: the
+  // flat plan as with boxes.
+  const bool tma = attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p);
   const bool copies_flat = !tma && !even && (!p.many_rows || attend_rows_gathers(p));
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
                     !(p.many_rows && even) && (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&

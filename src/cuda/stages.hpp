@@ -160,6 +160,10 @@ bool attend_wgmma_applies(const AttendParams& p);
 // more rows, a power of two, rows of a page contiguous) and the partials may be chunked by whole
 // tiles (the step's own, or one split); else by cp.async.
 bool attend_wgmma_uses_tma(const AttendParams& p);
+// Where TMA does not box the pages of an fp8 cache (pages of 1-4 rows or not a power of two, pages
+// not contiguous), the 16-row kernel loads a tile as one bulk copy a key row (attend_wgmma.cu v24:
+// rows and pages 16-byte aligned, the same whole-tile chunks); else by cp.async.
+bool attend_wgmma_row_copies(const AttendParams& p);
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 // The many-rows kernel (attend_rows.cu: 64 query rows a CTA, two warpgroups, one CTA an SM), which
 // the wgmma launch takes for TMA tiles where the planner asked for it (AttendParams.many_rows):

@@ -54,6 +54,14 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
       : "memory");
 }
 
+// `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar:
+// the bulk copy without a tensor map (the attend kernel's key rows, Tiles::kRows).
+__device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // The mbarrier gets one arrival when all of this thread's earlier cp.async copies have landed
 // (.noinc: the arrival is one of those its init count expects).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {

@@ -118,6 +118,23 @@ __device__ __forceinline__ void mma_m64n16k32_e4m3(float (&d)[8], uint64_t a, ui
       : "l"(a), "l"(b), "r"(int32_t(accumulate)));
 }
 
+// The same with A from registers (Tiles::kRows: key rows wgmma cannot read from shared memory):
+// each warp its 16 rows of 32 bytes in the mma.sync m16n8k32 A layout, a[0..3] (lane (g, c): rows g
+// and g + 8, bytes 4c .. 4c + 3 and 16 + 4c .. 16 + 4c + 3; what ldmatrix.x4 gives for the 8 x 16-byte
+// blocks (rows 0-7, bytes 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)).
+__device__ __forceinline__ void mma_m64n16k32_e4m3_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
+                                                      bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int32_t(accumulate)));
+}
+
 // d (64 x 16 f32) += A (64 x 16 f16 from registers: each warp its 16 rows in the mma.sync m16n8k16
 // A layout, a[0..3]) * B (16 x 16 f16, K-major, smem)^T.
 __device__ __forceinline__ void mma_m64n16k16_f16_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {

@@ -97,6 +97,48 @@ TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   EXPECT_TRUE(cuda::attend_wgmma_uses_tma(q));
 }
 
+// Where TMA cannot box an fp8 cache's pages, the 16-row kernel copies a tile a key row at a time with
+// bulk copies (v24): any page size or page stride with 16-byte aligned rows, whole-tile chunks; never
+// where boxes apply, for a bf16 cache, or for many rows a key (attend_rows.cu gathers those).
+TEST(AttendRouting, RowCopiesWhereTmaCannotBoxAnFp8Cache) {
+  if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
+  std::vector<float> o(8);
+  alignas(16) static uint8_t cache[32];
+  cuda::AttendParams p = step_partials_params(o.data());
+  p.cache = cache;
+  p.row_stride = 576, p.num_pages = 100, p.splits = 4;
+  for (int page : {1, 2, 4, 3, 6, 12, 48}) {
+    p.page_size = page, p.page_stride = int64_t(page) * 576;
+    EXPECT_TRUE(cuda::attend_wgmma_row_copies(p)) << "page " << page;
+    EXPECT_FALSE(cuda::attend_wgmma_uses_tma(p)) << "page " << page;
+  }
+  p.page_size = 64, p.page_stride = 64 * 576;  // TMA boxes
+  EXPECT_FALSE(cuda::attend_wgmma_row_copies(p));
+  p.page_stride += 576;  // a gap between pages: no boxes, rows
+  EXPECT_TRUE(cuda::attend_wgmma_row_copies(p));
+  cuda::AttendParams q = p;
+  q.page_size = 1, q.page_stride = 576;
+  q.cache_fp8 = false;  // a bf16 cache: one-row TMA boxes (or the mma.sync kernel)
+  EXPECT_FALSE(cuda::attend_wgmma_row_copies(q));
+  q.cache_fp8 = true;
+  q.many_rows = true;  // attend_rows.cu gathers
+  EXPECT_FALSE(cuda::attend_wgmma_row_copies(q));
+  q.many_rows = false;
+  q.cache = cache + 8;  // rows not 16-byte aligned
+  EXPECT_FALSE(cuda::attend_wgmma_row_copies(q));
+  q.cache = cache;
+  q.row_stride = 584, q.page_stride = 584;
+  EXPECT_FALSE(cuda::attend_wgmma_row_copies(q));
+  q.row_stride = 576, q.page_stride = 584 + 8;  // pages 16-byte aligned apart, rows too
+  EXPECT_TRUE(cuda::attend_wgmma_row_copies(q));
+  q.page_stride = 584;
+  EXPECT_FALSE(cuda::attend_wgmma_row_copies(q));
+  q.page_stride = 576;
+  q.step_partials = false;  // a caller's split partials keep SPEC's chunks: cp.async
+  EXPECT_FALSE(cuda::attend_wgmma_row_copies(q));
+  q.splits = 1;
+  EXPECT_TRUE(cuda::attend_wgmma_row_copies(q));
+}
 
 // The bf16 many-rows kernel (attend_rows_bf16.cu): the step's partials with a bf16 query and cache
 // where the planner asked for many rows and the pages can be TMA boxes; anything else a bf16
