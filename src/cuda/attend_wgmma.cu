@@ -247,14 +247,17 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       if constexpr (kRows) k_row = kv_addr + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
       else k_desc = kTma ? wgmma::descriptor_sw128(kv_addr) : wgmma::descriptor(kv_addr, wgmma::kChunkStride, 128);
       float x[8] = {};
+      // kRows: a wave's K fragments; the next wave's are loaded while this one's MMAs run.
+      constexpr int kWaveSteps = kWave * kGroupSteps;
+      uint32_t ka[2][kRows ? kWaveSteps : 1][4];
+      auto load_k = [&](int wave) {
+#pragma unroll
+        for (int u = 0; u < kWaveSteps; ++u) ptx::ldmatrix_x4(ka[wave & 1][u], k_row + (wave * kWaveSteps + u) * 32);
+      };
+      if constexpr (kRows) load_k(0);
 #pragma unroll
       for (int wave = 0; wave < kAccs / kWave; ++wave) {
         float sg[kWave][8];
-        uint32_t ka[kRows ? kWave * kGroupSteps : 1][4];
-        if constexpr (kRows) {
-#pragma unroll
-          for (int u = 0; u < kWave * kGroupSteps; ++u) ptx::ldmatrix_x4(ka[u], k_row + (wave * kWave * kGroupSteps + u) * 32);
-        }
 #pragma unroll
         for (int k = 0; k < kWave; ++k) {  // defined before the fence, else ptxas serializes (C7515)
 #pragma unroll
@@ -268,10 +271,13 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
           for (int u = 0; u < kGroupSteps; ++u) {
             const int step = (wave * kWave + k) * kGroupSteps + u;
             const uint64_t q_step = wgmma::advance(q_desc, step * 2 * kBChunkStride);
-            if constexpr (kRows) wgmma::mma_m64n16k32_e4m3_rs(sg[k], ka[k * kGroupSteps + u], q_step, u > 0);
+            if constexpr (kRows) wgmma::mma_m64n16k32_e4m3_rs(sg[k], ka[wave & 1][k * kGroupSteps + u], q_step, u > 0);
             else wgmma::mma_m64n16k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTiles>(step)), q_step, u > 0);
           }
         wgmma::commit();
+        if constexpr (kRows) {
+          if (wave + 1 < kAccs / kWave) load_k(wave + 1);
+        }
         if constexpr (!kTma) {
           if (wave == 0 && t + kStages < n_tiles) {
             publish(ahead, (t + kStages) % kSlots);
@@ -552,18 +558,23 @@ bool attend_wgmma_applies(const AttendParams& p) {
 }
 
 namespace {
-// MLA_ATTEND_TMA=0: cp.async tiles everywhere (comparison): no TMA boxes, no bulk row copies.
-bool tma_allowed() {
-  static const bool allowed = [] {
+// MLA_ATTEND_TMA (comparisons): 0 cp.async tiles everywhere (no TMA boxes, no bulk row copies);
+// rows: the 16-row kernel's fp8 tiles by bulk row copies on every page size, boxes or not.
+int tma_mode() {
+  static const int mode = [] {
     const char* env = std::getenv("MLA_ATTEND_TMA");
-    return !(env && std::string_view(env) == "0");
+    if (env && std::string_view(env) == "0") return 0;
+    if (env && std::string_view(env) == "rows") return 2;
+    return 1;
   }();
-  return allowed;
+  return mode;
 }
+bool tma_allowed() { return tma_mode() > 0; }
+bool rows_forced(const AttendParams& p) { return tma_mode() == 2 && p.cache_fp8 && !p.many_rows; }
 }  // namespace
 
 bool attend_wgmma_uses_tma(const AttendParams& p) {
-  const bool allowed = tma_allowed();
+  const bool allowed = tma_allowed() && !rows_forced(p);
   // A box is box_rows = min(page, 64) rows of one page, at row box_rows * i of its 1024-byte aligned
   // slab: pages of a power of two rows (v20: 1, 2 and 4 for a bf16 cache only, whose kernel takes
   // TMA tiles only; TMA swizzles a box that starts inside an 8-row atom by its shared address as it
