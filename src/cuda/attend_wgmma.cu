@@ -215,21 +215,15 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     for (int t = 0; t < n_tiles; ++t) {
       const int buf = (kTma ? done + t : t) % kStages, slot = t % kSlots;
       uint64_t key_mask = ~0ull;
-      // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
-      // for all four warps at once), so its stage takes tile t+1 now: boxes at the top of tile t;
-      // row copies after q.k's first wave is issued, where the issuing loop (a warp's 16 copies go
-      // out one lane at a time through uniform registers, ~20% of the stall samples at the top, v24b
-      // ncu) runs under the MMAs instead of ahead of them.
-      auto issue_next = [&] {
+      if constexpr (kTma) {
+        // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
+        // for all four warps at once), so its stage takes tile t+1 now.
         if (tiles.issues() && t + 1 < n_tiles) {
           issue_tma(t + 1, next_page);
           next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
         } else if (tiles.issues() && has_next) {
           issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
         }
-      };
-      if constexpr (kTma) {
-        if constexpr (!kRows) issue_next();
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
         if (done + t == 0) stamp(2, now());
         key_mask = (sm.key_mask[buf][0] | sm.key_mask[buf][1]) | (sm.key_mask[buf][2] | sm.key_mask[buf][3]);
@@ -283,7 +277,6 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
         wgmma::commit();
         if constexpr (kRows) {
           if (wave + 1 < kAccs / kWave) load_k(wave + 1);
-          if (wave == 0) issue_next();
         }
         if constexpr (!kTma) {
           if (wave == 0 && t + kStages < n_tiles) {
