@@ -22,6 +22,16 @@ cuda::AttendParams step_partials_params(float* o) {
   return p;
 }
 
+// The same over a 16-byte aligned cache of 100 pages of 576-byte rows in 4 splits (each test sets
+// the page size and stride). aligned_cache + 8 is a base that is not 16-byte aligned.
+alignas(16) uint8_t aligned_cache[32];
+cuda::AttendParams cache_params(float* o) {
+  cuda::AttendParams p = step_partials_params(o);
+  p.cache = aligned_cache;
+  p.row_stride = 576, p.num_pages = 100, p.splits = 4;
+  return p;
+}
+
 TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
   if (std::getenv("MLA_ATTEND_KERNEL")) GTEST_SKIP() << "MLA_ATTEND_KERNEL is set: the default policy is not in force";
   std::vector<float> o(8);
@@ -55,14 +65,11 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
 
 // The wgmma kernel loads whole pages by TMA where the cache is one [rows, 576] matrix with pages of a
 // power of two rows (1, 2 and 4 only for a bf16 cache, whose kernel takes TMA tiles only) and the partials may be
-// chunked by whole tiles; else by cp.async.
+// chunked by whole tiles; else by bulk row copies (an fp8 cache, AttendRouting.RowCopies...) or cp.async.
 TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
   std::vector<float> o(8);
-  alignas(16) static uint8_t cache[16];
-  cuda::AttendParams p = step_partials_params(o.data());
-  p.cache = cache;
-  p.row_stride = 576, p.num_pages = 100, p.splits = 4;
+  cuda::AttendParams p = cache_params(o.data());
   for (int page : {8, 16, 32, 64, 128}) {
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_wgmma_uses_tma(p)) << "page " << page;
@@ -88,7 +95,7 @@ TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
   q.row_stride = 584, q.page_stride = 64 * 584;  // rows not 16-byte aligned
   EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q));
   q = p;
-  q.cache = cache + 1;
+  q.cache = aligned_cache + 1;
   EXPECT_FALSE(cuda::attend_wgmma_uses_tma(q));
   q = p;  // a caller's split partials keep SPEC's chunks: cp.async
   q.step_partials = false;
@@ -103,10 +110,7 @@ TEST(AttendRouting, TmaTilesOnlyWhereWholePagesCanBeBoxes) {
 TEST(AttendRouting, RowCopiesWhereTmaCannotBoxAnFp8Cache) {
   if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
   std::vector<float> o(8);
-  alignas(16) static uint8_t cache[32];
-  cuda::AttendParams p = step_partials_params(o.data());
-  p.cache = cache;
-  p.row_stride = 576, p.num_pages = 100, p.splits = 4;
+  cuda::AttendParams p = cache_params(o.data());
   for (int page : {1, 2, 4, 3, 6, 12, 48}) {
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_wgmma_row_copies(p)) << "page " << page;
@@ -124,9 +128,9 @@ TEST(AttendRouting, RowCopiesWhereTmaCannotBoxAnFp8Cache) {
   q.many_rows = true;  // attend_rows.cu gathers
   EXPECT_FALSE(cuda::attend_wgmma_row_copies(q));
   q.many_rows = false;
-  q.cache = cache + 8;  // rows not 16-byte aligned
+  q.cache = aligned_cache + 8;  // rows not 16-byte aligned
   EXPECT_FALSE(cuda::attend_wgmma_row_copies(q));
-  q.cache = cache;
+  q.cache = aligned_cache;
   q.row_stride = 584, q.page_stride = 584;
   EXPECT_FALSE(cuda::attend_wgmma_row_copies(q));
   q.row_stride = 576, q.page_stride = 584 + 8;  // pages 16-byte aligned apart, rows too
@@ -147,11 +151,9 @@ TEST(AttendRouting, Bf16ManyRowsOnlyForTheStepsBf16PartialsOnTmaPages) {
   if (std::getenv("MLA_ATTEND_KERNEL") || std::getenv("MLA_ATTEND_TMA"))
     GTEST_SKIP() << "MLA_ATTEND_KERNEL or MLA_ATTEND_TMA is set: the default policy is not in force";
   std::vector<float> o(8);
-  alignas(16) static uint8_t cache[16];
-  cuda::AttendParams p = step_partials_params(o.data());
+  cuda::AttendParams p = cache_params(o.data());
   p.q_fp8 = p.cache_fp8 = false;
-  p.cache = cache;
-  p.page_size = 64, p.row_stride = 576, p.page_stride = 64 * 576, p.num_pages = 100, p.splits = 4;
+  p.page_size = 64, p.page_stride = 64 * 576;
   p.many_rows = true;
   EXPECT_TRUE(cuda::attend_rows_bf16_applies(p));
   EXPECT_FALSE(cuda::attend_wgmma_applies(p));
@@ -184,10 +186,7 @@ TEST(AttendRouting, Bf16ManyRowsOnlyForTheStepsBf16PartialsOnTmaPages) {
 TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
   if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
   std::vector<float> o(8);
-  alignas(16) static uint8_t cache[32];
-  cuda::AttendParams p = step_partials_params(o.data());
-  p.cache = cache;
-  p.row_stride = 576, p.num_pages = 100, p.splits = 4;
+  cuda::AttendParams p = cache_params(o.data());
   for (int page : {1, 2, 4, 3, 6, 12, 48}) {  // (1, 2, 4: an fp8 cache, even or uneven)
     p.page_size = page, p.page_stride = int64_t(page) * 576;
     EXPECT_TRUE(cuda::attend_rows_gathers(p)) << "page " << page;
@@ -200,9 +199,9 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
   EXPECT_FALSE(cuda::attend_rows_gathers(p));
   cuda::AttendParams q = p;
   q.page_size = 1, q.page_stride = 576;
-  q.cache = cache + 8;  // rows not 16-byte aligned
+  q.cache = aligned_cache + 8;  // rows not 16-byte aligned
   EXPECT_FALSE(cuda::attend_rows_gathers(q));
-  q.cache = cache;
+  q.cache = aligned_cache;
   q.step_partials = false;  // a caller's split partials keep SPEC's chunks
   EXPECT_FALSE(cuda::attend_rows_gathers(q));
   q.splits = 1;
