@@ -1,10 +1,10 @@
 // Python bindings of the public C++ API (include/mla/): LayerConfig, weights, Layer and its four calls.
 //
-// Tensors are any object with the buffer protocol (numpy arrays: host memory) or with
-// __cuda_array_interface__ (torch / CuPy CUDA tensors: device memory), read as views without a copy.
-// numpy has no bf16 or fp8 dtype: an argument that takes bf16 accepts 2-byte elements (uint16,
-// int16, torch.bfloat16 viewed as int16) and one that takes fp8 e4m3 accepts 1-byte elements
-// (uint8, int8); f32, i32 and i64 must be exactly those. Every view is checked by the library as in
+// Tensors are any object with __dlpack__ (torch, CuPy, JAX, numpy: host or device memory, bf16 and
+// float8_e4m3fn included), __cuda_array_interface__ or the buffer protocol, read as views without a
+// copy. numpy has no bf16 or fp8 dtype: an argument that takes bf16 also accepts 2-byte integers
+// (the raw bits) and one that takes fp8 e4m3 1-byte integers; f32, i32 and i64 must be exactly
+// those. Every view is checked by the library as in
 // C++ (mla::Error -> mla_decode.Error, a ValueError, naming the argument, expected and actual
 // values) before anything is written. The calls release the GIL; CUDA calls are asynchronous on
 // the layer's stream, so the caller keeps the tensors alive until it synchronizes.
@@ -29,16 +29,36 @@ struct Accepts {
   std::vector<DType> dtypes;  // tried in order: the first whose element size and kind fit
 };
 
+// kind: 'f' IEEE float, 'i' / 'u' integers, 'V' raw bytes, 'b' bfloat16 and 'e' float8 e4m3fn (DLPack).
 bool kind_fits(DType dt, char kind, int64_t itemsize) {
   if (int64_t(dtype_size(dt)) != itemsize) return false;
   switch (dt) {
     case DType::f32: case DType::f64: case DType::f16: return kind == 'f';
     case DType::i32: case DType::i64: return kind == 'i';
-    case DType::bf16: return kind == 'u' || kind == 'i' || kind == 'V';  // raw 16-bit words
-    case DType::fp8_e4m3: case DType::u8: return kind == 'u' || kind == 'i' || kind == 'V';
+    case DType::bf16: return kind == 'b' || kind == 'u' || kind == 'i' || kind == 'V';  // or raw 16-bit words
+    case DType::fp8_e4m3: return kind == 'e' || kind == 'u' || kind == 'i' || kind == 'V';
+    case DType::u8: return kind == 'u';
   }
   return false;
 }
+
+// DLPack's C ABI (dlpack.h, v0.8 - 1.x unversioned capsules): only what a consumer reads.
+struct DLDevice { int32_t device_type, device_id; };  // 1 CPU, 2 CUDA, 3 CUDA host
+struct DLDataType { uint8_t code, bits; uint16_t lanes; };  // code 0 int, 1 uint, 2 float, 4 bfloat, 10 float8_e4m3fn
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null: row-major contiguous
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
 
 std::string accepts_str(const Accepts& a) {
   std::string s;
@@ -56,7 +76,37 @@ TensorView view_of(const py::handle& obj, const Accepts& accepts, const char* wh
   void* data = nullptr;
   bool readonly = false;
   Device device = Device::cpu;
-  if (py::hasattr(obj, "__cuda_array_interface__")) {
+  int device_index = layer ? layer->options().cuda_device : 0;
+  // DLPack first (it carries bf16 and fp8); numpy cannot export a read-only array through it, and
+  // such an object falls through to the interfaces below. The capsule stays unconsumed: its
+  // destructor releases the producer's reference, while the caller's object keeps the memory alive.
+  py::object capsule;
+  if (py::hasattr(obj, "__dlpack__")) {
+    try {
+      const bool cuda = layer && layer->device() == Device::cuda;
+      const uintptr_t stream = cuda ? reinterpret_cast<uintptr_t>(layer->options().cuda_stream) : 0;
+      // The consumer's stream (1: the legacy default one), so the producer orders its work before ours.
+      capsule = cuda ? obj.attr("__dlpack__")(py::arg("stream") = stream ? stream : 1) : obj.attr("__dlpack__")();
+    } catch (const py::error_already_set&) {
+      capsule = py::object();
+    }
+  }
+  if (capsule && PyCapsule_IsValid(capsule.ptr(), "dltensor")) {
+    const auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+    const DLTensor& t = managed->dl_tensor;
+    MLA_REQUIRE(t.dtype.lanes == 1, what, ": DLPack dtype with ", t.dtype.lanes, " lanes");
+    itemsize = t.dtype.bits / 8;
+    kind = t.dtype.code == 0 ? 'i' : t.dtype.code == 1 ? 'u' : t.dtype.code == 2 ? 'f' : t.dtype.code == 4 ? 'b'
+         : t.dtype.code == 10 ? 'e' : '?';
+    shape.assign(t.shape, t.shape + t.ndim);
+    if (t.strides)
+      for (int d = 0; d < t.ndim; ++d) byte_strides.push_back(t.strides[d] * itemsize);
+    data = static_cast<char*>(t.data) + t.byte_offset;
+    MLA_REQUIRE(t.device.device_type == 1 || t.device.device_type == 2 || t.device.device_type == 3, what,
+                ": DLPack device type ", t.device.device_type, " is neither CPU nor CUDA");
+    device = t.device.device_type == 2 ? Device::cuda : Device::cpu;
+    if (device == Device::cuda) device_index = t.device.device_id;
+  } else if (py::hasattr(obj, "__cuda_array_interface__")) {
     const py::dict cai = obj.attr("__cuda_array_interface__");
     const std::string typestr = py::str(cai["typestr"]);
     MLA_REQUIRE(typestr.size() >= 3 && typestr[0] != '>', what, ": typestr '", typestr, "' is not little-endian");
@@ -105,7 +155,7 @@ TensorView view_of(const py::handle& obj, const Accepts& accepts, const char* wh
   v.dtype = *dtype;
   v.rank = int(shape.size());
   v.device = device;
-  v.device_index = layer ? layer->options().cuda_device : 0;
+  v.device_index = device_index;
   int64_t stride = 1;
   for (int d = v.rank - 1; d >= 0; --d) {
     v.shape[d] = shape[d];

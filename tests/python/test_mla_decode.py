@@ -225,14 +225,17 @@ class CudaLayer(unittest.TestCase):
             out = np.empty((step.tokens, cfg.heads * cfg.v_head_dim), np.uint16)
             if backend == "cpu":
                 layer.step(hidden, slot_mapping=step.slot_mapping, cache=cache, out=out, **step.meta())
-            else:
-                dev = lambda a: torch.from_numpy(a.view(np.int16) if a.dtype == np.uint16 else a).cuda()
-                d_out, d_cache = dev(out), dev(cache)
+            else:  # torch.bfloat16 tensors as they are (DLPack), the rest as plain integer tensors
+                dev = lambda a: torch.from_numpy(a).cuda()
+                bf16 = lambda a: torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
+                d_out, d_cache = bf16(out), dev(cache)
                 meta = {k: (dev(v) if isinstance(v, np.ndarray) else v) for k, v in step.meta().items()}
-                layer.step(dev(hidden), slot_mapping=dev(step.slot_mapping), cache=d_cache, out=d_out,
+                stream = torch.cuda.current_stream().cuda_stream
+                layer = mla.Layer(cfg, w, backend="cuda", max_tokens=16, cuda_stream=stream)
+                layer.step(bf16(hidden), slot_mapping=dev(step.slot_mapping), cache=d_cache, out=d_out,
                            seq_lens_host=step.seq_lens.tolist(), **meta)
                 torch.cuda.synchronize()
-                out = d_out.cpu().numpy().view(np.uint16)
+                out = d_out.view(torch.int16).cpu().numpy().view(np.uint16)
             outs[backend] = bf16_to_f64(out)
         self.assertTrue(np.isfinite(outs["cuda"]).all())
         self.assertLess(rel_l2(outs["cuda"], outs["cpu"]), 2e-2)
