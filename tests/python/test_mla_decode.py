@@ -220,10 +220,10 @@ class CudaLayer(unittest.TestCase):
         hidden = f32_to_bf16(rng.standard_normal((step.tokens, cfg.hidden)))
         outs = {}
         for backend in ("cpu", "cuda"):
-            layer = mla.Layer(cfg, w, backend=backend, max_tokens=16)
             cache = step.cache.copy()
             out = np.empty((step.tokens, cfg.heads * cfg.v_head_dim), np.uint16)
             if backend == "cpu":
+                layer = mla.Layer(cfg, w, backend="cpu", max_tokens=16)
                 layer.step(hidden, slot_mapping=step.slot_mapping, cache=cache, out=out, **step.meta())
             else:  # torch.bfloat16 tensors as they are (DLPack), the rest as plain integer tensors
                 dev = lambda a: torch.from_numpy(a).cuda()
