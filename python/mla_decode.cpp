@@ -201,7 +201,8 @@ Meta meta_of(const Layer& layer, int qlen, const py::handle& seq_lens, const py:
   m.meta.seq_lens = view_of(seq_lens, kI32, "seq_lens", false, &layer);
   m.meta.kv_indptr = view_of(kv_indptr, kI32, "kv_indptr", false, &layer);
   m.meta.kv_indices = view_of(kv_indices, kI32, "kv_indices", false, &layer);
-  m.meta.slot_mapping = slot_mapping.is_none() ? TensorView{} : view_of(slot_mapping, kI64, "slot_mapping", false, &layer);
+  m.meta.slot_mapping =
+      slot_mapping.is_none() ? TensorView{} : view_of(slot_mapping, kI64, "slot_mapping", false, &layer);
   if (!seq_lens_host.is_none()) {
     m.host_lens = seq_lens_host.cast<std::vector<int32_t>>();
     m.meta.seq_lens_host = m.host_lens;
@@ -246,8 +247,8 @@ PYBIND11_MODULE(mla_decode, m) {
       .def_property_readonly("has_rope", [](const LayerConfig& c) { return c.rope != RopeType::none; })
       .def("validate", &LayerConfig::validate)
       .def("__repr__", [](const LayerConfig& c) {
-        return "LayerConfig(" + c.name + ", hidden=" + std::to_string(c.hidden) + ", heads=" + std::to_string(c.heads()) +
-               ")";
+        return "LayerConfig(" + c.name + ", hidden=" + std::to_string(c.hidden) +
+               ", heads=" + std::to_string(c.heads()) + ")";
       });
 
   py::class_<CheckpointWeights>(m, "CheckpointWeights", "One layer's checkpoint weights (bf16, this rank's heads).")
@@ -292,8 +293,8 @@ PYBIND11_MODULE(mla_decode, m) {
              return Layer(cfg, w, o);
            }),
            py::arg("cfg"), py::arg("weights"), py::arg("backend") = "auto", py::arg("q_dtype") = "fp8",
-           py::arg("max_tokens") = 256, py::arg("num_splits") = 0, py::arg("q_head_pad") = 0, py::arg("num_threads") = 0,
-           py::arg("cuda_device") = 0, py::arg("cuda_stream") = 0,
+           py::arg("max_tokens") = 256, py::arg("num_splits") = 0, py::arg("q_head_pad") = 0,
+           py::arg("num_threads") = 0, py::arg("cuda_device") = 0, py::arg("cuda_stream") = 0,
            "backend: 'auto' (CUDA where a GPU is present), 'cpu' or 'cuda'; cuda_stream: a cudaStream_t as an integer "
            "(torch: torch.cuda.current_stream().cuda_stream), 0 = the default stream.")
       .def_property_readonly("config", &Layer::config)
@@ -343,8 +344,8 @@ PYBIND11_MODULE(mla_decode, m) {
             py::gil_scoped_release release;
             l.attend(qv, kv, m.meta, outs);
           },
-          py::arg("q"), py::arg("cache"), py::arg("seq_lens"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("o"),
-          py::arg("lse"), py::arg("qlen") = 1, py::arg("seq_lens_host") = py::none(),
+          py::arg("q"), py::arg("cache"), py::arg("seq_lens"), py::arg("kv_indptr"), py::arg("kv_indices"),
+          py::arg("o"), py::arg("lse"), py::arg("qlen") = 1, py::arg("seq_lens_host") = py::none(),
           "o [S, G, 512] (f32 or bf16) and lse [S, G] f32 (natural log), or split partials [splits, S, G, ...].")
       .def(
           "post",

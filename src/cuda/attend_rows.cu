@@ -224,7 +224,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
           // a branch around a wgmma makes ptxas fence the accumulators)
           wgmma::mma_m64n32k32_e4m3(acc[u], kd[u], qd[u], v > 0);
-          kd[u] = wgmma::advance(kd[u], key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
+          kd[u] = wgmma::advance(kd[u],
+                                 key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
           qd[u] = wgmma::advance(qd[u], 2 * kRowChunkStride);
           asm volatile("" : "+l"(kd[u]), "+l"(qd[u]));
         }
@@ -363,7 +364,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
               if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
               v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
               if (t + 1 < steps)
-                v_load<Tiles::kBoxes>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+                v_load<Tiles::kBoxes>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
+                                      vraw[jj]);
             }
             wgmma::fence();
             const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);

@@ -54,7 +54,8 @@ namespace {
 using namespace wgmma_attend;
 
 // kGroupSteps: k32 steps a q.k accumulator takes before the f32 sum (1: the most accurate, two waves
-// of 9 accumulators; 2: one wave, 1.6e-4 vs 1.1e-4 rel L2 in tests/gpu/test_wgmma.cpp).
+// of 9 accumulators; 2: one wave, 1.6e-4 vs 1.1e-4 rel L2 in tests/gpu/test_wgmma.cpp; kRows takes
+// 3 in two waves of 3 accumulators, 1.9e-4, its K fragments needing the registers).
 // kTiles (attend_wgmma_tiles.cuh): the key tiles come by the TMA unit on the stage's mbarrier, as
 // whole pages (kBoxes) or a bulk copy a key row (kRows: fp8 pages TMA does not box, v24), issued by
 // one lane a box of up to 4 warps; or by cp.async from every thread (kCopies: a caller's partials
@@ -244,7 +245,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
       uint64_t k_desc = 0;
       uint32_t k_row = 0;
-      if constexpr (kRows) k_row = kv_addr + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
+      if constexpr (kRows)
+        k_row = kv_addr + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
       else k_desc = kTma ? wgmma::descriptor_sw128(kv_addr) : wgmma::descriptor(kv_addr, wgmma::kChunkStride, 128);
       float x[8] = {};
       // kRows: a wave's K fragments; the next wave's are loaded while this one's MMAs run.

@@ -51,7 +51,8 @@ constexpr int kRowTileBytes = kTileKeys * kRowPitch;
 // slabs (TMA boxes: chunk c of a 128-byte line at c ^ (line % 8)) or plain rows (bulk row copies).
 template <Tiles kTiles>
 __device__ __forceinline__ int tile_offset(int key, int chunk) {
-  if constexpr (kTiles == Tiles::kBoxes) return (chunk >> 3) * kSlabBytes + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
+  if constexpr (kTiles == Tiles::kBoxes)
+    return (chunk >> 3) * kSlabBytes + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
   else if constexpr (kTiles == Tiles::kRows) return key * kRowPitch + chunk * 16;
   else return wgmma::kmajor_offset(key, chunk);
 }
@@ -235,7 +236,8 @@ struct TmaTiles {
     __syncwarp();
     if (ok && rows) {
       const int64_t in_page = ks.page_shift >= 0 ? j0 & (p.page_size - 1) : int32_t(j0) % p.page_size;
-      const uint8_t* src = static_cast<const uint8_t*>(p.cache) + int64_t(page) * p.page_stride + in_page * p.row_stride;
+      const uint8_t* src =
+          static_cast<const uint8_t*>(p.cache) + int64_t(page) * p.page_stride + in_page * p.row_stride;
       tma::load_bytes(dst + box * kRowPitch, src, kRow, bar);
     } else if (ok) {
       const uint32_t at = dst + box * box_rows * 128;
