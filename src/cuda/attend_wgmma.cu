@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTiles::slots(p, kRows));
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTilesT<kRows>::slots(p));
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
       tma::fence_barrier_init();
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 
     // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
-    const TmaTiles tiles(p, &cache_map, lane, warp, kRows);
+    const TmaTilesT<kRows> tiles(p, &cache_map, lane, warp);
     auto box_page_of = [&](const KeyStream& ks, int tile) { return tiles.page_of(ks, tile); };
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {

@@ -179,30 +179,31 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
 // lanes (page 16: 20 a tile, inside the many-rows kernel's lock step: D 17% slower than at page 64).
 // The caller loads a lane's page id a tile ahead (page_of) and issues the boxes when the stage is
 // free (issue); every lane of an issuing warp (issues()) calls both, and the tile's mbarrier
-// expects slots(p) arrivals.
-struct TmaTiles {
+// expects slots(p) arrivals. kRowCopies: the boxes are key rows (TmaTilesT<true>, the 16-row kernel).
+template <bool kRowCopies = false>
+struct TmaTilesT {
   const AttendParams& p;
   const CUtensorMap* map;
   int lane, box_rows, boxes, slot, box;  // box: this lane's box (when < boxes)
-  bool rows;                             // one bulk copy a key row (any page size; no tensor map)
 
-  __host__ __device__ static int slots(const AttendParams& params, bool rows = false) {
-    const int boxes = rows ? kTileKeys : kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
+  __host__ __device__ static int slots(const AttendParams& params) {
+    const int boxes = kRowCopies ? kTileKeys : kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
     return boxes < 4 ? boxes : 4;
   }
   // lane_ of warp `warp` (0..3) of the warps that share a tile.
-  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int warp, bool rows_ = false)
-      : p(params), map(cache_map), lane(lane_), box_rows(rows_ ? 1 : min(params.page_size, kTileKeys)),
-        boxes(kTileKeys / box_rows), slot(warp), box(lane_ * slots(params, rows_) + warp), rows(rows_) {}
-  __device__ bool issues() const { return slot < slots(p, rows); }
+  __device__ TmaTilesT(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int warp)
+      : p(params), map(cache_map), lane(lane_), box_rows(kRowCopies ? 1 : min(params.page_size, kTileKeys)),
+        boxes(kTileKeys / box_rows), slot(warp), box(lane_ * slots(params) + warp) {}
+  __device__ bool issues() const { return slot < slots(p); }
 
   // This lane's box of tile `tile` of segment ks: its page's index in the request's page list
   // (-1: no box) and first local key j0.
   __device__ int64_t box_index(const KeyStream& ks, int tile, int64_t& j0) const {
     j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(box) * box_rows;
     if (box >= boxes || j0 >= ks.k_end) return -1;
-    // (keys of a request fit 32 bits: KeyStream's own page arithmetic is 32-bit too)
-    const int64_t page_index = ks.page_shift >= 0 ? j0 >> ks.page_shift : int32_t(j0) / p.page_size;
+    // (boxes: pages of a power of two rows; row copies: any, and the keys of a request fit 32 bits)
+    const int64_t page_index =
+        !kRowCopies || ks.page_shift >= 0 ? j0 >> ks.page_shift : int32_t(j0) / p.page_size;
     return page_index < ks.pages_avail ? page_index : -1;
   }
   __device__ int32_t page_of(const KeyStream& ks, int tile) const {
@@ -231,15 +232,16 @@ struct TmaTiles {
     const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
     if (lane == 0) {
       if (key_mask) *key_mask = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
-      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * (rows ? uint32_t(kRow) : 128u * kSlabsN));
+      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * (kRowCopies ? uint32_t(kRow) : 128u * kSlabsN));
     }
     __syncwarp();
-    if (ok && rows) {
+    if (!ok) return;
+    if constexpr (kRowCopies) {
       const int64_t in_page = ks.page_shift >= 0 ? j0 & (p.page_size - 1) : int32_t(j0) % p.page_size;
       const uint8_t* src =
           static_cast<const uint8_t*>(p.cache) + int64_t(page) * p.page_stride + in_page * p.row_stride;
       tma::load_bytes(dst + box * kRowPitch, src, kRow, bar);
-    } else if (ok) {
+    } else {
       const uint32_t at = dst + box * box_rows * 128;
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
 #pragma unroll
@@ -248,6 +250,7 @@ struct TmaTiles {
     }
   }
 };
+using TmaTiles = TmaTilesT<false>;
 
 // Where a query row's results go: row m (query m / G, head m % G) of token rows tok_base + i in
 // partial `part` (both wgmma kernels' epilogues).
