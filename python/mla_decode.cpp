@@ -150,23 +150,12 @@ TensorView view_of(const py::handle& obj, const Accepts& accepts, const char* wh
     }
   MLA_REQUIRE(dtype.has_value(), what, ": expected ", accepts_str(accepts), " elements, got kind '", kind,
               "' of ", itemsize, " bytes");
-  TensorView v;
-  v.data = data;
-  v.dtype = *dtype;
-  v.rank = int(shape.size());
-  v.device = device;
-  v.device_index = device_index;
-  int64_t stride = 1;
-  for (int d = v.rank - 1; d >= 0; --d) {
-    v.shape[d] = shape[d];
-    if (byte_strides.empty()) {
-      v.stride[d] = stride;
-      stride *= shape[d];
-    } else {
-      MLA_REQUIRE(byte_strides[d] % itemsize == 0, what, ": stride ", byte_strides[d], " bytes of dim ", d,
-                  " is not a multiple of the element size ", itemsize);
-      v.stride[d] = byte_strides[d] / itemsize;
-    }
+  // Row-major unless the producer gave strides (bytes there, elements here).
+  TensorView v = TensorView::contiguous(data, *dtype, shape, device, device_index);
+  for (int d = 0; d < v.rank && !byte_strides.empty(); ++d) {
+    MLA_REQUIRE(byte_strides[d] % itemsize == 0, what, ": stride ", byte_strides[d], " bytes of dim ", d,
+                " is not a multiple of the element size ", itemsize);
+    v.stride[d] = byte_strides[d] / itemsize;
   }
   return v;
 }
