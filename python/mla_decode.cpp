@@ -179,23 +179,27 @@ Backend backend_from(const std::string& s) {
 
 // The step's metadata from its four arrays (host or device, as the layer's backend wants them).
 // seq_lens_host: the CUDA backend plans splits from a host copy of seq_lens when it has one.
+// The step's metadata; seq_lens_host points into host_lens, so the span is made where it is used
+// (step()), never carried across a copy or move of the Meta.
 struct Meta {
-  StepMeta meta;
+  StepMeta views;
   std::vector<int32_t> host_lens;
+  StepMeta step() const {
+    StepMeta m = views;
+    if (!host_lens.empty()) m.seq_lens_host = host_lens;
+    return m;
+  }
 };
 Meta meta_of(const Layer& layer, int qlen, const py::handle& seq_lens, const py::handle& kv_indptr,
              const py::handle& kv_indices, const py::handle& slot_mapping, const py::handle& seq_lens_host) {
   Meta m;
-  m.meta.qlen = qlen;
-  m.meta.seq_lens = view_of(seq_lens, kI32, "seq_lens", false, &layer);
-  m.meta.kv_indptr = view_of(kv_indptr, kI32, "kv_indptr", false, &layer);
-  m.meta.kv_indices = view_of(kv_indices, kI32, "kv_indices", false, &layer);
-  m.meta.slot_mapping =
+  m.views.qlen = qlen;
+  m.views.seq_lens = view_of(seq_lens, kI32, "seq_lens", false, &layer);
+  m.views.kv_indptr = view_of(kv_indptr, kI32, "kv_indptr", false, &layer);
+  m.views.kv_indices = view_of(kv_indices, kI32, "kv_indices", false, &layer);
+  m.views.slot_mapping =
       slot_mapping.is_none() ? TensorView{} : view_of(slot_mapping, kI64, "slot_mapping", false, &layer);
-  if (!seq_lens_host.is_none()) {
-    m.host_lens = seq_lens_host.cast<std::vector<int32_t>>();
-    m.meta.seq_lens_host = m.host_lens;
-  }
+  if (!seq_lens_host.is_none()) m.host_lens = seq_lens_host.cast<std::vector<int32_t>>();
   return m;
 }
 
@@ -299,7 +303,7 @@ PYBIND11_MODULE(mla_decode, m) {
             const TensorView h = view_of(hidden, kBf16, "hidden", false, &l), o = view_of(out, kBf16, "out", true, &l);
             const KVCache kv = cache_of(l, cache);
             py::gil_scoped_release release;
-            l.step(h, m.meta, kv, o);
+            l.step(h, m.step(), kv, o);
           },
           py::arg("hidden"), py::arg("seq_lens"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("slot_mapping"),
           py::arg("cache"), py::arg("out"), py::arg("qlen") = 1, py::arg("seq_lens_host") = py::none(),
@@ -315,7 +319,7 @@ PYBIND11_MODULE(mla_decode, m) {
                                   .gate = gate.is_none() ? TensorView{} : view_of(gate, kBf16, "gate", true, &l)};
             const KVCache kv = cache_of(l, cache);
             py::gil_scoped_release release;
-            l.pre(h, m.meta, kv, outs);
+            l.pre(h, m.step(), kv, outs);
           },
           py::arg("hidden"), py::arg("seq_lens"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("slot_mapping"),
           py::arg("cache"), py::arg("q"), py::arg("gate") = py::none(), py::arg("qlen") = 1,
@@ -331,7 +335,7 @@ PYBIND11_MODULE(mla_decode, m) {
             const AttendOutputs outs{.o = view_of(o, kO, "o", true, &l), .lse = view_of(lse, kF32, "lse", true, &l)};
             const KVCache kv{.pages = view_of(cache, kQuery, "cache", false, &l)};
             py::gil_scoped_release release;
-            l.attend(qv, kv, m.meta, outs);
+            l.attend(qv, kv, m.step(), outs);
           },
           py::arg("q"), py::arg("cache"), py::arg("seq_lens"), py::arg("kv_indptr"), py::arg("kv_indices"),
           py::arg("o"), py::arg("lse"), py::arg("qlen") = 1, py::arg("seq_lens_host") = py::none(),
@@ -345,7 +349,7 @@ PYBIND11_MODULE(mla_decode, m) {
             const TensorView g = gate.is_none() ? TensorView{} : view_of(gate, kBf16, "gate", false, &l);
             const TensorView ov = view_of(out, kBf16, "out", true, &l);
             py::gil_scoped_release release;
-            l.post(in, g, m.meta, ov);
+            l.post(in, g, m.step(), ov);
           },
           py::arg("o"), py::arg("lse"), py::arg("gate"), py::arg("seq_lens"), py::arg("kv_indptr"),
           py::arg("kv_indices"), py::arg("out"), py::arg("qlen") = 1, "out [S, N*V] bf16 from attend's o and lse.");

@@ -86,8 +86,8 @@ struct WgSmem {
   const uint8_t* rows[kTma ? 1 : kStages + 1][kTileKeys];
   int32_t pos[kTma ? 1 : kStages + 1][kTileKeys];
   float red[4][kN];  // per-warp row maxima, then row sums
-  // TMA (boxes or rows): a stage's loads landed (mbarrier), and which of its keys are real (bit k: key k is in the
-  // split and on a good page; the rest of the tile may hold anything, NaN included).
+  // TMA (boxes or rows): a stage's loads landed (mbarrier), and which of its keys are real (bit k:
+  // key k is in the split and on a good page; the rest of the tile may hold anything, NaN included).
   alignas(8) uint64_t full[kStages];
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
@@ -155,8 +155,8 @@ __device__ __forceinline__ void v_load(uint32_t tile, int ks, int j, int warp, i
   const int chunk = 4 * (2 * j + (lane >> 4)) + warp;
   ptx::ldmatrix_x4_trans(r, tile + tile_offset<kTiles>(key, chunk));
 }
-// TMA tiles (boxes or rows) are not zero-filled where keys are masked, and 0 x NaN is NaN in p.v: the raw V bytes
-// of masked keys are zeroed before widening. Lane (g, c) holds keys 16 ks + 2c, +1 (r[0], r[2]) and
+// TMA tiles (boxes or rows) are not zero-filled where keys are masked, and 0 x NaN is NaN in p.v:
+// the raw V bytes of masked keys are zeroed before widening. Lane (g, c) holds keys 16 ks + 2c, +1 (r[0], r[2]) and
 // 16 ks + 8 + 2c, +1 (r[1], r[3]), one 16-bit half each.
 __device__ __forceinline__ void v_mask(uint32_t (&r)[4], uint64_t key_mask, int ks, int c) {
   const uint32_t bits = uint32_t(key_mask >> (16 * ks + 2 * c));
@@ -187,7 +187,8 @@ struct TmaTilesT {
   int lane, box_rows, boxes, slot, box;  // box: this lane's box (when < boxes)
 
   __host__ __device__ static int slots(const AttendParams& params) {
-    const int boxes = kRowCopies ? kTileKeys : kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
+    const int boxes =
+        kRowCopies ? kTileKeys : kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
     return boxes < 4 ? boxes : 4;
   }
   // lane_ of warp `warp` (0..3) of the warps that share a tile.

@@ -340,12 +340,12 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // cost more than the flat plan's balance brings there (H200, 949867f: D 320.7 vs 344.1 us, F
   // 175.5 vs 200.4). Uneven or unknown lengths take the flat plan.
   const bool even = flat::lengths_even(meta.seq_lens_host.data(), int64_t(meta.seq_lens_host.size()));
-  // fp8 caches gather pages TMA does not box (cp.async; attend_wgmma_uses_tma), and uneven batches
-  // take the flat plan on those tiles in both kernels: the 16-row kernel since v22, the many-rows
-  // kernel since session 10 (64 x 128 heads x u32768 at page 1: 744.8 µs vs 863.1 on one-row TMA
-  // boxes, same lengths; H200). Even batches gain nothing from it (segment switches drain the copies).
-  // Bulk row copies (the 16-row kernel's pages TMA does not box, v24) are TMA's asynchrony: the
-  // flat plan as with boxes.
+  // Pages TMA does not box (attend_wgmma_uses_tma): the 16-row kernel copies an fp8 cache's rows by
+  // bulk copies (v24: TMA's asynchrony, so the flat plan as with boxes); the many-rows kernel gathers
+  // them by cp.async, and uneven batches take the flat plan on those tiles (session 10: 64 x 128 heads
+  // x u32768 at page 1: 744.8 µs vs 863.1 on one-row TMA boxes, same lengths; H200), as the 16-row
+  // kernel's cp.async tiles do (v22). Even batches gain nothing from it there (segment switches drain
+  // the copies).
   const bool tma = attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p);
   const bool copies_flat = !tma && !even && (!p.many_rows || attend_rows_gathers(p));
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&

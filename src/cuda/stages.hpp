@@ -158,7 +158,7 @@ bool attend_o_pairs_aligned(const AttendParams& p);
 bool attend_wgmma_applies(const AttendParams& p);
 // Where it applies, the wgmma kernel loads whole pages by TMA when the cache allows (pages of 8 or
 // more rows, a power of two, rows of a page contiguous) and the partials may be chunked by whole
-// tiles (the step's own, or one split); else by cp.async.
+// tiles (the step's own, or one split); else by bulk row copies (below) or cp.async.
 bool attend_wgmma_uses_tma(const AttendParams& p);
 // Where TMA does not box the pages of an fp8 cache (pages of 1-4 rows or not a power of two, pages
 // not contiguous), the 16-row kernel loads a tile as one bulk copy a key row (attend_wgmma.cu v24:
