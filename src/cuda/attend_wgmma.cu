@@ -134,23 +134,6 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       tiles.issue(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
                   &sm.key_mask[stage][warp]);
     };
-    // Row copies (v25) go out a few at a time: while the tile being waited for is still on its way,
-    // and the rest in the shadow of q.k's first wave (rows: this warp's copies of the next tile;
-    // rows_left of them not issued yet, warp-uniform).
-    using RowCopies = typename TmaTilesT<kRows>::RowCopies;
-    constexpr int kRowsPerWarp = TmaTilesT<kRows>::kRowsPerWarp;
-    RowCopies rows;
-    int rows_left = 0;
-    auto prepare_rows_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
-      const int stage = at % kStages;
-      rows = tiles.prepare_rows(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
-                                &sm.key_mask[stage][warp]);
-      rows_left = kRowsPerWarp;
-    };
-    auto issue_row = [&] {
-      rows.issue(kRowsPerWarp - rows_left, lane);
-      --rows_left;
-    };
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
     int32_t next_segment_page = -1;  // issuing warps: the lane's page id for the next segment's first tile
     int32_t next_page = -1;  // issuing warps, TMA: the lane's page id for the next tile to issue
@@ -237,22 +220,12 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
         // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
         // for all four warps at once), so its stage takes tile t+1 now.
         if (tiles.issues() && t + 1 < n_tiles) {
-          if constexpr (kRows) prepare_rows_of(keys, t + 1, done + t + 1, next_page);
-          else issue_tma(t + 1, next_page);
+          issue_tma(t + 1, next_page);
           next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
         } else if (tiles.issues() && has_next) {
-          // the next segment's first tile
-          if constexpr (kRows) prepare_rows_of(next, 0, done + n_tiles, next_segment_page);
-          else issue_tma_of(next, 0, done + n_tiles, next_segment_page);
+          issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
         }
-        const uint32_t full = ptx::smem_addr(&sm.full[buf]), parity = ((done + t) / kStages) & 1;
-        if constexpr (kRows) {
-          while (rows_left > 0 && !__shfl_sync(~0u, tma::test_parity(full, parity), 0)) {
-            issue_row();
-            if (rows_left > 0) issue_row();
-          }
-        }
-        tma::wait_parity_forever(full, parity);
+        tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
         if (done + t == 0) stamp(2, now());
         key_mask = (sm.key_mask[buf][0] | sm.key_mask[buf][1]) | (sm.key_mask[buf][2] | sm.key_mask[buf][3]);
       } else {
@@ -306,8 +279,6 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
         wgmma::commit();
         if constexpr (kRows) {
           if (wave + 1 < kAccs / kWave) load_k(wave + 1);
-          if (wave == 0)
-            while (rows_left > 0) issue_row();
         }
         if constexpr (!kTma) {
           if (wave == 0 && t + kStages < n_tiles) {

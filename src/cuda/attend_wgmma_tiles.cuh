@@ -212,68 +212,18 @@ struct TmaTilesT {
     const int64_t i = box_index(ks, tile, j0);
     return i < 0 ? -1 : p.kv_indices[ks.page_begin + i];
   }
-  // Row copies (kRowCopies): this warp's rows of a tile, issued one at a time by lane 0 (a bulk copy
-  // takes its operands in uniform registers, so a warp issues its lanes' copies one after another,
-  // each waiting until the copy unit has read the last one's). Lane i < kRowsPerWarp holds row
-  // i's source (0: none) and destination; issue(i) issues row i.
-  static constexpr int kRowsPerWarp = kTileKeys / 4;
-  struct RowCopies {
-    uint64_t src = 0;
-    uint32_t dst = 0, bar = 0;
-    __device__ __forceinline__ void issue(int i, int lane) const {
-      const uint64_t s = __shfl_sync(~0u, src, i);
-      const uint32_t d = __shfl_sync(~0u, dst, i);
-      if (lane == 0 && s != 0) tma::load_bytes(d, reinterpret_cast<const void*>(s), kRow, bar);
-    }
-  };
-
   // This warp's boxes into the stage at shared address dst, completing on mbarrier bar (its one
   // arrival a slot expects the bytes of the boxes actually issued); lane 0 writes the real keys
   // among this warp's boxes to *key_mask (the tile's: the OR over its slots; a bad page id's keys
   // are masked and reported, never read; nullptr: the caller has them from another part).
   // kSlabsN: 128-byte slabs a key row (fp8 rows: 5, the fifth half past the row and zero-filled;
   // bf16 rows of 1152 bytes: 9), from slab first_slab on (a kernel that loads a tile in parts, a
-  // warpgroup's dims at a time: attend_rows_bf16.cu). Row copies: all of this warp's rows at once
-  // (prepare_rows: a few at a time).
+  // warpgroup's dims at a time: attend_rows_bf16.cu). Row copies: one fp8 row of kRow bytes a box
+  // at dst + key * kRowPitch, from the cache's address (any page and row strides of 16 bytes).
   template <int kSlabsN = kSlabs>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0) const {
-    if constexpr (kRowCopies) {
-      const RowCopies rows = prepare_rows(ks, tile, page, dst, bar, key_mask);
-      for (int i = 0; i < kRowsPerWarp; ++i) rows.issue(i, lane);
-    } else {
-      int64_t j0;
-      if (!expect<kSlabsN>(ks, tile, page, bar, key_mask, j0)) return;
-      const uint32_t at = dst + box * box_rows * 128;
-      const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
-#pragma unroll
-      for (int s = 0; s < kSlabsN; ++s)
-        tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), y, bar);
-    }
-  }
-  // Row copies: the tile's bookkeeping as issue's (mask, expected bytes) and this warp's rows, one
-  // fp8 row of kRow bytes a box at dst + key * kRowPitch, from the cache's address (any page and
-  // row strides of 16 bytes), for RowCopies::issue.
-  __device__ RowCopies prepare_rows(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar,
-                                    uint64_t* key_mask) const {
     int64_t j0;
-    const bool ok = expect<kSlabs>(ks, tile, page, bar, key_mask, j0);
-    const int64_t in_page = ks.page_shift >= 0 ? j0 & (p.page_size - 1) : int32_t(j0) % p.page_size;
-    RowCopies rows;
-    if (ok)
-      rows.src = reinterpret_cast<uint64_t>(static_cast<const uint8_t*>(p.cache) + int64_t(page) * p.page_stride +
-                                            in_page * p.row_stride);
-    rows.dst = dst + box * kRowPitch;
-    rows.bar = bar;
-    return rows;
-  }
-
- private:
-  // The bookkeeping of a tile's boxes: whether this lane's box is real (its first key: j0), the
-  // bad-page report, the tile's key mask and the mbarrier's expected bytes (lane 0).
-  template <int kSlabsN>
-  __device__ bool expect(const KeyStream& ks, int tile, int32_t page, uint32_t bar, uint64_t* key_mask,
-                         int64_t& j0) const {
     const bool have = box_index(ks, tile, j0) >= 0;
     const bool ok = have && page >= 0 && page < p.num_pages;
     if (have && !ok) atomicOr(p.error, kBadPage);
@@ -286,7 +236,19 @@ struct TmaTilesT {
       tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * (kRowCopies ? uint32_t(kRow) : 128u * kSlabsN));
     }
     __syncwarp();
-    return ok;
+    if (!ok) return;
+    if constexpr (kRowCopies) {
+      const int64_t in_page = ks.page_shift >= 0 ? j0 & (p.page_size - 1) : int32_t(j0) % p.page_size;
+      const uint8_t* src =
+          static_cast<const uint8_t*>(p.cache) + int64_t(page) * p.page_stride + in_page * p.row_stride;
+      tma::load_bytes(dst + box * kRowPitch, src, kRow, bar);
+    } else {
+      const uint32_t at = dst + box * box_rows * 128;
+      const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
+#pragma unroll
+      for (int s = 0; s < kSlabsN; ++s)
+        tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), y, bar);
+    }
   }
 };
 using TmaTiles = TmaTilesT<false>;
