@@ -64,10 +64,27 @@ using namespace wgmma_attend;
 // at its phases into p.timeline[8 * CTA + k] (k: 0 start, 1 prologue done, 2 first tile landed,
 // 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments).
 template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
-__global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
+__global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
   constexpr bool kRows = kTiles == Tiles::kRows;
+  // kRows (v26): a second warpgroup, the producer, issues the row copies. A bulk copy takes its
+  // operands in uniform registers, so a warp issues its rows one lane at a time, each waiting until
+  // the copy unit has read the last (~35 cycles): 16 a warp a tile, which the consumer warps spent
+  // before every tile's q.k (v24: ~21% of their stall samples). The producer gives its registers to
+  // the consumer (setmaxnreg: 2 CTAs of 256 threads an SM, 24 + 232 registers a thread) and runs
+  // ahead of it by the stages, on `empty` mbarriers the consumer warps arrive on.
+  constexpr bool kProducer = kRows;
+  constexpr int kCtaThreads = kProducer ? 2 * kThreads : kThreads;
+  // The consumer warpgroup's barriers: named barrier 1 where a producer runs beside it.
+  auto sync_consumers = [] {
+    if constexpr (kProducer) ptx::named_sync(1, kThreads);
+    else __syncthreads();
+  };
+  auto sync_consumers_or = [](bool pred) {
+    if constexpr (kProducer) return ptx::named_sync_or(1, kThreads, pred);
+    else return __syncthreads_or(pred) != 0;
+  };
   // Accumulators a wave: one wave of up to kQkWave; kRows holds its A operands in registers as well,
   // so 9 or 6 k32 steps a wave (ptxas spills in the loop else).
   constexpr int kAccs = kQkSteps / kGroupSteps;
@@ -103,6 +120,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
         tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTilesT<kRows>::slots(p));
+        if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
       tma::fence_barrier_init();
@@ -110,6 +128,31 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     __syncthreads();  // the mbarriers, for every warp that issues boxes (from the first prologue on)
   }
   int done = 0;  // TMA: tiles consumed by earlier segments (stage and mbarrier parity run on)
+
+  if constexpr (kProducer) {
+    if (tid >= kThreads) {  // the producer warpgroup: every tile of every segment, in order
+      ptx::setmaxnreg_dec<24>();
+      const TmaTilesT<true> tiles(p, &cache_map, lane, warp - kThreads / 32);
+      auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
+        const int n_tiles = keys.n_tiles();
+        int32_t page = n_tiles > 0 ? tiles.page_of(keys, 0) : -1;  // page ids a tile ahead
+        for (int t = 0; t < n_tiles; ++t) {
+          const int at = done + t, stage = at % kStages;
+          const int32_t next_page = t + 1 < n_tiles ? tiles.page_of(keys, t + 1) : -1;
+          // The consumer is done with the stage's previous tile (at - kStages).
+          if (at >= kStages) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at / kStages) + 1) & 1);
+          tiles.issue(keys, t, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
+                      &sm.key_mask[stage][warp - kThreads / 32]);
+          page = next_page;
+        }
+        done += n_tiles;
+      };
+      serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
+                                             sm.next_segment, nullptr, produce);
+      return;
+    }
+    ptx::setmaxnreg_inc<232>();
+  }
 
   // One segment: request b's local keys as `keys` says, into partial `part` at token rows
   // tok_base + i (the query's i-th token).
@@ -141,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     // ids first).
     // The other order (v14, query first) moved 0.5 us from the prologue into the first tile's wait
     // and was no faster (H200, 949867f: B64 kernel 90.0 vs 88.9 us; timeline in bench/results).
-    if constexpr (kTma) {
+    if constexpr (kTma && !kProducer) {
       // (the issuing warps: TmaTiles; the mbarriers were published by the CTA barrier at the start)
       if (tiles.issues() && n_tiles > 0) {
         __syncwarp();
@@ -188,11 +231,11 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       ahead = kStages < n_tiles ? keys.page_of(p, kStages, tid) : KeyRow{};
     }
     wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
-    __syncthreads();             // the query tile, the first tiles' rows, the initialized mbarriers
+    sync_consumers();            // the query tile, the first tiles' rows, the initialized mbarriers
     if (done == 0) stamp(1, now());
     // The next segment's first page ids (thread 0 wrote its keys before this segment's barrier
     // above; the issuing warps other than 0 read them only after it).
-    if (kTma && tiles.issues() && n_tiles > 0 && has_next) next_segment_page = box_page_of(next, 0);
+    if (kTma && !kProducer && tiles.issues() && n_tiles > 0 && has_next) next_segment_page = box_page_of(next, 0);
     if constexpr (!kTma) {
       for (int t = 0; t < kStages - 1; ++t) {
         if (t < n_tiles) issue_tile(t, t);
@@ -219,7 +262,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       if constexpr (kTma) {
         // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
         // for all four warps at once), so its stage takes tile t+1 now.
-        if (tiles.issues() && t + 1 < n_tiles) {
+        if (kProducer) {
+        } else if (tiles.issues() && t + 1 < n_tiles) {
           issue_tma(t + 1, next_page);
           next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
         } else if (tiles.issues() && has_next) {
@@ -233,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
         wgmma::fence_proxy_async();  // this thread's cp.async writes, before the tensor cores read them
         // Tile t has landed for every thread, tile t+kStages-1's rows are published, and tile t-1's
         // products are complete (its buffer is refilled next).
-        __syncthreads();
+        sync_consumers();
         const int next = t + kStages - 1;
         if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
         else ptx::cp_async_commit();
@@ -330,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       // always on a row's first visible tile): the weights stay <= 2^kLazyRescale (f16 holds them
       // with the same relative precision) and most tiles skip the cross-warp maxima exchange, the
       // rescale of o and its barrier. All threads move every row at once, so they keep agreeing.
-      if (__syncthreads_or(grows)) {
+      if (sync_consumers_or(grows)) {
         float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
         for (int i = 0; i < 8; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], s[i]);
@@ -341,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
           if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
         }
-        __syncthreads();  // every warp's row maxima
+        sync_consumers();  // every warp's row maxima
         // Branch-free -inf handling (the rules of core/softmax_state.hpp): a row that has seen
         // nothing keeps m = -inf and gets weights 0 (exp2(-inf - 0)); its first visible tile gets
         // alpha = exp2(-inf) = 0 for the (zero) past.
@@ -372,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
         *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
       }
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
-      __syncthreads();             // the whole P tile; every warp has read red
+      sync_consumers();            // the whole P tile; every warp has read red
 
       // p.v: per k16 step, 8 dim blocks; fragments double-buffered across steps (an in-flight
       // wgmma reads its A registers until wait). The last step drains: MMAs left in flight into
@@ -400,6 +444,10 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       };
       if (kTma && key_mask != ~0ull) pv(std::true_type{});
       else pv(std::false_type{});
+      if constexpr (kProducer) {  // this warp's reads of the stage (ldmatrix: K, V, its key mask) are done
+        __syncwarp();
+        if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
+      }
     }
     wgmma::wait<0>();
 #pragma unroll
@@ -416,11 +464,11 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
       d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
       d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
     }
-    __syncthreads();  // red is free (every warp has read the last tile's maxima)
+    sync_consumers();  // red is free (every warp has read the last tile's maxima)
     if (g == 0)
 #pragma unroll
       for (int r = 0; r < 4; ++r) sm.red[warp][slot_col(r, c)] = d[r];
-    __syncthreads();
+    sync_consumers();
 
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -441,8 +489,8 @@ __global__ void __launch_bounds__(kThreads, kStages == 2 ? 2 : 1)
     done += n_tiles;
   };  // serve
 
-  serve_segments<kThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
-                                     sm.next_segment, nullptr, serve);
+  serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
+                                        sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
@@ -628,7 +676,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
   // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283).
-  auto go = [&](auto kernel, int smem) { kernel<<<grid, kThreads, smem, stream>>>(p, map); };
+  auto go = [&](auto kernel, int smem, int threads = kThreads) { kernel<<<grid, threads, smem, stream>>>(p, map); };
   // Many rows a key: 64-row CTAs. attend_rows_bf16.cu takes TMA tiles only (attend_rows_bf16_applies);
   // attend_rows.cu TMA tiles or, for other pages, rows gathered by cp.async (16-byte aligned rows,
   // chunks rounded to whole tiles as with TMA: the step's partials or one split).
@@ -647,8 +695,9 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
-    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>());
-    else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>());
+    // (a producer warpgroup beside the consumer: v26)
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
+    else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
   } else {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());

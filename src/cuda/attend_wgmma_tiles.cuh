@@ -89,6 +89,7 @@ struct WgSmem {
   // TMA (boxes or rows): a stage's loads landed (mbarrier), and which of its keys are real (bit k:
   // key k is in the split and on a good page; the rest of the tile may hold anything, NaN included).
   alignas(8) uint64_t full[kStages];
+  uint64_t empty[kStages];  // kRows: the consumer warps are done with a stage (4 arrivals)
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
