@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTilesT<kRows>::slots(p));
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kRows ? RowCopies::kWarps : TmaTiles::slots(p));
         if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
@@ -132,18 +132,20 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   if constexpr (kProducer) {
     if (tid >= kThreads) {  // the producer warpgroup: every tile of every segment, in order
       ptx::setmaxnreg_dec<24>();
-      const TmaTilesT<true> tiles(p, &cache_map, lane, warp - kThreads / 32);
+      const int pwarp = warp - kThreads / 32;
+      const RowCopies rows(p, lane, pwarp);
       auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
         const int n_tiles = keys.n_tiles();
-        int32_t page = n_tiles > 0 ? tiles.page_of(keys, 0) : -1;  // page ids a tile ahead
+        RowCopies::Row ahead[2] = {rows.page_of(keys, 0), rows.page_of(keys, 1)};  // page ids two tiles ahead
         for (int t = 0; t < n_tiles; ++t) {
           const int at = done + t, stage = at % kStages;
-          const int32_t next_page = t + 1 < n_tiles ? tiles.page_of(keys, t + 1) : -1;
+          const RowCopies::Row row = ahead[0];
+          ahead[0] = ahead[1];
+          ahead[1] = rows.page_of(keys, t + 2);
           // The consumer is done with the stage's previous tile (at - kStages).
           if (at >= kStages) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at / kStages) + 1) & 1);
-          tiles.issue(keys, t, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
-                      &sm.key_mask[stage][warp - kThreads / 32]);
-          page = next_page;
+          rows.issue(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
+                     &sm.key_mask[stage][pwarp]);
         }
         done += n_tiles;
       };
@@ -169,7 +171,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
 
     // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
-    const TmaTilesT<kRows> tiles(p, &cache_map, lane, warp);
+    const TmaTiles tiles(p, &cache_map, lane, warp);
     auto box_page_of = [&](const KeyStream& ks, int tile) { return tiles.page_of(ks, tile); };
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
@@ -433,6 +435,12 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
             v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
             if (ks + 1 < kPvSteps) v_load<kTiles>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
           }
+          if constexpr (kProducer) {  // this warp's last read of the stage (K, V by ldmatrix; its key mask)
+            if (ks == kPvSteps - 1) {
+              __syncwarp();
+              if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
+            }
+          }
           wgmma::fence();
           const uint64_t bp = wgmma::advance(p_desc, ks * 2 * kBChunkStride);
 #pragma unroll
@@ -444,10 +452,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       };
       if (kTma && key_mask != ~0ull) pv(std::true_type{});
       else pv(std::false_type{});
-      if constexpr (kProducer) {  // this warp's reads of the stage (ldmatrix: K, V, its key mask) are done
-        __syncwarp();
-        if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
-      }
     }
     wgmma::wait<0>();
 #pragma unroll

@@ -173,29 +173,26 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
 }
 
 // TMA key tiles (all wgmma kernels): a tile is kTileKeys / box_rows boxes, box_rows = min(page,
-// 64) keys of one page (the whole tile for pages of 64 or more), five 128-byte slabs each; or, with
-// row copies (Tiles::kRows, the 16-row kernel), 64 boxes of one key row, one bulk copy of 576 bytes
-// each. The boxes are shared by up to 4 warps (slots(p): one a box, at most 4): lane i of warp
-// k < slots loads box i * slots + k. Warp 0 alone took all of a tile's box slabs in a loop over its
-// lanes (page 16: 20 a tile, inside the many-rows kernel's lock step: D 17% slower than at page 64).
+// 64) keys of one page (the whole tile for pages of 64 or more), five 128-byte slabs each. The
+// boxes are shared by up to 4 warps (slots(p): one a box, at most 4): lane i of warp k < slots
+// loads box i * slots + k. Warp 0 alone took all of a tile's box slabs in a loop over its lanes
+// (page 16: 20 a tile, inside the many-rows kernel's lock step: D 17% slower than at page 64).
 // The caller loads a lane's page id a tile ahead (page_of) and issues the boxes when the stage is
 // free (issue); every lane of an issuing warp (issues()) calls both, and the tile's mbarrier
-// expects slots(p) arrivals. kRowCopies: the boxes are key rows (TmaTilesT<true>, the 16-row kernel).
-template <bool kRowCopies = false>
-struct TmaTilesT {
+// expects slots(p) arrivals.
+struct TmaTiles {
   const AttendParams& p;
   const CUtensorMap* map;
   int lane, box_rows, boxes, slot, box;  // box: this lane's box (when < boxes)
 
   __host__ __device__ static int slots(const AttendParams& params) {
-    const int boxes =
-        kRowCopies ? kTileKeys : kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
+    const int boxes = kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
     return boxes < 4 ? boxes : 4;
   }
   // lane_ of warp `warp` (0..3) of the warps that share a tile.
-  __device__ TmaTilesT(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int warp)
-      : p(params), map(cache_map), lane(lane_), box_rows(kRowCopies ? 1 : min(params.page_size, kTileKeys)),
-        boxes(kTileKeys / box_rows), slot(warp), box(lane_ * slots(params) + warp) {}
+  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int warp)
+      : p(params), map(cache_map), lane(lane_), box_rows(min(params.page_size, kTileKeys)),
+        boxes(kTileKeys / min(params.page_size, kTileKeys)), slot(warp), box(lane_ * slots(params) + warp) {}
   __device__ bool issues() const { return slot < slots(p); }
 
   // This lane's box of tile `tile` of segment ks: its page's index in the request's page list
@@ -203,9 +200,7 @@ struct TmaTilesT {
   __device__ int64_t box_index(const KeyStream& ks, int tile, int64_t& j0) const {
     j0 = ks.k_begin + int64_t(tile) * kTileKeys + int64_t(box) * box_rows;
     if (box >= boxes || j0 >= ks.k_end) return -1;
-    // (boxes: pages of a power of two rows; row copies: any, and the keys of a request fit 32 bits)
-    const int64_t page_index =
-        !kRowCopies || ks.page_shift >= 0 ? j0 >> ks.page_shift : int32_t(j0) / p.page_size;
+    const int64_t page_index = j0 >> ks.page_shift;
     return page_index < ks.pages_avail ? page_index : -1;
   }
   __device__ int32_t page_of(const KeyStream& ks, int tile) const {
@@ -219,8 +214,7 @@ struct TmaTilesT {
   // are masked and reported, never read; nullptr: the caller has them from another part).
   // kSlabsN: 128-byte slabs a key row (fp8 rows: 5, the fifth half past the row and zero-filled;
   // bf16 rows of 1152 bytes: 9), from slab first_slab on (a kernel that loads a tile in parts, a
-  // warpgroup's dims at a time: attend_rows_bf16.cu). Row copies: one fp8 row of kRow bytes a box
-  // at dst + key * kRowPitch, from the cache's address (any page and row strides of 16 bytes).
+  // warpgroup's dims at a time: attend_rows_bf16.cu).
   template <int kSlabsN = kSlabs>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0) const {
@@ -234,16 +228,10 @@ struct TmaTilesT {
     const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
     if (lane == 0) {
       if (key_mask) *key_mask = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
-      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * (kRowCopies ? uint32_t(kRow) : 128u * kSlabsN));
+      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabsN);
     }
     __syncwarp();
-    if (!ok) return;
-    if constexpr (kRowCopies) {
-      const int64_t in_page = ks.page_shift >= 0 ? j0 & (p.page_size - 1) : int32_t(j0) % p.page_size;
-      const uint8_t* src =
-          static_cast<const uint8_t*>(p.cache) + int64_t(page) * p.page_stride + in_page * p.row_stride;
-      tma::load_bytes(dst + box * kRowPitch, src, kRow, bar);
-    } else {
+    if (ok) {
       const uint32_t at = dst + box * box_rows * 128;
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
 #pragma unroll
@@ -252,7 +240,68 @@ struct TmaTilesT {
     }
   }
 };
-using TmaTiles = TmaTilesT<false>;
+
+// Bulk row copies (Tiles::kRows, v24; the 16-row kernel's producer warpgroup, v26): a tile is 64
+// copies of one fp8 key row (576 bytes, any page size and stride of 16 bytes) into rows kRowPitch
+// bytes apart. A bulk copy takes its operands in uniform registers, so a warp issues its lanes'
+// copies one after another; the 4 producer warps share a tile: lane l < 16 of warp w copies key
+// 4 l + w. The producer loads a lane's page id two tiles ahead (page_of: the DRAM round trip one
+// tile ahead was exposed, v26's profile) and issues when the stage is free (issue); the tile's
+// mbarrier expects kWarps arrivals, one a warp with the bytes of its rows actually copied.
+struct RowCopies {
+  static constexpr int kWarps = 4;
+  struct Row {
+    int32_t page = -1;  // the page id as loaded
+    bool have = false;  // a key of the segment on a page of its page list
+  };
+  const AttendParams& p;
+  int lane, warp;
+  __device__ RowCopies(const AttendParams& params, int lane_, int warp_) : p(params), lane(lane_), warp(warp_) {}
+
+  // This lane's key of tile `tile` of segment ks (local index).
+  __device__ int64_t key(const KeyStream& ks, int tile) const {
+    return ks.k_begin + int64_t(tile) * kTileKeys + kWarps * lane + warp;
+  }
+  // (the keys of a request fit 32 bits where pages are not a power of two rows)
+  __device__ int64_t page_index(const KeyStream& ks, int64_t j) const {
+    return ks.page_shift >= 0 ? j >> ks.page_shift : int32_t(j) / p.page_size;
+  }
+  __device__ Row page_of(const KeyStream& ks, int tile) const {
+    Row r;
+    const int64_t j = key(ks, tile);
+    if (lane >= kTileKeys / kWarps || j >= ks.k_end) return r;
+    const int64_t i = page_index(ks, j);
+    if (i >= ks.pages_avail) return r;  // a short page table: the stream's reporter says so
+    r.have = true;
+    r.page = p.kv_indices[ks.page_begin + i];
+    return r;
+  }
+  // This warp's rows into the stage at shared address dst on mbarrier bar; lane 0 writes the real
+  // keys among them (bit 4 l + warp) to *key_mask, the tile's being the OR over the 4 warps' (a bad
+  // page id's key is masked and reported, never read).
+  __device__ void issue(const KeyStream& ks, int tile, Row r, uint32_t dst, uint32_t bar, uint64_t* key_mask) const {
+    const bool ok = r.have && r.page >= 0 && r.page < p.num_pages;
+    if (r.have && !ok) atomicOr(p.error, kBadPage);
+    const uint32_t copied = __ballot_sync(~0u, ok);  // lanes 0..15
+    if (lane == 0) {
+      uint64_t m = copied & 0xFFFFu;  // lane l -> bit 4 l (+ warp below)
+      m = (m | m << 24) & 0x000000FF000000FFull;
+      m = (m | m << 12) & 0x000F000F000F000Full;
+      m = (m | m << 6) & 0x0303030303030303ull;
+      m = (m | m << 3) & 0x1111111111111111ull;
+      *key_mask = m << warp;
+      tma::arrive_expect_tx(bar, uint32_t(__popc(copied)) * uint32_t(kRow));
+    }
+    __syncwarp();
+    if (ok) {
+      const int64_t j = key(ks, tile);
+      const int64_t in_page = ks.page_shift >= 0 ? j & (p.page_size - 1) : int32_t(j) % p.page_size;
+      const uint8_t* src =
+          static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
+      tma::load_bytes(dst + (kWarps * lane + warp) * kRowPitch, src, kRow, bar);
+    }
+  }
+};
 
 // Where a query row's results go: row m (query m / G, head m % G) of token rows tok_base + i in
 // partial `part` (both wgmma kernels' epilogues).
