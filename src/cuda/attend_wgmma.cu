@@ -11,14 +11,16 @@
 // bits than f32 (tests/gpu/test_wgmma.cpp): q.k's k32 steps go into accumulators of kGroupSteps
 // steps summed in f32, which keeps the scores near f32 accuracy (SPEC.md: LSE within 1e-3).
 //
-// One CTA = one warpgroup (128 threads), 2 CTAs an SM, 2 tile stages. Key tiles (64 keys) come
+// One CTA = one warpgroup (128 threads; with row copies two), 2 CTAs an SM, 2 tile stages. Key
+// tiles (64 keys) come
 //  - by TMA (v10; pages of a power of two rows, 8+ for an fp8 cache): the warps load whole pages as
 //    128-byte-swizzled slabs on a per-stage mbarrier (attend_wgmma_tiles.cuh: the layout; masked
 //    keys are selected away and their V bytes zeroed in registers), and the step's partials at
 //    W = 1, B > 1 follow the flat plan (flat_plan.hpp: one wave of key-CTAs shares all requests'
 //    tiles evenly, a CTA serving a segment of each request it overlaps);
 //  - by bulk copies of one key row each (v24; fp8 pages TMA does not box: 1-4 rows, not a power of
-//    two, not contiguous), on the same mbarriers and plan, q.k's K through ldmatrix into registers;
+//    two, not contiguous), on the same mbarriers and plan, q.k's K through ldmatrix into registers,
+//    issued by a producer warpgroup beside the consumer (v26: 2 x 128 threads a CTA, setmaxnreg);
 //  - else by cp.async through L1 (a caller's partials, rows not 16-byte aligned, MLA_ATTEND_TMA=0),
 //    one CTA per (request, split, 16 query rows) as in attend.cu (attend_keys.cuh), or the flat
 //    plan's segments for an uneven batch (v22: the copies need no page alignment, only the plan's
@@ -264,11 +266,11 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       if constexpr (kTma) {
         // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
         // for all four warps at once), so its stage takes tile t+1 now.
-        if (kProducer) {
-        } else if (tiles.issues() && t + 1 < n_tiles) {
+        // (kProducer: the producer warpgroup issues every tile)
+        if (!kProducer && tiles.issues() && t + 1 < n_tiles) {
           issue_tma(t + 1, next_page);
           next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
-        } else if (tiles.issues() && has_next) {
+        } else if (!kProducer && tiles.issues() && has_next) {
           issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
         }
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
