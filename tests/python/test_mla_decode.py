@@ -241,5 +241,21 @@ class CudaLayer(unittest.TestCase):
         self.assertLess(rel_l2(outs["cuda"], outs["cpu"]), 2e-2)
 
 
+class Readme(unittest.TestCase):
+    def test_the_readme_python_example_runs_as_written(self):
+        """README.md's Python API example, executed as it stands: it must run and fill `out`."""
+        import re
+        readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+        with open(readme) as f:
+            text = f.read()
+        block = re.search(r"```python\n(.*?)```", text[text.index("## The Python API"):], re.S)
+        self.assertIsNotNone(block, "README.md has no Python example under 'The Python API'")
+        ns = {}
+        exec(compile(block.group(1), "README.md (Python API example)", "exec"), ns)
+        out, cfg = ns["out"], ns["cfg"]
+        self.assertEqual(out.shape, (2, cfg.heads * cfg.v_head_dim))
+        self.assertFalse(np.any((out & 0x7F80) == 0x7F80), "the example's output has inf or NaN")
+
+
 if __name__ == "__main__":
     unittest.main()
