@@ -73,29 +73,35 @@ __host__ __device__ constexpr int b_offset_n(int n, int chunk) { return chunk * 
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
 __host__ __device__ constexpr int b_offset(int n, int chunk) { return b_offset_n<kN>(n, chunk); }
 
-template <int kStages, Tiles kTiles>
+// kConsumers (kRows, v27): consumer warpgroups a CTA, each with its own query tile, P^T and row
+// reductions; a key tile's `full` mbarrier is one of kStages x kConsumers (tile i: i % (kStages
+// kConsumers)), so the one consumer that waits on it also consumed its previous phase (with one ring
+// of an odd stage count shared by two consumers, a stage's previous tile is the other's, and a wait
+// on the parity could pass while that tile is still on its way).
+template <int kStages, Tiles kTiles, int kConsumers = 1>
 struct WgSmem {
   static constexpr bool kTma = kTiles != Tiles::kCopies;
   // key tiles, tile_offset<kTiles>
   alignas(1024) uint8_t kv[kStages][kTiles == Tiles::kBoxes ? kTmaTileBytes
                                     : kTiles == Tiles::kRows ? kRowTileBytes
                                                              : kTileBytes];
-  alignas(128) uint8_t q[kN * kRow];        // e4m3 query rows, b_offset(n, chunk)
-  alignas(128) uint16_t p[kN * kTileKeys];  // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
+  // (a consumer's: q, p and red)
+  alignas(128) uint8_t q[kConsumers][kN * kRow];        // e4m3 query rows, b_offset(n, chunk)
+  alignas(128) uint16_t p[kConsumers][kN * kTileKeys];  // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
   // cp.async: tiles t .. t+kStages: row address (null: masked) and global position (INT_MAX: masked)
   const uint8_t* rows[kTma ? 1 : kStages + 1][kTileKeys];
   int32_t pos[kTma ? 1 : kStages + 1][kTileKeys];
-  float red[4][kN];  // per-warp row maxima, then row sums
+  float red[kConsumers][4][kN];  // per-warp row maxima, then row sums
   // TMA (boxes or rows): a stage's loads landed (mbarrier), and which of its keys are real (bit k:
   // key k is in the split and on a good page; the rest of the tile may hold anything, NaN included).
-  alignas(8) uint64_t full[kStages];
+  alignas(8) uint64_t full[kStages * kConsumers];
   uint64_t empty[kStages];  // kRows: the consumer warps are done with a stage (4 arrivals)
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
 };
-template <int kStages, Tiles kTiles>
-constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles>)) + 1024; }  // + alignment slack
+template <int kStages, Tiles kTiles, int kConsumers = 1>
+constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles, kConsumers>)) + 1024; }  // + alignment slack
 
 // This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
 // N column col(i, c).
@@ -331,7 +337,9 @@ struct OutRow {
 // tile serve issues during its last; prefetched: this one's first tile was issued so.
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
 // 0 writes it) rather than in registers. One call site of serve (one copy of its code).
-template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, class Serve>
+// kParts (flat plan only): partials a CTA writes per segment (the ping-pong kernel: one a consumer
+// warpgroup, partial kParts k + consumer), so request b's range and count scale by it.
+template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kParts = 1, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, KeyStream& next_segment,
                                                KeyStream* segment, Serve&& serve) {
@@ -360,13 +368,13 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
     const int nb = flat ? next_request(cur + 1) : -1;
     const bool opens = flat && flat::opens(flat_start, cur, range);  // serves the request's first tile
     if (opens && cta.m_tile == 0 && tid == 0) {
-      p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
-      p.part_count[cur] = flat::partial_count(flat_start, cur, range, cta_key);
+      p.part_first[cur] = int32_t(kParts * flat::partial(cta_key, cur));
+      p.part_count[cur] = kParts * flat::partial_count(flat_start, cur, range, cta_key);
     }
     const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
                                 : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
     if (nb >= 0 && tid == 0) next_segment = segment_keys(nb, false);
-    const int64_t part = flat ? flat::partial(cta_key, cur) : cta.split;
+    const int64_t part = flat ? kParts * flat::partial(cta_key, cur) : cta.split;
     const int64_t tok_base = flat ? 0 : int64_t(cta.b) * p.qlen;
     if constexpr (kSegmentInSmem) {
       if (tid == 0) *segment = keys;
