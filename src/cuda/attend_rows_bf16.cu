@@ -1,33 +1,27 @@
-// EXPERIMENT, NOT BUILT AND NEVER RUN ON A GPU (session 10): v23d, the bf16 many-rows kernel in
-// FlashMLA's pair schedule with warpgroup 0's two-phase q.k (its own dims, then wait<1> for its
-// p.v of b, b's reload, the rest) and an unconditional wait<0> before each back edge, the loop
-// form FlashMLA's kernel has. It is the first form of the pair schedule with the two-phase q.k
-// that ptxas pipelines (no C751x line; 2 DEPBAR.LE gsb0, 0x1 in the SASS), at 255 registers with
-// 28 bytes of spills. v23b (one-phase q.k) measured D bf16 367.0 us and v23c (two phases around
-// a wait<0>) 389.7, against v18c's 346.9-350.9 (docs/attention.md, versions v23-v23c).
-// To try it: copy it over src/cuda/attend_rows_bf16.cu and run `scripts/device-check lean-rows`
-// (it compares nothing else: keep v18c's JSON beside it).
 // attend for many query rows a key with a bf16 query and cache (issue 5: 128 heads, qlen 4-8).
 //
 // The fp8 many-rows kernel (attend_rows.cu) puts keys on wgmma's M side because fp8 operands must
 // be K-major; bf16 ones may be MN-major, so here the query rows are M and V is read straight from
 // the cache rows as TMA wrote them (FlashMLA's layout). A CTA takes 64 query rows with two
 // warpgroups at one CTA an SM and streams 64-key tiles (nine 128-byte slabs a key row) through two
-// buffers, in FlashMLA's pair schedule (v23; docs/attention.md):
-//   ownership: tiles go in pairs (a, b = a + 1); warpgroup 0 scores a, warpgroup 1 scores b, each
-//            alone: S [64 rows x 64 keys] = Q . K^T (HGMMA m64n64k16; the query's dims 0..511 from
-//            shared memory, its rope dims 512..575 from registers)
-//   softmax: one hand-off chain a pair: warpgroup 0 moves the maxima lazily (only past 2^8) over
-//            a and publishes them (A), warpgroup 1 goes on from there over b, stores P(b) as bf16
-//            in b's rope slab (free once its q.k is done) and publishes (B), warpgroup 0 moves P(a)
-//            to b's maxima and stores it in a's rope slab (C): both halves of o add both tiles at
-//            the pair's maxima. Each warpgroup keeps its share of the row sums.
-//   p.v:     warpgroup w owns o's dims 256 w .. 256 w + 255 for all 64 rows and adds both tiles of
-//            a pair (HGMMA m64n256k16, V MN-major from the tile's slabs 4w .. 4w + 3): P from
-//            registers for its own tile, from the rope slab for the other's
-//   loads:   each part of a buffer is reloaded by the warpgroup that reads it last, right after
-//            that read (an mbarrier a part and buffer): warpgroup w its dims' slabs, and the rope
-//            slab (the P it read) of the other's tile. No CTA barrier in the loop.
+// buffers, FlashMLA's "seesaw" (v18; docs/attention.md):
+//   ownership: tile j of a segment (in buffer (done + j) & 1) is owned by warpgroup j & 1, which
+//            scores it alone: S [64 rows x 64 keys] = Q . K^T (HGMMA m64n64k16; the query's dims
+//            0..511 from shared memory, its rope dims 512..575 from registers)
+//   softmax: the running maxima pass from owner to owner in tile order: the owner of j takes
+//            m(j - 1) from the other warpgroup, moves it lazily (only past 2^8) to m(j), writes P(j)
+//            as bf16 into the tile's rope slab (free once its q.k is done) and m(j) to shared
+//            memory, and signals on a named barrier (one a direction); each warpgroup keeps its
+//            share of the row sums
+//   p.v:     warpgroup w owns o's dims 256 w .. 256 w + 255 for all 64 rows and adds P(j) V(j) for
+//            every tile in order (HGMMA m64n256k16, V MN-major from the tile's slabs 4w .. 4w + 3):
+//            P from registers for its own tiles, from the rope slab for the other's
+//   loads:   warpgroup w loads its dims' slabs of every tile and the rope slab of the other's
+//            tiles (an mbarrier a part and buffer), each right after its own last p.v of the tile
+//            that held them, so nothing waits for the other warpgroup to release a buffer; tile
+//            j + 2's parts go out once tile j is done, while tile j + 1 is scored. A warpgroup
+//            issues q.k of its next tile before it waits for the other's P, so one warpgroup's
+//            softmax runs under the other's q.k. No CTA barrier in the loop.
 // V rows of masked keys are zeroed in the tile before p.v (NaN x 0 is NaN) by the warpgroup whose
 // dims they are. P rounded once to bf16 gives o a relative error of ~2e-3: only the step's partials
 // (bf16 out) and a caller's bf16 o take this kernel. Tiles come by TMA only (pages of a power of
@@ -49,12 +43,6 @@
 namespace mla::cuda {
 namespace {
 
-__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-
 using namespace wgmma_attend;
 
 constexpr int kRowsM = kAttendRowsPerCta;              // query rows a CTA: wgmma M (64)
@@ -70,8 +58,8 @@ constexpr int kPvSteps = kTileKeys / 16;               // p.v k16 steps a tile (
 constexpr int kHalfDims = kLatent / kGroups;           // o's dims a warpgroup (256)
 constexpr int kChunkStrideM = kRowsM / 8 * 128;        // K-major core-matrix tiles of 64 rows: 1024
 constexpr int kQChunks = kLatent * 2 / 16;             // the query's 16-byte chunks in shared memory (64)
-constexpr int kBarA = 1, kBarB = 2, kBarC = 3;         // the pair's hand-offs (named barriers; see serve)
-constexpr int kBarGroup = 4;                           // + w: warpgroup w's 128 threads
+constexpr int kBarPublished = 1;                       // + w: warpgroup w published a tile (named barrier)
+constexpr int kBarGroup = 3;                           // + w: warpgroup w's 128 threads
 static_assert(kTileKeys / 8 * kChunkStrideM == kSlabBytes, "P [64 rows x 64 keys] fills the rope slab");
 
 struct Bf16RowsSmem {
@@ -180,17 +168,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     auto parity = [&](int j) { return uint32_t((done + j) >> 1) & 1; };
     auto kv_of = [&](int j) { return ptx::smem_addr(sm.kv[buffer(j)]); };
     auto bar_of = [&](int j, int part_) { return ptx::smem_addr(&sm.full[buffer(j)][part_]); };
-    // This warpgroup's loads of tile j: its dims' slabs, and the rope slab of a tile the other
-    // warpgroup owns (it holds that tile's P, which this warpgroup reads last). Tiles of each parity
-    // go out in order, those of a pair in either (warpgroup 1 reloads b's buffer first), so each
-    // parity keeps its next tile's page id, loaded a pair ahead.
-    int32_t load_page[2] = {-1, -1};
+    // This warpgroup's loads of tile j, in tile order (load_page: j's page id, loaded a tile ahead):
+    // its dims' slabs, and the rope slab of a tile the other warpgroup owns.
+    int32_t load_page = -1;
     auto load = [&](int j) {
       if (!tiles.issues()) return;
-      tiles.issue<kDimSlabs>(keys, j, load_page[j & 1], kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp],
-                             kDimSlabs * wg);
-      if ((j & 1) != wg) tiles.issue<1>(keys, j, load_page[j & 1], kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
-      load_page[j & 1] = j + 2 < n_tiles ? tiles.page_of(keys, j + 2) : -1;
+      tiles.issue<kDimSlabs>(keys, j, load_page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp], kDimSlabs * wg);
+      if ((j & 1) != wg) tiles.issue<1>(keys, j, load_page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
+      load_page = j + 1 < n_tiles ? tiles.page_of(keys, j + 1) : -1;
     };
     // The query's loads first, then the page ids and first boxes: the round trips overlap.
     int tid_q = tid;
@@ -198,8 +183,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     QueryRowsBf16 query;
     query.load(p, b, m_base, rows_total, tid_q);
     if (n_tiles > 0 && tiles.issues()) {
-      load_page[0] = tiles.page_of(keys, 0);
-      if (n_tiles > 1) load_page[1] = tiles.page_of(keys, 1);
+      load_page = tiles.page_of(keys, 0);
       load(0);
       if (n_tiles > 1) load(1);
     }
@@ -245,43 +229,71 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::fence_proxy_async();
       ptx::named_sync(kBarGroup + wg, 128);
     };
-
-    // q.k(t), the owner's, in parts: warpgroup w's dims (slabs 4w .. 4w + 3, after their part's
-    // wait), the rope slab (query from registers). commit closes a group.
-    auto qk_dims = [&](int t, float (&s)[32], int w, bool first) {
-      tma::wait_parity_forever(bar_of(t, w), parity(t));
-      wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
-      uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
-      uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kDimSlabs * w * kSlabBytes);
+    auto rescale = [&](const float (&alpha)[2]) {
 #pragma unroll
-      for (int k = 0; k < kQkSmemSteps / 2; ++k) {
-        wgmma::mma_m64n64k16_bf16(s, qd, kd, !first || k > 0);
-        // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
-        qd = wgmma::advance(qd, 2 * kChunkStrideM);
-        kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
-        asm volatile("" : "+l"(qd), "+l"(kd));  // (unrolled, ptxas would hold every descriptor at once)
-      }
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     };
-    auto qk_rope = [&](int t, float (&s)[32]) {
+
+    // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
+    auto qk = [&](int t, float (&s)[32]) {
+      const uint32_t kv = kv_of(t);
+#pragma unroll
+      for (int half = 0; half < kGroups; ++half) {
+        const int w = half ^ wg;
+        tma::wait_parity_forever(bar_of(t, w), parity(t));
+        wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
+        uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
+        uint64_t kd = wgmma::descriptor_sw128(kv + kDimSlabs * w * kSlabBytes);
+#pragma unroll
+        for (int k = 0; k < kQkSmemSteps / 2; ++k) {
+          wgmma::mma_m64n64k16_bf16(s, qd, kd, half > 0 || k > 0);
+          // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
+          qd = wgmma::advance(qd, 2 * kChunkStrideM);
+          kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
+          asm volatile("" : "+l"(qd), "+l"(kd));  // (unrolled, ptxas would hold every descriptor at once)
+        }
+      }
       tma::wait_parity_forever(bar_of(t, 2), parity(t));
       wgmma::fence();
-      uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kRopeSlab * kSlabBytes);
+      uint64_t kd = wgmma::descriptor_sw128(kv + kRopeSlab * kSlabBytes);
 #pragma unroll
       for (int k = 0; k < kRopeSteps; ++k) {
         wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kd);
         kd = wgmma::advance(kd, 32);
       }
-    };
-    auto qk = [&](int t, float (&s)[32]) {  // this warpgroup's slabs first: its own loads went out first
-      qk_dims(t, s, wg, true);
-      qk_dims(t, s, wg ^ 1, false);
-      qk_rope(t, s);
       wgmma::commit();
     };
-    // The owner's softmax of tile t (its q.k done): scores masked, the rows' maxima moved lazily
-    // from m_run and published for the other warpgroup, s turned into the weights (f32) and added
-    // to the row sums. alpha: o's factor (d_run already moved). Returns whether any row moved.
-    auto weights = [&](int t, float (&s)[32], float (&alpha)[2]) {
+    // p.v of the other warpgroup's tile j, once it has published the tile's maxima and P (in the
+    // rope slab): o moves to the new maxima first (only q.k is in flight: nothing adds to o).
+    auto pv_other = [&](int j) {
+      ptx::named_sync(kBarPublished + (wg ^ 1), kThreadsB);
+      float alpha[2];
+      bool moved = false;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = sm.m_pub[j & 1][row0 + 8 * h];
+        alpha[h] = 1.0f;
+        if (m_new != m_run[h]) {  // the owner's rule, the same operands: the same alpha
+          alpha[h] = exp2f(m_run[h] - m_new);
+          m_run[h] = m_new;
+          d_run[h] *= alpha[h];
+          moved = true;
+        }
+      }
+      if (__any_sync(0xffffffffu, moved)) rescale(alpha);
+      tma::wait_parity_forever(bar_of(j, wg), parity(j));
+      zero_masked(j, key_mask(j));
+      const uint32_t kv = kv_of(j);
+      const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kPvSteps; ++ks)
+        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+      wgmma::commit();
+    };
+    // The owner's softmax of tile t (q.k done, nothing in flight), its maxima and P published, then
+    // its p.v with P from registers.
+    auto own = [&](int t, float (&s)[32]) {
       wgmma::fence_operand(s);
       // Scores masked by a select (a NaN of a masked key goes too). Element i: row row0 + 8 h
       // (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1). Positions grow with the local index, so
@@ -296,8 +308,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         for (int i = 0; i < 32; ++i)
           if (position(key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
       }
-      // A row's maximum moves only past m_run + 2^3 (weights stay <= 2^8), to the tile's maximum;
-      // -inf stays -inf while a row sees nothing.
+      // The rows' maxima over the tile and the lazy rescale: a row's maximum moves only past
+      // m_run + 2^3 (weights stay <= 2^8), to the tile's maximum; -inf stays -inf while a row sees nothing.
+      float alpha[2];
       bool moved = false;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -316,174 +329,69 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         }
         if (c == 0) sm.m_pub[t & 1][row0 + 8 * h] = m_run[h];
       }
+      // P = exp2(s scale - m) in bf16 as p.v's A fragments (k16 step ks: a[0] row0 keys 16 ks + 2c,
+      // +1; a[1] row0 + 8; a[2], a[3] the keys + 8: accumulator elements 8 ks + 2e, + 1), and into
+      // the tile's rope slab for the other warpgroup (K-major core matrices, a thread's 4 bytes a
+      // chunk row): this q.k was its last reader.
+      uint32_t pa[kPvSteps][4];
       const float neg_m[2] = {m_run[0] == -INFINITY ? 0.0f : -m_run[0], m_run[1] == -INFINITY ? 0.0f : -m_run[1]};
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        s[i] = exp2f(fmaf(s[i], scale_log2, neg_m[(i >> 1) & 1]));
-        d_run[(i >> 1) & 1] += s[i];
-      }
-      return __any_sync(0xffffffffu, moved);
-    };
-    // The other warpgroup's maxima after tile j (published before its signal): m_run moves there,
-    // the row sums with it; alpha: o's factor (the owner's operands and rule: the same alpha).
-    auto take_max = [&](int j, float (&alpha)[2]) {
-      bool moved = false;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = sm.m_pub[j & 1][row0 + 8 * h];
-        alpha[h] = 1.0f;
-        if (m_new != m_run[h]) {
-          alpha[h] = exp2f(m_run[h] - m_new);
-          m_run[h] = m_new;
-          d_run[h] *= alpha[h];
-          moved = true;
-        }
-      }
-      return __any_sync(0xffffffffu, moved);
-    };
-    // P of tile t as bf16 into its rope slab (the owner's q.k was the slab's last reader), where
-    // both warpgroups' p.v read it (an SS operand: K-major core matrices, a thread's 4 bytes a
-    // chunk row). Element pair (8 ks + 2e, + 1): row row0 + 8 (e & 1), keys 16 ks + 8 (e / 2) + 2c,
-    // + 1: chunk 2 ks + e / 2. (P stays out of registers while p.v runs: v23's first form kept
-    // the owner's P as register A fragments, and ptxas serialized every wgmma, short of registers.)
-    auto p_addr = [&](int t, int ks, int e) {
-      return kv_of(t) + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c + (2 * ks + (e >> 1)) * kChunkStrideM +
-             128 * (e & 1);
-    };
-    auto store_p = [&](int t, const float (&s)[32]) {
-#pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          ptx::st_shared_b32(p_addr(t, ks, e), ptx::pack_bf16x2(s[8 * ks + 2 * e], s[8 * ks + 2 * e + 1]));
-      wgmma::fence_proxy_async();
-    };
-    // P(a) moved to the pair's maxima in place (rounded twice where a row moved: the lazy rule makes it rare).
-    auto scale_p = [&](int t, const float (&beta)[2]) {
+      const uint32_t kv = kv_of(t);
+      const uint32_t p_mine = kv + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const uint32_t at = p_addr(t, ks, e), v = ld_shared_b32(at);
-          const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-          ptx::st_shared_b32(at, ptx::pack_bf16x2(w.x * beta[e & 1], w.y * beta[e & 1]));
+          const int i = 8 * ks + 2 * e, h = e & 1;
+          const float w0 = exp2f(fmaf(s[i], scale_log2, neg_m[h])), w1 = exp2f(fmaf(s[i + 1], scale_log2, neg_m[h]));
+          d_run[h] += w0 + w1;
+          pa[ks][e] = ptx::pack_bf16x2(w0, w1);
+          // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
+          ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, pa[ks][e]);
         }
-      wgmma::fence_proxy_async();
-    };
-    auto rescale_if = [&](bool moved, const float (&alpha)[2]) {
-      if (!moved) return;
-      wgmma::fence_operand(o);
-#pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-    };
-    // p.v of tile j (P from its rope slab) into this warpgroup's dims, after their masked V rows
-    // are zeroed; one group.
-    auto pv = [&](int j) {
-      tma::wait_parity_forever(bar_of(j, wg), parity(j));
-      zero_masked(j, key_mask(j));
-      const uint32_t kv = kv_of(j);
-      const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
+      wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
+      ptx::named_arrive(kBarPublished + wg, kThreadsB);
+      if (__any_sync(0xffffffffu, moved)) {
+        wgmma::fence_operand(o);
+        rescale(alpha);
+      }
+      zero_masked(t, mask);
       wgmma::fence();
 #pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks)
-        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+      for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
       wgmma::commit();
     };
 
-    // FlashMLA's pair schedule (v23; docs/attention.md): tiles go in pairs (a, b = a + 1), a owned
-    // by warpgroup 0, b by 1, with one hand-off chain a pair on three named barriers:
-    //   A (0 -> 1): m(a) published;  B (1 -> 0): m(b) published and P(b) stored;  C (0 -> 1): P(a)
-    //   stored, moved to m(b), so both halves of o add both tiles at the pair's maxima.
-    // Each part of a buffer is reloaded by the warpgroup that reads it last, right after that read:
-    // warpgroup 0 its dims of a's buffer after its p.v of a (the next pair's first tile an), and of
-    // b's with b's rope slab (P(b)) after its p.v of b; warpgroup 1 its dims of b's buffer after
-    // its p.v of b, and of a's with a's rope slab (P(a)) after its p.v of a.
-    auto head0 = [&](int a, float (&s)[32]) {  // q.k(a) committed
-      wgmma::wait<0>();
-      float alpha[2];
-      const bool moved = weights(a, s, alpha);
-      ptx::named_arrive(kBarA, kThreadsB);
-      store_p(a, s);
-      rescale_if(moved, alpha);
-      pv(a);
-    };
-    auto mid0 = [&](int a, int n) {  // b = a + 1 < n
-      ptx::named_sync(kBarB, kThreadsB);
-      wgmma::wait<0>();
-      if (a + 2 < n) load(a + 2);
-      float beta[2];
-      const bool moved = take_max(a + 1, beta);
-      if (moved) scale_p(a, beta);
-      ptx::named_arrive(kBarC, kThreadsB);
-      rescale_if(moved, beta);
-      pv(a + 1);
-    };
-    auto pair1 = [&](int a, float (&s)[32]) {  // q.k(b) committed, b < n
-      ptx::named_sync(kBarA, kThreadsB);
-      float alpha0[2], alpha1[2];
-      const bool moved0 = take_max(a, alpha0);
-      wgmma::wait<0>();
-      const bool moved1 = weights(a + 1, s, alpha1);
-      store_p(a + 1, s);
-      ptx::named_arrive(kBarB, kThreadsB);
-      const float alpha[2] = {alpha0[0] * alpha1[0], alpha0[1] * alpha1[1]};
-      rescale_if(moved0 || moved1, alpha);
-      pv(a + 1);
-      ptx::named_sync(kBarC, kThreadsB);
-      pv(a);
-    };
-    auto single1 = [&](int a) {  // a alone: the segment's last tile
-      // (Nothing is in flight here; the wait tells ptxas so.)
-      wgmma::wait<0>();
-      ptx::named_sync(kBarA, kThreadsB);
-      float alpha[2];
-      rescale_if(take_max(a, alpha), alpha);
-      ptx::named_sync(kBarC, kThreadsB);
-      pv(a);
-      wgmma::wait<0>();
-    };
-
-    // Warpgroup 0 carries its scores across the back edge (q.k of the next pair's first tile at the
-    // end of a round) but retires every group first (the unconditional wait<0>): without that wait
-    // ptxas serialized every wgmma of the kernel (C7515, v23's first run: D 443 µs). Warpgroup 1
-    // declares its scores in the round.
-    if (wg == 0) {
+    // Warpgroup wg owns tiles t = wg, wg + 2, ...; a round issues q.k(t) first (it runs while the
+    // other warpgroup finishes tile t - 1's softmax), then adds the other's tile t - 1 to o once it
+    // is published (p.v with its P), reloads t - 1's buffer with tile t + 1 (the other's) as soon
+    // as both are done, runs t's softmax and p.v and reloads t's buffer with tile t + 2 (v18c).
+    // v18a waited only for q.k(t) and reloaded after the softmax: the loads went out one tile
+    // ahead and their latency showed in every tile; v18b issued q.k(t) after the other's p.v:
+    // the two warpgroups' q.k and softmax then ran one after the other (ncu at D: 41% of the stall
+    // samples at the named barrier, the tensor pipe 41% busy). Warpgroup 0's first round has no
+    // t - 1; a last round may hold only the other's tile. (No branches around the wgmma waits:
+    // ptxas serializes every wgmma where it cannot count the groups in flight, C7514.)
+    int t = wg;
+    if (wg == 0 && n_tiles > 0) {
       float s[32];
-      if (n_tiles > 0) qk(0, s);
+      qk(0, s);
       wgmma::wait<0>();
-      for (int a = 0; a < n_tiles; a += 2) {
-        head0(a, s);
-        if (a + 1 < n_tiles) {
-          mid0(a, n_tiles);
-        } else {
-          ptx::named_arrive(kBarC, kThreadsB);
-        }
-        if (a + 2 < n_tiles) {
-          qk_dims(a + 2, s, 0, true);
-          wgmma::commit();
-          wgmma::wait<1>();
-          if (a + 3 < n_tiles) load(a + 3);
-          qk_dims(a + 2, s, 1, false);
-          qk_rope(a + 2, s);
-          wgmma::commit();
-        }
-        wgmma::wait<0>();
-      }
-    } else {
-      for (int a = 0; a < n_tiles; a += 2) {
-        if (a + 1 < n_tiles) {
-          float s[32];
-          qk(a + 1, s);
-          pair1(a, s);
-          wgmma::wait<1>();  // (p.v of b done)
-          if (a + 3 < n_tiles) load(a + 3);
-          wgmma::wait<0>();  // (p.v of a done)
-          if (a + 2 < n_tiles) load(a + 2);
-        } else {
-          single1(a);
-        }
-      }
+      own(0, s);
+      wgmma::wait<0>();
+      if (2 < n_tiles) load(2);
+      t = 2;
     }
+    for (; t < n_tiles; t += 2) {
+      float s[32];
+      qk(t, s);
+      pv_other(t - 1);
+      wgmma::wait<0>();
+      if (t + 1 < n_tiles) load(t + 1);
+      own(t, s);
+      wgmma::wait<0>();
+      if (t + 2 < n_tiles) load(t + 2);
+    }
+    if (t == n_tiles && t >= 1) pv_other(t - 1);
     wgmma::wait<0>();
     wgmma::fence_operand(o);
 
