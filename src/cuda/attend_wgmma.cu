@@ -66,11 +66,12 @@ using namespace wgmma_attend;
 // at its phases into p.timeline[8 * CTA + k] (k: 0 start, 1 prologue done, 2 first tile landed,
 // 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments).
 // kConsumers (kRows only; v27, the flat plan only): 2 = the ping-pong CTA, one an SM: two consumer
-// warpgroups on alternate tiles of the CTA's one stream of tiles (tile i to consumer i % 2), a ring
-// of kStages stages shared through the producer, each consumer its own partial of every segment
-// (partial 2 k + consumer; one without tiles there writes o = 0, lse = -inf).
+// warpgroups on alternate tiles of the CTA's one stream of tiles (tile i to consumer i % 2), each
+// with a producer warpgroup of its own (v27b: one producer for both was 22% slower than v26, its
+// copies the limit), a ring of kStages stages shared by all four, each consumer its own partial of
+// every segment (partial 2 k + consumer; one without tiles there writes o = 0, lse = -inf).
 template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kConsumers = 1>
-__global__ void __launch_bounds__(kTiles == Tiles::kRows ? (kConsumers + 1) * kThreads : kThreads,
+__global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThreads : kThreads,
                                   kConsumers == 1 && kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -82,12 +83,15 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? (kConsumers + 1) * kT
   // the consumer (setmaxnreg: 2 CTAs of 256 threads an SM, 24 + 232 registers a thread) and runs
   // ahead of it by the stages, on `empty` mbarriers the consumer warps arrive on.
   constexpr bool kProducer = kRows;
-  static_assert(kConsumers == 1 || kProducer, "two consumers take their tiles from a producer");
-  constexpr int kCtaThreads = kProducer ? (kConsumers + 1) * kThreads : kThreads;
-  // A tile's `full` mbarrier (WgSmem): its running index at in the CTA's stream, modulo kFull.
+  static_assert(kConsumers == 1 || kProducer, "two consumers take their tiles from producers");
+  constexpr int kCtaThreads = kProducer ? 2 * kConsumers * kThreads : kThreads;
+  // Tile at of the CTA's stream (its running index) sits in stage at % kStages, lands on
+  // full[at % kFull] and is released on empty[(at + kStages) % kFull], which the producer of tile
+  // at + kStages waits on (WgSmem: with one ring shared by two consumers, each mbarrier then has one
+  // waiter, which consumed or waited for its previous phase itself).
   constexpr int kFull = kStages * kConsumers;
-  // Warpgroup wg: consumers 0 .. kConsumers - 1, then the producer; tid and warp are the thread's
-  // and warp's index in its consumer warpgroup (cta_tid in the CTA).
+  // Warpgroup wg: consumers 0 .. kConsumers - 1, then their producers (consumer k's is kConsumers +
+  // k); tid and warp are the thread's and warp's index in its warpgroup (cta_tid in the CTA).
   const int cta_tid = threadIdx.x, wg = kProducer ? cta_tid / kThreads : 0;
   // A consumer warpgroup's barriers: named barrier 1 + wg where a producer runs beside it (an
   // immediate id with one consumer: a register held through the tile loop cost spills there).
@@ -142,7 +146,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? (kConsumers + 1) * kT
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
 #pragma unroll
-      for (int s = kStages; s < kFull; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), RowCopies::kWarps);
+      for (int s = kStages; s < kFull; ++s) {
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), RowCopies::kWarps);
+        tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
+      }
       tma::fence_barrier_init();
     }
     __syncthreads();  // the mbarriers, for every warp that issues boxes (from the first prologue on)
@@ -150,20 +157,23 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? (kConsumers + 1) * kT
   int done = 0;  // TMA: tiles consumed by earlier segments (stage and mbarrier parity run on)
 
   if constexpr (kProducer) {
-    if (wg == kConsumers) {  // the producer warpgroup: every tile of every segment, in order
+    if (wg >= kConsumers) {  // a producer warpgroup: its consumer's tiles of every segment, in order
       ptx::setmaxnreg_dec<24>();
-      const int pwarp = warp % (kThreads / 32);
+      const int pwarp = warp % (kThreads / 32), pk = wg - kConsumers;
       const RowCopies rows(p, lane, pwarp);
       auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
         const int n_tiles = keys.n_tiles();
-        RowCopies::Row ahead[2] = {rows.page_of(keys, 0), rows.page_of(keys, 1)};  // page ids two tiles ahead
-        for (int t = 0; t < n_tiles; ++t) {
+        const int t0 = kConsumers == 1 ? 0 : (done ^ pk) & 1;  // (the consumer's first tile below)
+        // page ids two of its tiles ahead
+        RowCopies::Row ahead[2] = {rows.page_of(keys, t0), rows.page_of(keys, t0 + kConsumers)};
+        for (int t = t0; t < n_tiles; t += kConsumers) {
           const int at = done + t, stage = at % kStages;
           const RowCopies::Row row = ahead[0];
           ahead[0] = ahead[1];
-          ahead[1] = rows.page_of(keys, t + 2);
+          ahead[1] = rows.page_of(keys, t + 2 * kConsumers);
           // The consumer of the stage's previous tile (at - kStages) is done with it.
-          if (at >= kStages) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at / kStages) + 1) & 1);
+          if (at >= kStages)
+            tma::wait_parity_forever(ptx::smem_addr(&sm.empty[at % kFull]), ((at - kStages) / kFull) & 1);
           rows.issue(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[at % kFull]),
                      &sm.key_mask[stage][pwarp]);
         }
@@ -173,8 +183,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? (kConsumers + 1) * kT
                                                          sm.next_segment, nullptr, produce);
       return;
     }
-    // 2 CTAs of 256 threads an SM: 128 x (24 + 232) registers; one CTA of 384: 128 x (24 + 2 x 240).
-    ptx::setmaxnreg_inc<kConsumers == 1 ? 232 : 240>();
+    // 2 CTAs of 256 threads an SM or one of 512: as many producers as consumers, 24 + 232 registers.
+    ptx::setmaxnreg_inc<232>();
   }
 
   // One segment: request b's local keys as `keys` says, into partial `part` at token rows
@@ -460,7 +470,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? (kConsumers + 1) * kT
           if constexpr (kProducer) {  // this warp's last read of the stage (K, V by ldmatrix; its key mask)
             if (ks == kPvSteps - 1) {
               __syncwarp();
-              if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
+              if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(done + t + kStages) % kFull]));
             }
           }
           wgmma::fence();
@@ -743,7 +753,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
                 "attend: the ping-pong kernel serves the flat plan's partials only");
     if (p.ping_pong)
       go(attend_wgmma_kernel<kPingPongStages, 3, Tiles::kRows, false, 2>,
-         smem_bytes<kPingPongStages, Tiles::kRows, 2>(), 3 * kThreads);
+         smem_bytes<kPingPongStages, Tiles::kRows, 2>(), 4 * kThreads);
     else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
     else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
   } else {

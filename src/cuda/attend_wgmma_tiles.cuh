@@ -74,10 +74,11 @@ constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
 __host__ __device__ constexpr int b_offset(int n, int chunk) { return b_offset_n<kN>(n, chunk); }
 
 // kConsumers (kRows, v27): consumer warpgroups a CTA, each with its own query tile, P^T and row
-// reductions; a key tile's `full` mbarrier is one of kStages x kConsumers (tile i: i % (kStages
-// kConsumers)), so the one consumer that waits on it also consumed its previous phase (with one ring
-// of an odd stage count shared by two consumers, a stage's previous tile is the other's, and a wait
-// on the parity could pass while that tile is still on its way).
+// reductions; a key tile's `full` and `empty` mbarriers are two of kStages x kConsumers (attend_wgmma.cu:
+// tile i lands on full[i % (kStages kConsumers)]), so each mbarrier has one waiter, which consumed
+// or waited for its previous phase itself (with one ring of an odd stage count shared by two
+// consumers, a stage's previous tile is the other's, and a parity wait could pass while that tile
+// is still on its way).
 template <int kStages, Tiles kTiles, int kConsumers = 1>
 struct WgSmem {
   static constexpr bool kTma = kTiles != Tiles::kCopies;
@@ -95,7 +96,7 @@ struct WgSmem {
   // TMA (boxes or rows): a stage's loads landed (mbarrier), and which of its keys are real (bit k:
   // key k is in the split and on a good page; the rest of the tile may hold anything, NaN included).
   alignas(8) uint64_t full[kStages * kConsumers];
-  uint64_t empty[kStages];  // kRows: the consumer warps are done with a stage (4 arrivals)
+  uint64_t empty[kStages * kConsumers];  // kRows: the consumer warps are done with a stage (4 arrivals)
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
