@@ -65,14 +65,11 @@ using namespace wgmma_attend;
 // kTimeline (MLA_ATTEND_TIMELINE, measurement only): thread 0 of each CTA stamps the global timer
 // at its phases into p.timeline[8 * CTA + k] (k: 0 start, 1 prologue done, 2 first tile landed,
 // 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments).
-// kConsumers (kRows only; v27, the flat plan only): 2 = the ping-pong CTA, one an SM: two consumer
-// warpgroups on alternate tiles of the CTA's one stream of tiles (tile i to consumer i % 2), each
-// with a producer warpgroup of its own (v27b: one producer for both was 22% slower than v26, its
-// copies the limit), a ring of kStages stages shared by all four, each consumer its own partial of
-// every segment (partial 2 k + consumer; one without tiles there writes o = 0, lse = -inf).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kConsumers = 1>
-__global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThreads : kThreads,
-                                  kConsumers == 1 && kStages == 2 ? 2 : 1)
+// kProducerRegs (kRows): the producer's registers after setmaxnreg (the consumer takes 256 - it);
+// kLsuRows (kRows, measurement): the producer copies the rows by cp.async (RowCopies::issue_lsu).
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kProducerRegs = 24,
+          bool kLsuRows = false>
+__global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
   constexpr bool kRows = kTiles == Tiles::kRows;
@@ -83,25 +80,14 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
   // the consumer (setmaxnreg: 2 CTAs of 256 threads an SM, 24 + 232 registers a thread) and runs
   // ahead of it by the stages, on `empty` mbarriers the consumer warps arrive on.
   constexpr bool kProducer = kRows;
-  static_assert(kConsumers == 1 || kProducer, "two consumers take their tiles from producers");
-  constexpr int kCtaThreads = kProducer ? 2 * kConsumers * kThreads : kThreads;
-  // Tile at of the CTA's stream (its running index) sits in stage at % kStages, lands on
-  // full[at % kFull] and is released on empty[(at + kStages) % kFull], which the producer of tile
-  // at + kStages waits on (WgSmem: with one ring shared by two consumers, each mbarrier then has one
-  // waiter, which consumed or waited for its previous phase itself).
-  constexpr int kFull = kStages * kConsumers;
-  // Warpgroup wg: consumers 0 .. kConsumers - 1, then their producers (consumer k's is kConsumers +
-  // k); tid and warp are the thread's and warp's index in its warpgroup (cta_tid in the CTA).
-  const int cta_tid = threadIdx.x, wg = kProducer ? cta_tid / kThreads : 0;
-  // A consumer warpgroup's barriers: named barrier 1 + wg where a producer runs beside it (an
-  // immediate id with one consumer: a register held through the tile loop cost spills there).
-  const int bar_id = kConsumers == 1 ? 1 : 1 + wg;
-  auto sync_consumers = [bar_id] {
-    if constexpr (kProducer) ptx::named_sync(bar_id, kThreads);
+  constexpr int kCtaThreads = kProducer ? 2 * kThreads : kThreads;
+  // The consumer warpgroup's barriers: named barrier 1 where a producer runs beside it.
+  auto sync_consumers = [] {
+    if constexpr (kProducer) ptx::named_sync(1, kThreads);
     else __syncthreads();
   };
-  auto sync_consumers_or = [bar_id](bool pred) {
-    if constexpr (kProducer) return ptx::named_sync_or(bar_id, kThreads, pred);
+  auto sync_consumers_or = [](bool pred) {
+    if constexpr (kProducer) return ptx::named_sync_or(1, kThreads, pred);
     else return __syncthreads_or(pred) != 0;
   };
   // Accumulators a wave: one wave of up to kQkWave; kRows holds its A operands in registers as well,
@@ -112,17 +98,14 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
   // The dynamic window is not guaranteed 1024-byte aligned (the 128-byte swizzle needs it): by hand.
   extern __shared__ uint8_t smem_raw[];
   auto& sm =
-      *reinterpret_cast<WgSmem<kStages, kTiles, kConsumers>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+      *reinterpret_cast<WgSmem<kStages, kTiles>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   constexpr int kSlots = kStages + 1;
 
-  // (one consumer: tid = cta_tid, the consumer's the same and the producer's 128 up, as in v26, whose
-  // QK_GROUP=1 instance spilled more in its tile loop with the two apart)
-  const int tid = kConsumers == 1 ? cta_tid : cta_tid % kThreads, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  const int cw = kConsumers > 1 && wg < kConsumers ? wg : 0;  // a consumer's query tile, P^T, reductions
   auto stamp = [&](int k, uint64_t value) {
     if constexpr (kTimeline) {
-      if (cta_tid == 0) p.timeline[8 * int64_t(blockIdx.x) + k] = value;
+      if (tid == 0) p.timeline[8 * int64_t(blockIdx.x) + k] = value;
     }
   };
   auto now = [] {
@@ -135,20 +118,17 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
     for (int k = 0; k < 4; ++k) stamp(k, start_time);  // a CTA with nothing to serve: all phases 0
   }
   int segments = 0;
-  const CtaWork cta(p, kN, cta_tid);
+  const CtaWork cta(p, kN, tid);
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   if constexpr (kTma) {
-    if (cta_tid == 0) {
+    if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kRows ? RowCopies::kWarps : TmaTiles::slots(p));
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kLsuRows ? RowCopies::kWarps * RowCopies::kLsuArrivals
+                                                        : kRows  ? RowCopies::kWarps
+                                                                 : TmaTiles::slots(p));
         if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
-      }
-#pragma unroll
-      for (int s = kStages; s < kFull; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), RowCopies::kWarps);
-        tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
       }
       tma::fence_barrier_init();
     }
@@ -157,34 +137,34 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
   int done = 0;  // TMA: tiles consumed by earlier segments (stage and mbarrier parity run on)
 
   if constexpr (kProducer) {
-    if (wg >= kConsumers) {  // a producer warpgroup: its consumer's tiles of every segment, in order
-      ptx::setmaxnreg_dec<24>();
-      const int pwarp = warp % (kThreads / 32), pk = wg - kConsumers;
+    if (tid >= kThreads) {  // the producer warpgroup: every tile of every segment, in order
+      ptx::setmaxnreg_dec<kProducerRegs>();
+      const int pwarp = warp - kThreads / 32;
       const RowCopies rows(p, lane, pwarp);
       auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
         const int n_tiles = keys.n_tiles();
-        const int t0 = kConsumers == 1 ? 0 : (done ^ pk) & 1;  // (the consumer's first tile below)
-        // page ids two of its tiles ahead
-        RowCopies::Row ahead[2] = {rows.page_of(keys, t0), rows.page_of(keys, t0 + kConsumers)};
-        for (int t = t0; t < n_tiles; t += kConsumers) {
+        RowCopies::Row ahead[2] = {rows.page_of(keys, 0), rows.page_of(keys, 1)};  // page ids two tiles ahead
+        for (int t = 0; t < n_tiles; ++t) {
           const int at = done + t, stage = at % kStages;
           const RowCopies::Row row = ahead[0];
           ahead[0] = ahead[1];
-          ahead[1] = rows.page_of(keys, t + 2 * kConsumers);
-          // The consumer of the stage's previous tile (at - kStages) is done with it.
-          if (at >= kStages)
-            tma::wait_parity_forever(ptx::smem_addr(&sm.empty[at % kFull]), ((at - kStages) / kFull) & 1);
-          rows.issue(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[at % kFull]),
-                     &sm.key_mask[stage][pwarp]);
+          ahead[1] = rows.page_of(keys, t + 2);
+          // The consumer is done with the stage's previous tile (at - kStages).
+          if (at >= kStages) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at / kStages) + 1) & 1);
+          if constexpr (kLsuRows)
+            rows.issue_lsu(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
+                           &sm.key_mask[stage][pwarp]);
+          else
+            rows.issue(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
+                       &sm.key_mask[stage][pwarp]);
         }
         done += n_tiles;
       };
-      serve_segments<kCtaThreads, kN, false, kConsumers>(p, cta, p.flat_ctas > 0, kTileKeys, cta_tid, sm.flat_start,
-                                                         sm.next_segment, nullptr, produce);
+      serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
+                                             sm.next_segment, nullptr, produce);
       return;
     }
-    // 2 CTAs of 256 threads an SM or one of 512: as many producers as consumers, 24 + 232 registers.
-    ptx::setmaxnreg_inc<232>();
+    ptx::setmaxnreg_inc<256 - kProducerRegs>();
   }
 
   // One segment: request b's local keys as `keys` says, into partial `part` at token rows
@@ -228,7 +208,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
 
     QueryTile<kN, kThreads> query;
     query.load(p, b, m_base, rows_total, tid);
-    query.store(sm.q[cw], tid);
+    query.store(sm.q, tid);
 
     // --- cp.async: thread `key` of a tile turns its page id into a row address and position
     // (publish), and every thread copies (issue_tile).
@@ -286,11 +266,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[blk][i] = 0.0f;
     // Descriptors advance from a base by their byte offsets (one add, not a rebuild per MMA).
-    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q[cw]), kBChunkStride, 128);
-    const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[cw]), kBChunkStride, 128);
+    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q), kBChunkStride, 128);
+    const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p), kBChunkStride, 128);
 
-    // (two consumers: this one's tiles are those whose running index done + t is wg mod 2)
-    for (int t = kConsumers == 1 ? 0 : (done ^ wg) & 1; t < n_tiles; t += kConsumers) {
+    for (int t = 0; t < n_tiles; ++t) {
       const int buf = (kTma ? done + t : t) % kStages, slot = t % kSlots;
       uint64_t key_mask = ~0ull;
       if constexpr (kTma) {
@@ -303,7 +282,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
         } else if (!kProducer && tiles.issues() && has_next) {
           issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
         }
-        tma::wait_parity_forever(ptx::smem_addr(&sm.full[(done + t) % kFull]), ((done + t) / kFull) & 1);
+        tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
         if (done + t == 0) stamp(2, now());
         key_mask = (sm.key_mask[buf][0] | sm.key_mask[buf][1]) | (sm.key_mask[buf][2] | sm.key_mask[buf][3]);
       } else {
@@ -417,7 +396,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
-          if (g == 0) sm.red[cw][warp][slot_col(r, c)] = mx[r];
+          if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
         }
         sync_consumers();  // every warp's row maxima
         // Branch-free -inf handling (the rules of core/softmax_state.hpp): a row that has seen
@@ -428,7 +407,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
         for (int r = 0; r < 4; ++r) {
           const int n = slot_col(r, c);
           const float m_new =
-              fmaxf(m_run[r], fmaxf(fmaxf(sm.red[cw][0][n], sm.red[cw][1][n]), fmaxf(sm.red[cw][2][n], sm.red[cw][3][n])));
+              fmaxf(m_run[r], fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n])));
           alpha[r] = exp2f(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
           m_run[r] = m_new;
           d_run[r] *= alpha[r];
@@ -440,7 +419,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
           wgmma::fence_operand(o[blk]);  // the rescale stays before the MMAs (else they serialize)
         }
       }
-      uint8_t* pb = reinterpret_cast<uint8_t*>(sm.p[cw]);
+      uint8_t* pb = reinterpret_cast<uint8_t*>(sm.p);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float m = m_run[row_slot(i)];
@@ -470,7 +449,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
           if constexpr (kProducer) {  // this warp's last read of the stage (K, V by ldmatrix; its key mask)
             if (ks == kPvSteps - 1) {
               __syncwarp();
-              if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(done + t + kStages) % kFull]));
+              if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
             }
           }
           wgmma::fence();
@@ -503,7 +482,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
     sync_consumers();  // red is free (every warp has read the last tile's maxima)
     if (g == 0)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) sm.red[cw][warp][slot_col(r, c)] = d[r];
+      for (int r = 0; r < 4; ++r) sm.red[warp][slot_col(r, c)] = d[r];
     sync_consumers();
 
 #pragma unroll
@@ -512,10 +491,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
       if (m >= rows_total) continue;
       // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
       SoftmaxState f;
-      f.d = (sm.red[cw][0][n] + sm.red[cw][1][n]) + (sm.red[cw][2][n] + sm.red[cw][3][n]);
+      f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
       f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
       const float scale = f.inv_sum() * p.v_scale;
-      const OutRow out(p, part + cw, tok_base, m);
+      const OutRow out(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
       for (int blk = 0; blk < kDimBlocks; ++blk)
@@ -525,8 +504,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
     done += n_tiles;
   };  // serve
 
-  serve_segments<kCtaThreads, kN, false, kConsumers>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, cta_tid,
-                                                     sm.flat_start, sm.next_segment, nullptr, serve);
+  serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
+                                        sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
@@ -537,15 +516,12 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kConsumers * kThr
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kConsumers = 1>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kProducerRegs = 24,
+          bool kLsuRows = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kConsumers>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      smem_bytes<kStages, kTiles, kConsumers>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kProducerRegs, kLsuRows>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
-
-// The ping-pong row-copy kernel (v27): 5 stages of 37 KB and two consumers' query tiles in 227 KB.
-constexpr int kPingPongStages = 5;
 
 // q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
 // one a step, and 94.4 vs 96.2 µs at B64, 566 vs 601 µs with 128 heads, 286 vs 301 at qlen 4 (H200,
@@ -556,6 +532,26 @@ int qk_group_steps() {
     return env && std::atoi(env) == 1 ? 1 : 2;
   }();
   return steps;
+}
+
+// MLA_ATTEND_PRODUCER_REGS=32 (measurement, session 13): the row-copy kernel's producer at 32
+// registers and its consumer at 224 (default 24 / 232).
+int producer_regs() {
+  static const int regs = [] {
+    const char* env = std::getenv("MLA_ATTEND_PRODUCER_REGS");
+    return env && std::atoi(env) == 32 ? 32 : 24;
+  }();
+  return regs;
+}
+
+// MLA_ATTEND_ROW_COPY=lsu (measurement, session 13): the row-copy kernel's producer copies by
+// cp.async instead of bulk copies.
+bool lsu_rows() {
+  static const bool lsu = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROW_COPY");
+    return env && std::string_view(env) == "lsu";
+  }();
+  return lsu;
 }
 
 // The cache's tensor map for TMA boxes of box_rows rows, encoded once per (cache, shape) and reused
@@ -689,18 +685,6 @@ bool attend_wgmma_row_copies(const AttendParams& p) {
          (p.step_partials || p.splits == 1);
 }
 
-bool attend_wgmma_ping_pong(const AttendParams& p) {
-  // The row-copy kernel as one CTA an SM with two consumer warpgroups (v27) where the flat plan
-  // serves the step's partials (the backend then halves the key-CTAs and doubles the partials);
-  // MLA_ATTEND_PINGPONG=0 keeps two CTAs an SM of one consumer (v26), as do 1-step q.k groups.
-  static const bool enabled = [] {
-    const char* env = std::getenv("MLA_ATTEND_PINGPONG");
-    return !(env && std::string_view(env) == "0");
-  }();
-  return enabled && attend_wgmma_applies(p) && attend_wgmma_row_copies(p) && p.step_partials &&
-         qk_group_steps() == 2;
-}
-
 bool attend_rows_gathers(const AttendParams& p) {
   return !attend_wgmma_uses_tma(p) && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 &&
          p.page_stride % 16 == 0 && (p.step_partials || p.splits == 1);
@@ -713,7 +697,8 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, Tiles::kBoxes>();
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
-  set_smem_limit<kPingPongStages, 3, Tiles::kRows, false, 2>();
+  set_smem_limit<2, 3, Tiles::kRows, false, 32>();
+  set_smem_limit<2, 3, Tiles::kRows, false, 32, true>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
@@ -748,12 +733,11 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
-    // (a producer warpgroup beside the consumer: v26; beside two, one CTA an SM: v27)
-    MLA_REQUIRE(!p.ping_pong || (p.flat_ctas > 0 && attend_wgmma_ping_pong(p)),
-                "attend: the ping-pong kernel serves the flat plan's partials only");
-    if (p.ping_pong)
-      go(attend_wgmma_kernel<kPingPongStages, 3, Tiles::kRows, false, 2>,
-         smem_bytes<kPingPongStages, Tiles::kRows, 2>(), 4 * kThreads);
+    // (a producer warpgroup beside the consumer: v26)
+    if (qk_group_steps() == 2 && lsu_rows())
+      go(attend_wgmma_kernel<2, 3, Tiles::kRows, false, 32, true>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
+    else if (qk_group_steps() == 2 && producer_regs() == 32)
+      go(attend_wgmma_kernel<2, 3, Tiles::kRows, false, 32>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
     else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
     else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
   } else {

@@ -73,36 +73,29 @@ __host__ __device__ constexpr int b_offset_n(int n, int chunk) { return chunk * 
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
 __host__ __device__ constexpr int b_offset(int n, int chunk) { return b_offset_n<kN>(n, chunk); }
 
-// kConsumers (kRows, v27): consumer warpgroups a CTA, each with its own query tile, P^T and row
-// reductions; a key tile's `full` and `empty` mbarriers are two of kStages x kConsumers (attend_wgmma.cu:
-// tile i lands on full[i % (kStages kConsumers)]), so each mbarrier has one waiter, which consumed
-// or waited for its previous phase itself (with one ring of an odd stage count shared by two
-// consumers, a stage's previous tile is the other's, and a parity wait could pass while that tile
-// is still on its way).
-template <int kStages, Tiles kTiles, int kConsumers = 1>
+template <int kStages, Tiles kTiles>
 struct WgSmem {
   static constexpr bool kTma = kTiles != Tiles::kCopies;
   // key tiles, tile_offset<kTiles>
   alignas(1024) uint8_t kv[kStages][kTiles == Tiles::kBoxes ? kTmaTileBytes
                                     : kTiles == Tiles::kRows ? kRowTileBytes
                                                              : kTileBytes];
-  // (a consumer's: q, p and red)
-  alignas(128) uint8_t q[kConsumers][kN * kRow];        // e4m3 query rows, b_offset(n, chunk)
-  alignas(128) uint16_t p[kConsumers][kN * kTileKeys];  // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
+  alignas(128) uint8_t q[kN * kRow];        // e4m3 query rows, b_offset(n, chunk)
+  alignas(128) uint16_t p[kN * kTileKeys];  // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
   // cp.async: tiles t .. t+kStages: row address (null: masked) and global position (INT_MAX: masked)
   const uint8_t* rows[kTma ? 1 : kStages + 1][kTileKeys];
   int32_t pos[kTma ? 1 : kStages + 1][kTileKeys];
-  float red[kConsumers][4][kN];  // per-warp row maxima, then row sums
+  float red[4][kN];  // per-warp row maxima, then row sums
   // TMA (boxes or rows): a stage's loads landed (mbarrier), and which of its keys are real (bit k:
   // key k is in the split and on a good page; the rest of the tile may hold anything, NaN included).
-  alignas(8) uint64_t full[kStages * kConsumers];
-  uint64_t empty[kStages * kConsumers];  // kRows: the consumer warps are done with a stage (4 arrivals)
+  alignas(8) uint64_t full[kStages];
+  uint64_t empty[kStages];  // kRows: the consumer warps are done with a stage (4 arrivals)
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
 };
-template <int kStages, Tiles kTiles, int kConsumers = 1>
-constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles, kConsumers>)) + 1024; }  // + alignment slack
+template <int kStages, Tiles kTiles>
+constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles>)) + 1024; }  // + alignment slack
 
 // This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
 // N column col(i, c).
@@ -308,6 +301,42 @@ struct RowCopies {
       tma::load_bytes(dst + (kWarps * lane + warp) * kRowPitch, src, kRow, bar);
     }
   }
+  // The same rows by cp.async (v28, measurement: MLA_ATTEND_ROW_COPY=lsu): 16-byte chunks through L1
+  // from every lane, so no copy waits for the copy unit to read the one before it (the bulk copies'
+  // waterfall): the warp's 16 rows are 576 chunks, chunk i = lane + 32 k of row i / 36. A lane's
+  // copies arrive on bar when they land (cp.async.mbarrier.arrive.noinc) and lane 0 arrives once more
+  // after writing the key mask: the mbarrier expects kLsuArrivals a warp.
+  static constexpr int kLsuArrivals = 33;
+  __device__ void issue_lsu(const KeyStream& ks, int tile, Row r, uint32_t dst, uint32_t bar, uint64_t* key_mask) const {
+    const bool ok = r.have && r.page >= 0 && r.page < p.num_pages;
+    if (r.have && !ok) atomicOr(p.error, kBadPage);
+    const uint32_t copied = __ballot_sync(~0u, ok);  // lanes 0..15
+    uint64_t src = 0;
+    if (ok) {
+      const int64_t j = key(ks, tile);
+      const int64_t in_page = ks.page_shift >= 0 ? j & (p.page_size - 1) : int32_t(j) % p.page_size;
+      src = reinterpret_cast<uint64_t>(static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride +
+                                       in_page * p.row_stride);
+    }
+    if (lane == 0) {
+      uint64_t m = copied & 0xFFFFu;  // lane l -> bit 4 l (+ warp below)
+      m = (m | m << 24) & 0x000000FF000000FFull;
+      m = (m | m << 12) & 0x000F000F000F000Full;
+      m = (m | m << 6) & 0x0303030303030303ull;
+      m = (m | m << 3) & 0x1111111111111111ull;
+      *key_mask = m << warp;
+      tma::arrive(bar);
+    }
+#pragma unroll 2
+    for (int k = 0; k < kTileKeys / kWarps * kChunks / 32; ++k) {
+      const int i = lane + 32 * k, row = i / kChunks, chunk = i % kChunks;
+      const uint64_t from = __shfl_sync(~0u, src, row);
+      if ((copied >> row) & 1)
+        ptx::cp_async_16(dst + (kWarps * row + warp) * kRowPitch + chunk * 16,
+                         reinterpret_cast<const uint8_t*>(from) + 16 * chunk, true, p.l1_copies);
+    }
+    tma::cp_async_arrive_noinc(bar);
+  }
 };
 
 // Where a query row's results go: row m (query m / G, head m % G) of token rows tok_base + i in
@@ -338,9 +367,7 @@ struct OutRow {
 // tile serve issues during its last; prefetched: this one's first tile was issued so.
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
 // 0 writes it) rather than in registers. One call site of serve (one copy of its code).
-// kParts (flat plan only): partials a CTA writes per segment (the ping-pong kernel: one a consumer
-// warpgroup, partial kParts k + consumer), so request b's range and count scale by it.
-template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kParts = 1, class Serve>
+template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, KeyStream& next_segment,
                                                KeyStream* segment, Serve&& serve) {
@@ -369,13 +396,13 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
     const int nb = flat ? next_request(cur + 1) : -1;
     const bool opens = flat && flat::opens(flat_start, cur, range);  // serves the request's first tile
     if (opens && cta.m_tile == 0 && tid == 0) {
-      p.part_first[cur] = int32_t(kParts * flat::partial(cta_key, cur));
-      p.part_count[cur] = kParts * flat::partial_count(flat_start, cur, range, cta_key);
+      p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
+      p.part_count[cur] = flat::partial_count(flat_start, cur, range, cta_key);
     }
     const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
                                 : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
     if (nb >= 0 && tid == 0) next_segment = segment_keys(nb, false);
-    const int64_t part = flat ? kParts * flat::partial(cta_key, cur) : cta.split;
+    const int64_t part = flat ? flat::partial(cta_key, cur) : cta.split;
     const int64_t tok_base = flat ? 0 : int64_t(cta.b) * p.qlen;
     if constexpr (kSegmentInSmem) {
       if (tid == 0) *segment = keys;

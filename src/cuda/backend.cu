@@ -94,13 +94,12 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   if (cfg.gate_dim() > 0) gate_ = DeviceBuffer(size_t(t) * cfg.gate_dim() * 2);
   // Partials: the most rows any step up to max_tokens can write: splits * S with fixed splits, and
   // (key-CTAs + B) * Q with the flat plan, key-CTAs = max(B * splits, flat_ctas) (each CTA writes a
-  // partial of Q rows per request it touches; consecutive CTAs share at most one request), or on
-  // the ping-pong CTA 2 (ceil(key-CTAs / 2) + B) * Q (two partials a CTA and request).
+  // partial of Q rows per request it touches; consecutive CTAs share at most one request).
   int64_t partial_rows = 0;
   for (int qlen = 1; qlen <= 8; ++qlen)
     for (int b = 1; int64_t(b) * qlen <= t; ++b) {
       const int64_t splits = plan_splits(b, qlen, {});
-      const int64_t flat = std::max<int64_t>(splits * b, flat_ctas(b, qlen)) + 1 + 2 * b;
+      const int64_t flat = std::max<int64_t>(splits * b, flat_ctas(b, qlen)) + b;
       partial_rows = std::max({partial_rows, splits * b * qlen, flat * qlen});
     }
   partial_rows_ = std::max(partial_rows, t);
@@ -349,19 +348,13 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // the copies).
   const bool tma = attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p);
   const bool copies_flat = !tma && !even && (!p.many_rows || attend_rows_gathers(p));
-  // Row copies on the ping-pong CTA (v27): one CTA an SM of two consumers, so half the key-CTAs,
-  // each writing two partials a segment.
-  const bool ping_pong = attend_wgmma_ping_pong(p);
-  const int key_ctas = ping_pong ? (ctas + 1) / 2 : ctas;
-  const int64_t partials = ping_pong ? 2 * int64_t(key_ctas + p.batch) : int64_t(ctas + p.batch);
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
                     !(p.many_rows && even) && (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
                     (tma || copies_flat) && p.batch <= kMaxFlatBatch &&
-                    ctas + 1 <= kMaxPostPartials && partials * meta.qlen <= partial_rows_;
+                    ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * meta.qlen <= partial_rows_;
   if (flat) {
     const FlatStrides st = flat_strides(query_heads(), meta.qlen);
-    p.flat_ctas = key_ctas;
-    p.ping_pong = ping_pong;
+    p.flat_ctas = ctas;
     p.part_first = part_first_.get<int32_t>();
     p.part_count = part_count_.get<int32_t>();
     p.o_split_stride = st.o_split, p.o_s_stride = st.o_s, p.o_h_stride = st.o_h;

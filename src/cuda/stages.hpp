@@ -143,10 +143,6 @@ struct AttendParams {
   // The many-rows kernel (attend_rows.cu) where the wgmma kernel takes TMA tiles: the planner's
   // choice (attend_rows_wanted), which its split counts assume.
   bool many_rows = false;
-  // The flat plan on the row-copy kernel's ping-pong CTA (attend_wgmma_ping_pong): two consumer
-  // warpgroups a key-CTA, each writing its own partial of a segment (2 k + consumer): part_first and
-  // part_count count both.
-  bool ping_pong = false;
 };
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
 inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory
@@ -168,10 +164,6 @@ bool attend_wgmma_uses_tma(const AttendParams& p);
 // not contiguous), the 16-row kernel loads a tile as one bulk copy a key row (attend_wgmma.cu v24:
 // rows and pages 16-byte aligned, the same whole-tile chunks); else by cp.async.
 bool attend_wgmma_row_copies(const AttendParams& p);
-// Where row copies serve the step's partials with 2-step q.k groups, the flat plan runs them as
-// one CTA an SM with two consumer warpgroups on alternate tiles and 5 stages (v27), unless
-// MLA_ATTEND_PINGPONG=0 (two CTAs an SM of one consumer and 2 stages, v26).
-bool attend_wgmma_ping_pong(const AttendParams& p);
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 // The many-rows kernel (attend_rows.cu: 64 query rows a CTA, two warpgroups, one CTA an SM), which
 // the wgmma launch takes for TMA tiles where the planner asked for it (AttendParams.many_rows):
