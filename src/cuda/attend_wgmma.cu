@@ -65,10 +65,7 @@ using namespace wgmma_attend;
 // kTimeline (MLA_ATTEND_TIMELINE, measurement only): thread 0 of each CTA stamps the global timer
 // at its phases into p.timeline[8 * CTA + k] (k: 0 start, 1 prologue done, 2 first tile landed,
 // 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments).
-// kProducerRegs (kRows): the producer's registers after setmaxnreg (the consumer takes 256 - it);
-// kLsuRows (kRows, measurement): the producer copies the rows by cp.async (RowCopies::issue_lsu).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kProducerRegs = 24,
-          bool kLsuRows = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -77,9 +74,13 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   // operands in uniform registers, so a warp issues its rows one lane at a time, each waiting until
   // the copy unit has read the last (~35 cycles): 16 a warp a tile, which the consumer warps spent
   // before every tile's q.k (v24: ~21% of their stall samples). The producer gives its registers to
-  // the consumer (setmaxnreg: 2 CTAs of 256 threads an SM, 24 + 232 registers a thread) and runs
-  // ahead of it by the stages, on `empty` mbarriers the consumer warps arrive on.
+  // the consumer (setmaxnreg: 2 CTAs of 256 threads an SM, 32 + 224 registers a thread; 24 + 232
+  // with 1-step q.k groups, whose consumer spills in its tile loop even at 232) and runs ahead of it
+  // by the stages, on `empty` mbarriers the consumer warps arrive on. (32 / 224 vs 24 / 232 at 2-step
+  // groups: the consumer's tile loop spill-free either way, the producer's spills 222 -> 174 bytes,
+  // 0.2-1% faster on every page-1 shape of session 13's run, H200.)
   constexpr bool kProducer = kRows;
+  constexpr int kProducerRegs = kGroupSteps == 1 ? 24 : 32;
   constexpr int kCtaThreads = kProducer ? 2 * kThreads : kThreads;
   // The consumer warpgroup's barriers: named barrier 1 where a producer runs beside it.
   auto sync_consumers = [] {
@@ -124,9 +125,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kLsuRows ? RowCopies::kWarps * RowCopies::kLsuArrivals
-                                                        : kRows  ? RowCopies::kWarps
-                                                                 : TmaTiles::slots(p));
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kRows ? RowCopies::kWarps : TmaTiles::slots(p));
         if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
@@ -151,12 +150,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           ahead[1] = rows.page_of(keys, t + 2);
           // The consumer is done with the stage's previous tile (at - kStages).
           if (at >= kStages) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at / kStages) + 1) & 1);
-          if constexpr (kLsuRows)
-            rows.issue_lsu(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
-                           &sm.key_mask[stage][pwarp]);
-          else
-            rows.issue(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
-                       &sm.key_mask[stage][pwarp]);
+          rows.issue(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
+                     &sm.key_mask[stage][pwarp]);
         }
         done += n_tiles;
       };
@@ -516,10 +511,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kProducerRegs = 24,
-          bool kLsuRows = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kProducerRegs, kLsuRows>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
@@ -532,26 +526,6 @@ int qk_group_steps() {
     return env && std::atoi(env) == 1 ? 1 : 2;
   }();
   return steps;
-}
-
-// MLA_ATTEND_PRODUCER_REGS=32 (measurement, session 13): the row-copy kernel's producer at 32
-// registers and its consumer at 224 (default 24 / 232).
-int producer_regs() {
-  static const int regs = [] {
-    const char* env = std::getenv("MLA_ATTEND_PRODUCER_REGS");
-    return env && std::atoi(env) == 32 ? 32 : 24;
-  }();
-  return regs;
-}
-
-// MLA_ATTEND_ROW_COPY=lsu (measurement, session 13): the row-copy kernel's producer copies by
-// cp.async instead of bulk copies.
-bool lsu_rows() {
-  static const bool lsu = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROW_COPY");
-    return env && std::string_view(env) == "lsu";
-  }();
-  return lsu;
 }
 
 // The cache's tensor map for TMA boxes of box_rows rows, encoded once per (cache, shape) and reused
@@ -697,8 +671,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, Tiles::kBoxes>();
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
-  set_smem_limit<2, 3, Tiles::kRows, false, 32>();
-  set_smem_limit<2, 3, Tiles::kRows, false, 32, true>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
@@ -734,11 +706,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)
-    if (qk_group_steps() == 2 && lsu_rows())
-      go(attend_wgmma_kernel<2, 3, Tiles::kRows, false, 32, true>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
-    else if (qk_group_steps() == 2 && producer_regs() == 32)
-      go(attend_wgmma_kernel<2, 3, Tiles::kRows, false, 32>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
-    else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
     else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
   } else {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());

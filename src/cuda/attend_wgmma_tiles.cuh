@@ -301,42 +301,6 @@ struct RowCopies {
       tma::load_bytes(dst + (kWarps * lane + warp) * kRowPitch, src, kRow, bar);
     }
   }
-  // The same rows by cp.async (v28, measurement: MLA_ATTEND_ROW_COPY=lsu): 16-byte chunks through L1
-  // from every lane, so no copy waits for the copy unit to read the one before it (the bulk copies'
-  // waterfall): the warp's 16 rows are 576 chunks, chunk i = lane + 32 k of row i / 36. A lane's
-  // copies arrive on bar when they land (cp.async.mbarrier.arrive.noinc) and lane 0 arrives once more
-  // after writing the key mask: the mbarrier expects kLsuArrivals a warp.
-  static constexpr int kLsuArrivals = 33;
-  __device__ void issue_lsu(const KeyStream& ks, int tile, Row r, uint32_t dst, uint32_t bar, uint64_t* key_mask) const {
-    const bool ok = r.have && r.page >= 0 && r.page < p.num_pages;
-    if (r.have && !ok) atomicOr(p.error, kBadPage);
-    const uint32_t copied = __ballot_sync(~0u, ok);  // lanes 0..15
-    uint64_t src = 0;
-    if (ok) {
-      const int64_t j = key(ks, tile);
-      const int64_t in_page = ks.page_shift >= 0 ? j & (p.page_size - 1) : int32_t(j) % p.page_size;
-      src = reinterpret_cast<uint64_t>(static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride +
-                                       in_page * p.row_stride);
-    }
-    if (lane == 0) {
-      uint64_t m = copied & 0xFFFFu;  // lane l -> bit 4 l (+ warp below)
-      m = (m | m << 24) & 0x000000FF000000FFull;
-      m = (m | m << 12) & 0x000F000F000F000Full;
-      m = (m | m << 6) & 0x0303030303030303ull;
-      m = (m | m << 3) & 0x1111111111111111ull;
-      *key_mask = m << warp;
-      tma::arrive(bar);
-    }
-#pragma unroll 2
-    for (int k = 0; k < kTileKeys / kWarps * kChunks / 32; ++k) {
-      const int i = lane + 32 * k, row = i / kChunks, chunk = i % kChunks;
-      const uint64_t from = __shfl_sync(~0u, src, row);
-      if ((copied >> row) & 1)
-        ptx::cp_async_16(dst + (kWarps * row + warp) * kRowPitch + chunk * 16,
-                         reinterpret_cast<const uint8_t*>(from) + 16 * chunk, true, p.l1_copies);
-    }
-    tma::cp_async_arrive_noinc(bar);
-  }
 };
 
 // Where a query row's results go: row m (query m / G, head m % G) of token rows tok_base + i in
