@@ -65,8 +65,7 @@ using namespace wgmma_attend;
 // kTimeline (MLA_ATTEND_TIMELINE, measurement only): thread 0 of each CTA stamps the global timer
 // at its phases into p.timeline[8 * CTA + k] (k: 0 start, 1 prologue done, 2 first tile landed,
 // 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments).
-// kVEarly (kRows, measurement of session 13): false keeps v26c's stage release at p.v's last step.
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kVEarly = true>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -349,19 +348,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       }
 
       // The first k16 step of V^T, loaded now: its shared-memory latency hides behind the softmax.
-      // kVAll (row copies, 2-step q.k groups; v29): all four steps' V^T now (64 registers), so this
-      // warp is done with the stage before the softmax and hands it back to the producer (v26 held it
-      // until p.v's last step: a tile's copies then had one tile's time to land).
-      constexpr bool kVAll = kProducer && kGroupSteps != 1 && kVEarly;
-      uint32_t vraw[kVAll ? kPvSteps : 1][kDimBlocks / 2][4];
+      uint32_t vraw[kDimBlocks / 2][4];
 #pragma unroll
-      for (int ks = 0; ks < (kVAll ? kPvSteps : 1); ++ks)
-#pragma unroll
-        for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTiles>(kv_addr, ks, j, warp, lane, vraw[ks][j]);
-      if constexpr (kVAll) {  // this warp's last read of the stage (K, V by ldmatrix; its key mask)
-        __syncwarp();
-        if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
-      }
+      for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTiles>(kv_addr, 0, j, warp, lane, vraw[j]);
 
       // The thread's two keys (accumulator rows g and g + 8 of its warp): global positions, INT_MAX
       // where masked (past the chunk, causal limit of every row of the CTA, bad page).
@@ -448,12 +437,11 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         for (int ks = 0; ks < kPvSteps; ++ks) {
 #pragma unroll
           for (int j = 0; j < kDimBlocks / 2; ++j) {
-            uint32_t(&v)[4] = vraw[kVAll ? ks : 0][j];
-            if constexpr (decltype(masked)::value) v_mask(v, key_mask, ks, c);
-            v_convert(v, frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
-            if (!kVAll && ks + 1 < kPvSteps) v_load<kTiles>(kv_addr, ks + 1, j, warp, lane, v);  // the next step's, early
+            if constexpr (decltype(masked)::value) v_mask(vraw[j], key_mask, ks, c);
+            v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
+            if (ks + 1 < kPvSteps) v_load<kTiles>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
           }
-          if constexpr (kProducer && !kVAll) {  // this warp's last read of the stage (K, V by ldmatrix; its key mask)
+          if constexpr (kProducer) {  // this warp's last read of the stage (K, V by ldmatrix; its key mask)
             if (ks == kPvSteps - 1) {
               __syncwarp();
               if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
@@ -523,9 +511,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kVEarly = true>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kVEarly>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
@@ -538,16 +526,6 @@ int qk_group_steps() {
     return env && std::atoi(env) == 1 ? 1 : 2;
   }();
   return steps;
-}
-
-// MLA_ATTEND_V_EARLY=0 (measurement, session 13): the row-copy kernel releases a stage at p.v's
-// last step (v26c) instead of after loading all of V^T (v29).
-bool v_early() {
-  static const bool early = [] {
-    const char* env = std::getenv("MLA_ATTEND_V_EARLY");
-    return !(env && std::string_view(env) == "0");
-  }();
-  return early;
 }
 
 // The cache's tensor map for TMA boxes of box_rows rows, encoded once per (cache, shape) and reused
@@ -693,7 +671,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, Tiles::kBoxes>();
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
-  set_smem_limit<2, 3, Tiles::kRows, false, false>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
@@ -729,9 +706,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)
-    if (qk_group_steps() == 2 && !v_early())
-      go(attend_wgmma_kernel<2, 3, Tiles::kRows, false, false>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
-    else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
     else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
   } else {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());
