@@ -1,0 +1,85 @@
+// Which attend kernel a step takes, and how its tiles come (the predicates stages.hpp declares):
+// the mma.sync kernel (attend.cu), the 16-row wgmma kernel (attend_wgmma.cu) on TMA boxes, bulk row
+// copies or cp.async tiles, the many-rows kernels (attend_rows*.cu). Host code only; the measured
+// reasons behind each rule are in docs/attention.md. tests/gpu/test_attend_routing.cpp checks them.
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "cuda/stages.hpp"
+
+namespace mla::cuda {
+
+int attend_kernel_mode() {
+  static const int mode = [] {
+    const char* env = std::getenv("MLA_ATTEND_KERNEL");
+    if (env && std::string_view(env) == "mma") return 0;
+    if (env && std::string_view(env) == "wgmma") return 2;
+    return 1;
+  }();
+  return mode;
+}
+
+bool attend_o_pairs_aligned(const AttendParams& p) {
+  const int64_t elem = p.o_bf16 ? 2 : 4;
+  return (reinterpret_cast<uintptr_t>(p.o) % (2 * elem)) == 0 && p.o_split_stride % 2 == 0 && p.o_s_stride % 2 == 0 &&
+         p.o_h_stride % 2 == 0;
+}
+
+bool attend_wgmma_applies(const AttendParams& p) {
+  // The default for the step's partials: with its copies through L1 it beats the mma.sync kernel on
+  // every shape measured (H200, docs/attention.md v8d).
+  const int mode = attend_kernel_mode();
+  return mode > 0 && (p.step_partials || mode == 2) && p.q_fp8 && p.cache_fp8 && !p.exact_p &&
+         attend_o_pairs_aligned(p);
+}
+
+namespace {
+// MLA_ATTEND_TMA (comparisons): 0 cp.async tiles everywhere (no TMA boxes, no bulk row copies);
+// rows: the 16-row kernel's fp8 tiles by bulk row copies on every page size, boxes or not.
+int tma_mode() {
+  static const int mode = [] {
+    const char* env = std::getenv("MLA_ATTEND_TMA");
+    if (env && std::string_view(env) == "0") return 0;
+    if (env && std::string_view(env) == "rows") return 2;
+    return 1;
+  }();
+  return mode;
+}
+bool tma_allowed() { return tma_mode() > 0; }
+bool rows_forced(const AttendParams& p) { return tma_mode() == 2 && p.cache_fp8 && !p.many_rows; }
+}  // namespace
+
+bool attend_wgmma_uses_tma(const AttendParams& p) {
+  const bool allowed = tma_allowed() && !rows_forced(p);
+  // A box is box_rows = min(page, 64) rows of one page, at row box_rows * i of its 1024-byte aligned
+  // slab: pages of a power of two rows (v20: 1, 2 and 4 for a bf16 cache only, whose kernel takes
+  // TMA tiles only; TMA swizzles a box that starts inside an 8-row atom by its shared address as it
+  // does whole atoms. An fp8 cache gathers such pages: five boxes a key row cost more than its 36
+  // cp.async chunks, H200 v20: B64 page 1 158.5 vs 121.2 µs; uneven 128-head batches 863.1 vs
+  // 744.8 under the flat plan, session 10), rows of a
+  // page contiguous (the cache is one [rows, 576] matrix), 16-byte aligned rows. The chunks are
+  // rounded to whole tiles, which changes the partials: only the step's own (merged by post) or a
+  // single split.
+  const bool pow2_page = p.page_size >= (p.cache_fp8 ? 8 : 1) && (p.page_size & (p.page_size - 1)) == 0;
+  return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride && p.row_stride % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.num_pages * p.page_size <= INT32_MAX &&
+         (p.step_partials || p.splits == 1);
+}
+
+bool attend_wgmma_row_copies(const AttendParams& p) {
+  // The pages TMA does not box, in the 16-row kernel: a bulk copy a key row (v24), whatever the page
+  // size and page stride, for 16-byte aligned fp8 rows and, as with boxes, partials chunked by whole
+  // tiles (the step's own, or one split).
+  return tma_allowed() && p.cache_fp8 && !p.many_rows && !attend_wgmma_uses_tma(p) &&
+         reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 && p.page_stride % 16 == 0 &&
+         (p.step_partials || p.splits == 1);
+}
+
+bool attend_rows_gathers(const AttendParams& p) {
+  return !attend_wgmma_uses_tma(p) && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 &&
+         p.page_stride % 16 == 0 && (p.step_partials || p.splits == 1);
+}
+
+}  // namespace mla::cuda
