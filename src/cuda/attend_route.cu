@@ -49,6 +49,13 @@ int tma_mode() {
 }
 bool tma_allowed() { return tma_mode() > 0; }
 bool rows_forced(const AttendParams& p) { return tma_mode() == 2 && p.cache_fp8 && !p.many_rows; }
+// Key rows any kernel can copy 16 bytes at a time (bulk row copies, cp.async gathers): the cache,
+// its rows and its pages 16-byte aligned, and partials that may be chunked by whole tiles (the
+// step's own, merged by post, or a single split).
+bool rows_copyable(const AttendParams& p) {
+  return reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 && p.page_stride % 16 == 0 &&
+         (p.step_partials || p.splits == 1);
+}
 }  // namespace
 
 bool attend_wgmma_uses_tma(const AttendParams& p) {
@@ -72,14 +79,9 @@ bool attend_wgmma_row_copies(const AttendParams& p) {
   // The pages TMA does not box, in the 16-row kernel: a bulk copy a key row (v24), whatever the page
   // size and page stride, for 16-byte aligned fp8 rows and, as with boxes, partials chunked by whole
   // tiles (the step's own, or one split).
-  return tma_allowed() && p.cache_fp8 && !p.many_rows && !attend_wgmma_uses_tma(p) &&
-         reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 && p.page_stride % 16 == 0 &&
-         (p.step_partials || p.splits == 1);
+  return tma_allowed() && p.cache_fp8 && !p.many_rows && !attend_wgmma_uses_tma(p) && rows_copyable(p);
 }
 
-bool attend_rows_gathers(const AttendParams& p) {
-  return !attend_wgmma_uses_tma(p) && reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.row_stride % 16 == 0 &&
-         p.page_stride % 16 == 0 && (p.step_partials || p.splits == 1);
-}
+bool attend_rows_gathers(const AttendParams& p) { return !attend_wgmma_uses_tma(p) && rows_copyable(p); }
 
 }  // namespace mla::cuda
