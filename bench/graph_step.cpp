@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
                 iters);
     std::printf("576-byte rows read: in order %.0f GB/s, at random rows %.0f GB/s (bytes read)\n", ceil.read_rows_gbps,
                 ceil.gather_rows_gbps);
+    std::printf("L2 before each timed run: %s\n", ceil.cache_flush.c_str());
     std::printf("%5s %7s %4s %5s %5s %5s %6s | %10s %10s | %10s %9s %7s %8s\n", "B", "ctx", "Q", "page", "kv", "heads",
                 "splits", "step(graph)", "step(eager)", "attend us", "KV GB/s", "%copy", "TFLOP/s");
     std::fputs(rows.str().c_str(), stdout);
@@ -180,7 +181,8 @@ int main(int argc, char** argv) {
         << (rev ? rev : "unknown") << "\",\n  \"preset\": \"" << preset << "\",\n  \"device\": \"" << ceil.device_name
         << "\",\n  \"copy_gbps\": " << ceil.copy_gbps << ",\n  \"matmul_tflops\": " << ceil.matmul_tflops
         << ",\n  \"fp8_matmul_tflops\": " << ceil.fp8_matmul_tflops << ",\n  \"read_rows_gbps\": " << ceil.read_rows_gbps
-        << ",\n  \"gather_rows_gbps\": " << ceil.gather_rows_gbps << ",\n  \"iters\": " << iters
+        << ",\n  \"gather_rows_gbps\": " << ceil.gather_rows_gbps << ",\n  \"cache_flush\": \"" << ceil.cache_flush
+        << "\",\n  \"iters\": " << iters
         << ",\n  \"results\": [\n" << json_rows << "\n  ]\n}\n";
     }
     cudaStreamDestroy(stream);

@@ -124,6 +124,7 @@ int bench_command(const BenchOptions& o) {
                       ceil.fp32_fma_gflops, ceil.bf16_dot_gflops);
         text << line;
       }
+      text << "caches before each timed run: " << ceil.cache_flush << "\n";
       text << "stage         us(med)     us(min)      GB/s   %copy    TFLOP/s  %matmul\n";
     }
     st.run_pre();  // the cache holds this step's rows before attend is timed alone
@@ -195,6 +196,7 @@ int bench_command(const BenchOptions& o) {
                      {"gather_rows_gbps", ceil.gather_rows_gbps},
                      {"fp32_fma_gflops", ceil.fp32_fma_gflops},
                      {"bf16_dot_gflops", ceil.bf16_dot_gflops}};
+    j["cache_flush"] = ceil.cache_flush;
     j["warmup"] = o.warmup;
     j["iters"] = o.iters;
     j["formulas"] = {

@@ -30,6 +30,8 @@ struct Ceilings {
   // CPU: peak rates of the instructions attend runs on, all threads (register-only loops; 0: not measured)
   double fp32_fma_gflops = 0;      // fp32 FMA, widest vectors the attend kernels use
   double bf16_dot_gflops = 0;      // vdpbf16ps (AVX512-BF16; 0 without), 4 FLOPs per fp32 lane
+  // How time_us leaves the caches before each timed run (recorded with every benchmark).
+  std::string cache_flush;
 };
 
 class BackendImpl {

@@ -254,6 +254,7 @@ detail::Ceilings measure_ceilings(int threads) {
   threads = std::max(threads, 1);
   detail::Ceilings c;
   c.device_name = cpu_model() + " (" + std::to_string(threads) + " threads)";
+  c.cache_flush = "write: a buffer of twice the LLC (at least 64 MiB) written before each run";
   c.copy_gbps = copy_gbps(threads);
   c.matmul_tflops = sgemm_tflops(threads);
   c.fp8_matmul_tflops = 0;  // no fp8 matmul on the CPU

@@ -496,11 +496,21 @@ bool wgmma_l1_copies() {
   return on;
 }
 
+// The flat plan's kv_indptr prefetch (AttendParams.prefetch_plan); MLA_ATTEND_PREFETCH=0: off.
+bool plan_prefetch() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ATTEND_PREFETCH");
+    return !(env && std::string_view(env) == "0");
+  }();
+  return on;
+}
+
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
   AttendParams p = in;
   if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
+    p.prefetch_plan = plan_prefetch();
     return launch_attend_wgmma(p, stream);
   }
   MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");

@@ -54,6 +54,8 @@ namespace {
 
 using namespace wgmma_attend;
 
+constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
+
 // kGroupSteps: k32 steps a q.k accumulator takes before the f32 sum (1: the most accurate, two waves
 // of 9 accumulators; 2: one wave, 1.6e-4 vs 1.1e-4 rel L2 in tests/gpu/test_wgmma.cpp; kRows takes
 // 3 in two waves of 3 accumulators, 1.9e-4, its K fragments needing the registers).
@@ -62,8 +64,10 @@ using namespace wgmma_attend;
 // one lane a box of up to 4 warps; or by cp.async from every thread (kCopies: a caller's partials
 // whose chunks are not page-aligned, rows not 16-byte aligned, MLA_ATTEND_TMA=0).
 // kTimeline (MLA_ATTEND_TIMELINE, measurement only): thread 0 of each CTA stamps the global timer
-// at its phases into p.timeline[8 * CTA + k] (k: 0 start, 1 prologue done, 2 first tile landed,
-// 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments).
+// at its phases into p.timeline[kTimelineWords * CTA + k] (k: 0 start, 1 prologue done, 2 first
+// tile landed, 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments; the prologue's steps: 8
+// mbarriers initialized, 9 plan and key range known (the first serve begins), 10 the first tile's
+// boxes issued (thread 0 issues box 0: after its page id load), 11 thread 0's query rows loaded).
 template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   const int g = lane / 4, c = lane % 4;
   auto stamp = [&](int k, uint64_t value) {
     if constexpr (kTimeline) {
-      if (tid == 0) p.timeline[8 * int64_t(blockIdx.x) + k] = value;
+      if (tid == 0) p.timeline[kTimelineWords * int64_t(blockIdx.x) + k] = value;
     }
   };
   auto now = [] {
@@ -116,6 +120,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   if constexpr (kTimeline) {
     const uint64_t start_time = now();
     for (int k = 0; k < 4; ++k) stamp(k, start_time);  // a CTA with nothing to serve: all phases 0
+    for (int k = 8; k < 12; ++k) stamp(k, start_time);
   }
   int segments = 0;
   const CtaWork cta(p, kN, tid);
@@ -131,6 +136,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       tma::fence_barrier_init();
     }
     __syncthreads();  // the mbarriers, for every warp that issues boxes (from the first prologue on)
+    stamp(8, now());
   }
   int done = 0;  // TMA: tiles consumed by earlier segments (stage and mbarrier parity run on)
 
@@ -173,6 +179,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
 
     const int n_tiles = keys.n_tiles();
+    if (done == 0) stamp(9, now());
 
     // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
@@ -196,6 +203,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       if (tiles.issues() && n_tiles > 0) {
         __syncwarp();
         if (!prefetched) issue_tma(0, box_page(0));
+        if (done == 0) stamp(10, now());
         next_page = n_tiles > 1 ? box_page(1) : -1;
       }
     }
@@ -203,6 +211,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     QueryTile<kN, kThreads> query;
     query.load(p, b, m_base, rows_total, tid);
     query.store(sm.q, tid);
+    if (done == 0) stamp(11, now());
 
     // --- cp.async: thread `key` of a tile turns its page id into a row address and position
     // (publish), and every thread copies (issue_tile).
@@ -547,10 +556,11 @@ const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
   return map;
 }
 
-// MLA_ATTEND_TIMELINE=FILE (measurement, NOT run on a GPU yet): the TMA kernel (2-step q.k groups)
-// with per-CTA phase stamps; a launch outside a graph capture waits for the kernel and rewrites
-// FILE as CSV (cta, smid, start, prologue, first_tile, last_tile, end in ns, tiles, segments), so
-// the last eager launch of a run is what FILE holds.
+// MLA_ATTEND_TIMELINE=FILE (measurement: scripts/device-check timeline): the TMA kernel (2-step
+// q.k groups) with per-CTA phase stamps; a launch outside a graph capture waits for the kernel and
+// rewrites FILE as CSV (cta, smid, start, prologue, first_tile, last_tile, end in ns, tiles,
+// segments, then the prologue's steps: init, plan, issued, query in ns), so the last eager launch
+// of a run is what FILE holds.
 const char* timeline_path() {
   static const char* path = std::getenv("MLA_ATTEND_TIMELINE");
   return path && *path ? path : nullptr;
@@ -559,7 +569,7 @@ const char* timeline_path() {
 void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream) {
   static uint64_t* buffer = nullptr;
   static size_t capacity = 0;
-  const size_t words = size_t(grid.x) * 8;
+  const size_t words = size_t(grid.x) * kTimelineWords;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   MLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (words > capacity && capture == cudaStreamCaptureStatusNone) {
@@ -579,13 +589,14 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
   MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::FILE* f = std::fopen(timeline_path(), "w");
   MLA_REQUIRE(f != nullptr, "MLA_ATTEND_TIMELINE: cannot write ", timeline_path());
-  std::fprintf(f, "cta,smid,start_ns,prologue_ns,first_tile_ns,last_tile_ns,end_ns,tiles,segments\n");
+  std::fprintf(f,
+               "cta,smid,start_ns,prologue_ns,first_tile_ns,last_tile_ns,end_ns,tiles,segments,init_ns,plan_ns,"
+               "issued_ns,query_ns\n");
   for (size_t c = 0; c < grid.x; ++c) {
-    const uint64_t* r = &host[8 * c];
-    std::fprintf(f, "%zu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", c, (unsigned long long)r[5],
-                 (unsigned long long)r[0], (unsigned long long)r[1], (unsigned long long)r[2],
-                 (unsigned long long)r[3], (unsigned long long)r[4], (unsigned long long)r[6],
-                 (unsigned long long)r[7]);
+    const uint64_t* r = &host[kTimelineWords * c];
+    auto u = [&](int k) { return (unsigned long long)r[k]; };
+    std::fprintf(f, "%zu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", c, u(5), u(0), u(1), u(2), u(3),
+                 u(4), u(6), u(7), u(8), u(9), u(10), u(11));
   }
   std::fclose(f);
 }

@@ -1,10 +1,12 @@
 // Benchmark support of the CUDA backend (`mla bench`): CUDA-event timing with L2 flushed before
-// each run, and the ceilings measured in the same run: device copy bandwidth (bytes read +
+// each run (MLA_BENCH_FLUSH, below), and the ceilings measured in the same run: device copy bandwidth (bytes read +
 // written), 576-byte rows read in order and at random rows (bytes read), cuBLASLt bf16 and fp8
 // matmul rates on random data (zeros run faster: METHOD.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cuda/backend.hpp"
@@ -92,16 +94,65 @@ double median_us(cudaStream_t stream, int warmup, int iters, Fn fn) {
   return median(us);
 }
 
+// time_us's L2 flush before each timed run (MLA_BENCH_FLUSH):
+//  clean (default): read a buffer of twice the L2, which leaves the L2 holding clean lines;
+//  write: write it (cudaMemset, sessions 1-13): the L2 then holds that many dirty lines, and the
+//         timed run pays for writing them back to DRAM as its reads evict them (up to the L2's size
+//         of writes, ~12 µs of the H200's bandwidth, charged to whatever runs next);
+//  none: no flush (the previous run's lines stay).
+enum class L2Flush { kClean, kWrite, kNone };
+
+L2Flush l2_flush_mode() {
+  static const L2Flush mode = [] {
+    const char* env = std::getenv("MLA_BENCH_FLUSH");
+    const std::string v = env ? env : "clean";
+    MLA_REQUIRE(v == "clean" || v == "write" || v == "none", "MLA_BENCH_FLUSH: expected clean, write or none, got ", v);
+    return v == "write" ? L2Flush::kWrite : v == "none" ? L2Flush::kNone : L2Flush::kClean;
+  }();
+  return mode;
+}
+
+const char* l2_flush_description(L2Flush mode) {
+  switch (mode) {
+    case L2Flush::kWrite: return "write: a buffer of twice the L2 written (cudaMemset) before each run";
+    case L2Flush::kNone: return "none";
+    default: return "clean: a buffer of twice the L2 read before each run";
+  }
+}
+
+// Reads every 16-byte word of the buffer (folded into a word stored only if it matches a value
+// the zeroed buffer never gives, so the loads stay).
+__global__ void read_all_kernel(const uint4* __restrict__ data, int64_t n, uint32_t* out) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(data + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) out[0] = acc;
+}
+
+void read_all(void* data, size_t bytes, cudaStream_t stream) {
+  // (the never-taken store would land on the buffer's first word)
+  read_all_kernel<<<1024, 512, 0, stream>>>(static_cast<const uint4*>(data), int64_t(bytes / 16),
+                                            static_cast<uint32_t*>(data));
+  MLA_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 std::vector<double> CudaBackend::time_us(const std::function<void()>& fn, int warmup, int iters) {
   DeviceGuard guard(opts.cuda_device);
-  if (!flush_.get()) flush_ = DeviceBuffer(size_t(std::max<int64_t>(l2_bytes_, 1 << 20)) * 2);
+  const L2Flush mode = l2_flush_mode();
+  if (!flush_.get()) {
+    flush_ = DeviceBuffer(size_t(std::max<int64_t>(l2_bytes_, 1 << 20)) * 2);
+    MLA_CUDA_CHECK(cudaMemsetAsync(flush_.get(), 0, flush_.bytes(), stream_));
+  }
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<Event> start(iters), stop(iters);
   for (int i = 0; i < iters; ++i) {
-    // Writing twice the L2's size evicts every line the previous run left there.
-    MLA_CUDA_CHECK(cudaMemsetAsync(flush_.get(), i & 0xFF, flush_.bytes(), stream_));
+    // Twice the L2's size evicts every line the previous run left there.
+    if (mode == L2Flush::kWrite) MLA_CUDA_CHECK(cudaMemsetAsync(flush_.get(), i & 0xFF, flush_.bytes(), stream_));
+    if (mode == L2Flush::kClean) read_all(flush_.get(), flush_.bytes(), stream_);
     MLA_CUDA_CHECK(cudaEventRecord(start[i].get(), stream_));
     fn();
     MLA_CUDA_CHECK(cudaEventRecord(stop[i].get(), stream_));
@@ -120,6 +171,7 @@ detail::Ceilings CudaBackend::measure_ceilings() {
   DeviceGuard guard(opts.cuda_device);
   detail::Ceilings c;
   c.device_name = device_name_;
+  c.cache_flush = l2_flush_description(l2_flush_mode());
   {
     const size_t bytes = size_t(1) << 30;
     DeviceBuffer a(bytes), b(bytes);
