@@ -496,11 +496,20 @@ bool wgmma_l1_copies() {
   return on;
 }
 
-// The flat plan's kv_indptr prefetch (AttendParams.prefetch_plan); MLA_ATTEND_PREFETCH=0: off.
-bool plan_prefetch() {
+// The flat plan's request metadata from shared memory (AttendParams.plan_smem); MLA_ATTEND_PLAN_SMEM=0: off.
+bool plan_smem() {
   static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_PREFETCH");
+    const char* env = std::getenv("MLA_ATTEND_PLAN_SMEM");
     return !(env && std::string_view(env) == "0");
+  }();
+  return on;
+}
+
+// The row-copy producer's L2 prefetch (AttendParams.prefetch_rows); MLA_ATTEND_ROWS_PREFETCH=1: on.
+bool rows_prefetch() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_PREFETCH");
+    return env && std::string_view(env) == "1";
   }();
   return on;
 }
@@ -510,7 +519,8 @@ void launch_attend(const AttendParams& in, cudaStream_t stream) {
   AttendParams p = in;
   if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
-    p.prefetch_plan = plan_prefetch();
+    p.plan_smem = plan_smem();
+    p.prefetch_rows = rows_prefetch();
     return launch_attend_wgmma(p, stream);
   }
   MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");

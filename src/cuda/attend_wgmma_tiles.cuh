@@ -91,7 +91,7 @@ struct WgSmem {
   alignas(8) uint64_t full[kStages];
   uint64_t empty[kStages];  // kRows: the consumer warps are done with a stage (4 arrivals)
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
-  int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
+  flat::Requests flat;  // the flat plan: requests' first tiles, lengths, page lists (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
 };
 template <int kStages, Tiles kTiles>
@@ -276,6 +276,21 @@ struct RowCopies {
     r.page = p.kv_indices[ks.page_begin + i];
     return r;
   }
+  // Asks L2 for this lane's row of a later tile (prefetch.global.L2 on each 128-byte line it touches,
+  // from the LSU: the copy unit stays free for the copies), so that its bulk copy, issued when a
+  // stage frees, finds the row in L2 rather than DRAM (AttendParams.prefetch_rows).
+  __device__ void prefetch(const KeyStream& ks, int tile, Row r) const {
+    if (!r.have || r.page < 0 || r.page >= p.num_pages) return;
+    const uint8_t* src = row_address(ks, tile, r);
+#pragma unroll
+    for (int off = 0; off < kRow; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(src + off));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(src + kRow - 1));
+  }
+  __device__ const uint8_t* row_address(const KeyStream& ks, int tile, Row r) const {
+    const int64_t j = key(ks, tile);
+    const int64_t in_page = ks.page_shift >= 0 ? j & (p.page_size - 1) : int32_t(j) % p.page_size;
+    return static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
+  }
   // This warp's rows into the stage at shared address dst on mbarrier bar; lane 0 writes the real
   // keys among them (bit 4 l + warp) to *key_mask, the tile's being the OR over the 4 warps' (a bad
   // page id's key is masked and reported, never read).
@@ -293,13 +308,7 @@ struct RowCopies {
       tma::arrive_expect_tx(bar, uint32_t(__popc(copied)) * uint32_t(kRow));
     }
     __syncwarp();
-    if (ok) {
-      const int64_t j = key(ks, tile);
-      const int64_t in_page = ks.page_shift >= 0 ? j & (p.page_size - 1) : int32_t(j) % p.page_size;
-      const uint8_t* src =
-          static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
-      tma::load_bytes(dst + (kWarps * lane + warp) * kRowPitch, src, kRow, bar);
-    }
+    if (ok) tma::load_bytes(dst + (kWarps * lane + warp) * kRowPitch, row_address(ks, tile, r), kRow, bar);
   }
 };
 
@@ -331,15 +340,22 @@ struct OutRow {
 // tile serve issues during its last; prefetched: this one's first tile was issued so.
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
 // 0 writes it) rather than in registers. One call site of serve (one copy of its code).
-template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, class Serve>
+template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, class Reqs, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
-                                               int tid, int32_t* flat_start, KeyStream& next_segment,
+                                               int tid, Reqs& reqs, KeyStream& next_segment,
                                                KeyStream* segment, Serve&& serve) {
   const int batch = p.batch;
+  const int32_t* flat_start = reqs.start;
+  // The segments' lengths and page-list starts as the scan loaded them (flat_plan.hpp), where the
+  // kernel's shared memory keeps them; else KeyStream reads them from global memory.
+  const int32_t *lens = nullptr, *pages = nullptr;
+  if constexpr (flat::kKeepsRequests<Reqs>) {
+    if (p.plan_smem) lens = reqs.len, pages = reqs.pages;
+  }
   flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
   int cta_key = 0, b = cta.b;
   if (flat) {
-    flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid);
+    flat::scan_tiles<kThreadsN>(reqs, p, kTileKeys, tid);
     const int m_tiles = (cta.rows_total + kRowsPerCta - 1) / kRowsPerCta;
     cta_key = blockIdx.x / m_tiles;
     range = flat::cta_range(flat_start, batch, p.flat_ctas, cta_key);
@@ -352,7 +368,7 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
   auto segment_keys = [&](int i, bool reporter) {
     return KeyStream(p, i, int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys,
                      int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys, cta.last_row(kRowsPerCta),
-                     reporter);
+                     reporter, lens, pages);
   };
   auto next_request = [&](int i) { return flat::next_request(flat_start, batch, i, range); };
   bool prefetched = false;
