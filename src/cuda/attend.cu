@@ -505,18 +505,12 @@ bool plan_smem() {
   return on;
 }
 
-// The L2 prefetches of the row-copy producer and of the TMA boxes (AttendParams.prefetch_rows,
-// prefetch_boxes); MLA_ATTEND_ROWS_PREFETCH=1, MLA_ATTEND_BOX_PREFETCH=1: on.
-bool env_on(const char* name) {
-  const char* env = std::getenv(name);
-  return env && std::string_view(env) == "1";
-}
+// The row-copy producer's L2 prefetch (AttendParams.prefetch_rows); MLA_ATTEND_ROWS_PREFETCH=1: on.
 bool rows_prefetch() {
-  static const bool on = env_on("MLA_ATTEND_ROWS_PREFETCH");
-  return on;
-}
-bool boxes_prefetch() {
-  static const bool on = env_on("MLA_ATTEND_BOX_PREFETCH");
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_PREFETCH");
+    return env && std::string_view(env) == "1";
+  }();
   return on;
 }
 
@@ -527,7 +521,6 @@ void launch_attend(const AttendParams& in, cudaStream_t stream) {
     p.l1_copies = wgmma_l1_copies();
     p.plan_smem = plan_smem();
     p.prefetch_rows = rows_prefetch();
-    p.prefetch_boxes = boxes_prefetch();
     return launch_attend_wgmma(p, stream);
   }
   MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");

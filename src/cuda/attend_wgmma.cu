@@ -196,7 +196,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
     int32_t next_segment_page = -1;  // issuing warps: the lane's page id for the next segment's first tile
     int32_t next_page = -1;  // issuing warps, TMA: the lane's page id for the next tile to issue
-    int32_t later_page = -1;  // issuing warps, prefetch_boxes: the page id of the tile after it
     // The first tile's boxes go out before the query's loads (the issuing warps wait on their page
     // ids first).
     // The other order (v14, query first) moved 0.5 us from the prologue into the first tile's wait
@@ -208,7 +207,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         if (!prefetched) issue_tma(0, box_page(0));
         if (done == 0) stamp(10, now());
         next_page = n_tiles > 1 ? box_page(1) : -1;
-        if (p.prefetch_boxes) later_page = n_tiles > 2 ? box_page(2) : -1;
       }
     }
 
@@ -285,13 +283,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         // (kProducer: the producer warpgroup issues every tile)
         if (!kProducer && tiles.issues() && t + 1 < n_tiles) {
           issue_tma(t + 1, next_page);
-          if (p.prefetch_boxes) {  // tile t + 2 into L2 a tile before its load; page ids 3 ahead
-            if (t + 2 < n_tiles) tiles.prefetch(keys, t + 2, later_page);
-            next_page = later_page;
-            later_page = t + 3 < n_tiles ? box_page(t + 3) : -1;
-          } else {
-            next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
-          }
+          next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
         } else if (!kProducer && tiles.issues() && has_next) {
           issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
         }

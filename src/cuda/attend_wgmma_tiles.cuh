@@ -208,16 +208,6 @@ struct TmaTiles {
     const int64_t i = box_index(ks, tile, j0);
     return i < 0 ? -1 : p.kv_indices[ks.page_begin + i];
   }
-  // Asks L2 for this lane's boxes of a later tile (AttendParams.prefetch_boxes), so that their
-  // load finds them there.
-  template <int kSlabsN = kSlabs>
-  __device__ void prefetch(const KeyStream& ks, int tile, int32_t page, int first_slab = 0) const {
-    int64_t j0;
-    if (box_index(ks, tile, j0) < 0 || page < 0 || page >= p.num_pages) return;
-    const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
-#pragma unroll
-    for (int s = 0; s < kSlabsN; ++s) tma::prefetch_2d(map, 128 * (first_slab + s), y);
-  }
   // This warp's boxes into the stage at shared address dst, completing on mbarrier bar (its one
   // arrival a slot expects the bytes of the boxes actually issued); lane 0 writes the real keys
   // among this warp's boxes to *key_mask (the tile's: the OR over its slots; a bad page id's keys

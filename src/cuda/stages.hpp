@@ -139,9 +139,6 @@ struct AttendParams {
   // The row-copy producer (attend_wgmma.cu, Tiles::kRows) asks L2 for a tile's rows a tile before
   // it copies them; MLA_ATTEND_ROWS_PREFETCH=1, a measurement switch (session 14).
   bool prefetch_rows = false;
-  // The same for the 16-row kernel's TMA boxes (tile t + 2 at the top of tile t);
-  // MLA_ATTEND_BOX_PREFETCH=1, a measurement switch (session 14).
-  bool prefetch_boxes = false;
   // The flat plan (flat_plan.hpp), for the step's partials where the wgmma kernel takes TMA tiles
   // at W = 1: flat_ctas key-CTAs share all requests' tiles evenly; partial i is o[i] = [qlen, G, 512]
   // (o_split_stride = qlen * o_s_stride), and request b's partials are part_first[b] ..

@@ -58,14 +58,6 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
       : "memory");
 }
 
-// Asks L2 for the box of `map` at (x, y) (no shared memory, no mbarrier): a later load_2d of it
-// then reads L2 rather than DRAM.
-__device__ __forceinline__ void prefetch_2d(const CUtensorMap* map, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
-               "r"(x), "r"(y)
-               : "memory");
-}
-
 // `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar:
 // the bulk copy without a tensor map (the attend kernel's key rows, Tiles::kRows).
 __device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
