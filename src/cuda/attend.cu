@@ -505,22 +505,12 @@ bool plan_smem() {
   return on;
 }
 
-// The row-copy producer's L2 prefetch (AttendParams.prefetch_rows); MLA_ATTEND_ROWS_PREFETCH=1: on.
-bool rows_prefetch() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_PREFETCH");
-    return env && std::string_view(env) == "1";
-  }();
-  return on;
-}
-
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
   AttendParams p = in;
   if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
     p.plan_smem = plan_smem();
-    p.prefetch_rows = rows_prefetch();
     return launch_attend_wgmma(p, stream);
   }
   MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");

@@ -153,8 +153,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           const RowCopies::Row row = ahead[0];
           ahead[0] = ahead[1];
           ahead[1] = rows.page_of(keys, t + 2);
-          // (prefetch_rows: tile t + 1's rows into L2 now, a tile before their copies)
-          if (p.prefetch_rows) rows.prefetch(keys, t + 1, ahead[0]);
           // The consumer is done with the stage's previous tile (at - kStages).
           if (at >= kStages) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at / kStages) + 1) & 1);
           rows.issue(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),

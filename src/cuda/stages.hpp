@@ -136,9 +136,6 @@ struct AttendParams {
   // shared memory (flat_plan.hpp), set by launch_attend; MLA_ATTEND_PLAN_SMEM=0: from global memory
   // (a measurement switch).
   bool plan_smem = false;
-  // The row-copy producer (attend_wgmma.cu, Tiles::kRows) asks L2 for a tile's rows a tile before
-  // it copies them; MLA_ATTEND_ROWS_PREFETCH=1, a measurement switch (session 14).
-  bool prefetch_rows = false;
   // The flat plan (flat_plan.hpp), for the step's partials where the wgmma kernel takes TMA tiles
   // at W = 1: flat_ctas key-CTAs share all requests' tiles evenly; partial i is o[i] = [qlen, G, 512]
   // (o_split_stride = qlen * o_s_stride), and request b's partials are part_first[b] ..
