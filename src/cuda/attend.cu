@@ -496,21 +496,11 @@ bool wgmma_l1_copies() {
   return on;
 }
 
-// The flat plan's request metadata from shared memory (AttendParams.plan_smem); MLA_ATTEND_PLAN_SMEM=0: off.
-bool plan_smem() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_PLAN_SMEM");
-    return !(env && std::string_view(env) == "0");
-  }();
-  return on;
-}
-
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
   AttendParams p = in;
   if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
-    p.plan_smem = plan_smem();
     return launch_attend_wgmma(p, stream);
   }
   MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");

@@ -84,11 +84,8 @@ struct KeyStream {
     check_pages(p, n_local, reporter);
   }
   // Local keys [begin, end) of request b (the flat plan's segments; end is clipped to the length).
-  // lens, pages (the flat plan's scan, in shared memory; lens null: read from p): seq_lens and
-  // kv_indptr as loaded there.
-  __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, int last_row, bool reporter,
-                       const int32_t* lens = nullptr, const int32_t* pages = nullptr) {
-    const int64_t n_local = init(p, b, last_row, reporter, lens, pages);
+  __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, int last_row, bool reporter) {
+    const int64_t n_local = init(p, b, last_row, reporter);
     k_begin = min(n_local, begin);
     k_end = min(n_local, end);
     check_pages(p, n_local, reporter);
@@ -96,13 +93,12 @@ struct KeyStream {
 
  private:
   // Everything but the key range; returns the request's local length.
-  __device__ int64_t init(const AttendParams& p, int b, int last_row, bool reporter, const int32_t* lens = nullptr,
-                          const int32_t* pages = nullptr) {
-    seq_len = lens ? lens[b] : p.seq_lens[b];
+  __device__ int64_t init(const AttendParams& p, int b, int last_row, bool reporter) {
+    seq_len = p.seq_lens[b];
     len_ok = seq_len == 0 || seq_len >= p.qlen;
     if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
-    page_begin = lens ? pages[b] : p.kv_indptr[b];
-    pages_avail = int64_t(lens ? pages[b + 1] : p.kv_indptr[b + 1]) - page_begin;
+    page_begin = p.kv_indptr[b];
+    pages_avail = int64_t(p.kv_indptr[b + 1]) - page_begin;
     tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
     page_shift = __popc(p.page_size) == 1 ? __ffs(p.page_size) - 1 : -1;
     plain_positions = p.dcp_size == 1;

@@ -66,7 +66,7 @@ struct RowsSmem {
   alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier: an arrival a slot)
   uint64_t key_mask[2][kGroups][4];                     // its real keys, by the warp that issued them
   const uint8_t* rows[2][kGroups][kTileKeys];           // cp.async tiles: [pair & 1][tile]: row or null (masked)
-  flat::Starts flat;
+  int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment, next_segment;
 };
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem)) + 1024; }
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     done += n_pairs;
   };  // serve
 
-  serve_segments<kRowThreads, kRowsN, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat,
+  serve_segments<kRowThreads, kRowsN, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
                                           sm.next_segment, &sm.segment, serve);
 }
 

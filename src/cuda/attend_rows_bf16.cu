@@ -70,7 +70,7 @@ struct Bf16RowsSmem {
   int32_t limit[kRowsM];                                 // a row's last visible position (causal)
   alignas(8) uint64_t full[2][3];                        // [buffer][part]: warpgroup 0's, 1's slabs, the rope slab
   uint64_t key_mask[2][kGroups][4];                      // a tile's real keys, by each warpgroup's issuing warps
-  flat::Starts flat;
+  int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment, next_segment;
 };
 constexpr int bf16_rows_smem_bytes() { return int(sizeof(Bf16RowsSmem)) + 1024; }
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     done += n_tiles;
   };  // serve
 
-  serve_segments<kThreadsB, kRowsM, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat, sm.next_segment,
+  serve_segments<kThreadsB, kRowsM, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, sm.next_segment,
                                           &sm.segment, serve);
 }
 

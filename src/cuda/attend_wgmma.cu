@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         }
         done += n_tiles;
       };
-      serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat,
+      serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
                                              sm.next_segment, nullptr, produce);
       return;
     }
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     done += n_tiles;
   };  // serve
 
-  serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat,
+  serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
                                         sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;

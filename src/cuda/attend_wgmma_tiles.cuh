@@ -91,7 +91,7 @@ struct WgSmem {
   alignas(8) uint64_t full[kStages];
   uint64_t empty[kStages];  // kRows: the consumer warps are done with a stage (4 arrivals)
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
-  flat::Requests flat;  // the flat plan: requests' first tiles, lengths, page lists (TMA or cp.async tiles)
+  int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
 };
 template <int kStages, Tiles kTiles>
@@ -331,22 +331,15 @@ struct OutRow {
 // tile serve issues during its last; prefetched: this one's first tile was issued so.
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
 // 0 writes it) rather than in registers. One call site of serve (one copy of its code).
-template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, class Reqs, class Serve>
+template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
-                                               int tid, Reqs& reqs, KeyStream& next_segment,
+                                               int tid, int32_t* flat_start, KeyStream& next_segment,
                                                KeyStream* segment, Serve&& serve) {
   const int batch = p.batch;
-  const int32_t* flat_start = reqs.start;
-  // The segments' lengths and page-list starts as the scan loaded them (flat_plan.hpp), where the
-  // kernel's shared memory keeps them; else KeyStream reads them from global memory.
-  const int32_t *lens = nullptr, *pages = nullptr;
-  if constexpr (flat::kKeepsRequests<Reqs>) {
-    if (p.plan_smem) lens = reqs.len, pages = reqs.pages;
-  }
   flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
   int cta_key = 0, b = cta.b;
   if (flat) {
-    flat::scan_tiles<kThreadsN>(reqs, p, kTileKeys, tid);
+    flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid);
     const int m_tiles = (cta.rows_total + kRowsPerCta - 1) / kRowsPerCta;
     cta_key = blockIdx.x / m_tiles;
     range = flat::cta_range(flat_start, batch, p.flat_ctas, cta_key);
@@ -359,7 +352,7 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
   auto segment_keys = [&](int i, bool reporter) {
     return KeyStream(p, i, int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys,
                      int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys, cta.last_row(kRowsPerCta),
-                     reporter, lens, pages);
+                     reporter);
   };
   auto next_request = [&](int i) { return flat::next_request(flat_start, batch, i, range); };
   bool prefetched = false;

@@ -77,38 +77,15 @@ inline bool lengths_even(const int32_t* lens, int64_t n) {
 }
 
 #ifdef __CUDACC__
-// The flat plan's per-request arrays in shared memory, filled by scan_tiles: start[b] = request
-// b's first tile (start[batch] = T), and its length and first page-list entry as loaded there
-// (len[b] = seq_lens[b], pages[b] = kv_indptr[b], pages[batch] too), so that a segment's key range
-// (KeyStream) needs no second dependent round trip to DRAM in the prologue.
-struct Requests {
-  int32_t start[kMaxFlatBatch + 1];
-  int32_t len[kMaxFlatBatch + 1];
-  int32_t pages[kMaxFlatBatch + 1];
-};
-// The starts alone (the many-rows kernels: their shared memory has no room for the other two).
-struct Starts {
-  int32_t start[kMaxFlatBatch + 1];
-};
-template <class R>
-constexpr bool kKeepsRequests = requires(R r) { r.len; };
-
 // Every key-CTA computes the plan itself: starts[i] = request i's first tile (an exclusive scan of
 // the requests' tile counts by warp 0: a lane sums a run of requests, then the runs), starts[batch]
 // = T; CTA 0 reports invalid lengths. Every thread of the CTA calls it (two CTA barriers).
-template <int kThreads, class R>
-__device__ void scan_tiles(R& r, const AttendParams& p, int tile_keys, int tid) {
+template <int kThreads>
+__device__ void scan_tiles(int32_t* starts, const AttendParams& p, int tile_keys, int tid) {
   const int batch = p.batch, lane = tid % 32;
-  int32_t* starts = r.start;
-  for (int i = tid; i <= batch; i += kThreads) {
-    if constexpr (kKeepsRequests<R>) {  // both loads of a request issued before either is used
-      const int32_t len = i < batch ? p.seq_lens[i] : 0, pages = p.kv_indptr[i];
-      r.len[i] = len;
-      r.pages[i] = pages;
-    }
-    if (i == batch) break;
+  for (int i = tid; i < batch; i += kThreads) {
+    starts[i] = request_tiles(p.seq_lens[i], p.qlen, tile_keys);  // the count, made the prefix below
     const int32_t len = p.seq_lens[i];
-    starts[i] = request_tiles(len, p.qlen, tile_keys);  // the count, made the prefix below
     if (blockIdx.x == 0 && len != 0 && len < p.qlen) atomicOr(p.error, kBadSeqLen);
   }
   __syncthreads();

@@ -132,10 +132,6 @@ struct AttendParams {
   int dcp_size, dcp_rank, dcp_interleave;
   uint32_t* error;
   bool l1_copies = false;  // wgmma kernel: key-tile copies through L1 (cp.async.ca), set by launch_attend
-  // The flat plan's segments take their lengths and page-list starts from the scan's copies in
-  // shared memory (flat_plan.hpp), set by launch_attend; MLA_ATTEND_PLAN_SMEM=0: from global memory
-  // (a measurement switch).
-  bool plan_smem = false;
   // The flat plan (flat_plan.hpp), for the step's partials where the wgmma kernel takes TMA tiles
   // at W = 1: flat_ctas key-CTAs share all requests' tiles evenly; partial i is o[i] = [qlen, G, 512]
   // (o_split_stride = qlen * o_s_stride), and request b's partials are part_first[b] ..
