@@ -276,18 +276,6 @@ struct RowCopies {
     r.page = p.kv_indices[ks.page_begin + i];
     return r;
   }
-  // Asks L2 for this lane's row of a later tile (prefetch.global.L2 on each 128-byte line it
-  // touches, from the LSU: the copy unit stays free for the copies), so that its bulk copy, issued
-  // when a stage frees, reads L2 rather than DRAM (attend_wgmma.cu's kRowsL2 instance).
-  __device__ void prefetch(const KeyStream& ks, int tile, Row r) const {
-    if (!r.have || r.page < 0 || r.page >= p.num_pages) return;
-    const int64_t j = key(ks, tile);
-    const int64_t in_page = ks.page_shift >= 0 ? j & (p.page_size - 1) : int32_t(j) % p.page_size;
-    const uint8_t* src = static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
-#pragma unroll
-    for (int off = 0; off < kRow; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(src + off));
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(src + kRow - 1));
-  }
   // This warp's rows into the stage at shared address dst on mbarrier bar; lane 0 writes the real
   // keys among them (bit 4 l + warp) to *key_mask, the tile's being the OR over the 4 warps' (a bad
   // page id's key is masked and reported, never read).
