@@ -320,6 +320,7 @@ TEST(Cli, BenchSweepRecordsCeilingsFormulasAndProvenance) {
   EXPECT_GT(j["ceilings"]["fp32_fma_gflops"].get<double>(), 0.0);
   EXPECT_GE(j["ceilings"]["bf16_dot_gflops"].get<double>(), 0.0);  // 0 without AVX512-BF16
   EXPECT_EQ(j["ceilings"]["gather_rows_gbps"].get<double>(), 0.0);   // GPU only
+  EXPECT_EQ(j["cache_flush"].get<std::string>().rfind("write", 0), 0u);  // how the timer left the caches
   EXPECT_NE(j["command"].get<std::string>().find("--sweep"), std::string::npos);
   EXPECT_FALSE(j["git_revision"].get<std::string>().empty());
   EXPECT_FALSE(j["timestamp"].get<std::string>().empty());

@@ -215,6 +215,7 @@ TEST(CudaBackend, CeilingsAreMeasured) {
   EXPECT_GT(c.read_rows_gbps, 0.0);
   EXPECT_GT(c.gather_rows_gbps, 0.0);
   EXPECT_GT(c.matmul_tflops, 0.0);
+  EXPECT_NE(c.cache_flush.find("L2"), std::string::npos) << c.cache_flush;  // recorded with each benchmark
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
