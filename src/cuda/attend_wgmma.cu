@@ -68,9 +68,7 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // tile landed, 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments; the prologue's steps: 8
 // mbarriers initialized, 9 plan and key range known (the first serve begins), 10 the first tile's
 // boxes issued (thread 0 issues box 0: after its page id load), 11 thread 0's query rows loaded).
-// kLsuRows (MLA_ATTEND_ROWS_LSU=4, a measurement instance, session 14): RowCopies::issue's rows by
-// cp.async, that many of each producer warp's 16.
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kLsuRows = 0>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -131,8 +129,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]),
-                           kRows ? RowCopies::kWarps * RowCopies::arrivals(kLsuRows) : TmaTiles::slots(p));
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kRows ? RowCopies::kWarps : TmaTiles::slots(p));
         if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
@@ -158,7 +155,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           ahead[1] = rows.page_of(keys, t + 2);
           // The consumer is done with the stage's previous tile (at - kStages).
           if (at >= kStages) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at / kStages) + 1) & 1);
-          rows.issue<kLsuRows>(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
+          rows.issue(keys, t, row, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
                      &sm.key_mask[stage][pwarp]);
         }
         done += n_tiles;
@@ -522,9 +519,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kLsuRows = 0>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kLsuRows>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
@@ -613,7 +610,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, Tiles::kBoxes>();
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
-  set_smem_limit<2, 3, Tiles::kRows, false, 4>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
@@ -649,13 +645,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)
-    static const bool lsu_rows = [] {
-      const char* env = std::getenv("MLA_ATTEND_ROWS_LSU");
-      return env && std::atoi(env) == 4;
-    }();
-    if (qk_group_steps() == 2 && lsu_rows)
-      go(attend_wgmma_kernel<2, 3, Tiles::kRows, false, 4>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
-    else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
     else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
   } else {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());

@@ -279,18 +279,10 @@ struct RowCopies {
   // This warp's rows into the stage at shared address dst on mbarrier bar; lane 0 writes the real
   // keys among them (bit 4 l + warp) to *key_mask, the tile's being the OR over the 4 warps' (a bad
   // page id's key is masked and reported, never read).
-  // kLsuRows (a measurement instance, session 14): the warp's last kLsuRows rows go by cp.async
-  // (16-byte chunks from all 32 lanes through L1) instead of the copy unit, whose queue of one
-  // bulk copy a row is what the tile waits on; each lane's cp.async then arrives on bar
-  // (kArrivals(kLsuRows) arrivals a warp).
-  __host__ __device__ static constexpr int arrivals(int lsu_rows) { return lsu_rows > 0 ? 33 : 1; }
-  template <int kLsuRows = 0>
   __device__ void issue(const KeyStream& ks, int tile, Row r, uint32_t dst, uint32_t bar, uint64_t* key_mask) const {
     const bool ok = r.have && r.page >= 0 && r.page < p.num_pages;
     if (r.have && !ok) atomicOr(p.error, kBadPage);
     const uint32_t copied = __ballot_sync(~0u, ok);  // lanes 0..15
-    constexpr uint32_t kLsuMask = ((1u << kLsuRows) - 1) << (kTileKeys / kWarps - kLsuRows);
-    const uint32_t bulk = copied & ~kLsuMask;
     if (lane == 0) {
       uint64_t m = copied & 0xFFFFu;  // lane l -> bit 4 l (+ warp below)
       m = (m | m << 24) & 0x000000FF000000FFull;
@@ -298,26 +290,15 @@ struct RowCopies {
       m = (m | m << 6) & 0x0303030303030303ull;
       m = (m | m << 3) & 0x1111111111111111ull;
       *key_mask = m << warp;
-      tma::arrive_expect_tx(bar, uint32_t(__popc(bulk)) * uint32_t(kRow));
+      tma::arrive_expect_tx(bar, uint32_t(__popc(copied)) * uint32_t(kRow));
     }
     __syncwarp();
-    const uint8_t* src = nullptr;
     if (ok) {
       const int64_t j = key(ks, tile);
       const int64_t in_page = ks.page_shift >= 0 ? j & (p.page_size - 1) : int32_t(j) % p.page_size;
-      src = static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
-    }
-    if (ok && !((kLsuMask >> lane) & 1)) tma::load_bytes(dst + (kWarps * lane + warp) * kRowPitch, src, kRow, bar);
-    if constexpr (kLsuRows > 0) {
-      constexpr int kFirst = kTileKeys / kWarps - kLsuRows, kUnits = kLsuRows * kChunks;
-#pragma unroll
-      for (int k = 0; k < (kUnits + 31) / 32; ++k) {
-        const int i = lane + 32 * k, row = kFirst + (i < kUnits ? i / kChunks : 0), chunk = i % kChunks;
-        const uint8_t* from = reinterpret_cast<const uint8_t*>(__shfl_sync(~0u, reinterpret_cast<uint64_t>(src), row));
-        if (i < kUnits && ((copied >> row) & 1))
-          ptx::cp_async_16(dst + (kWarps * row + warp) * kRowPitch + chunk * 16, from + 16 * chunk, true, true);
-      }
-      tma::cp_async_arrive_noinc(bar);
+      const uint8_t* src =
+          static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
+      tma::load_bytes(dst + (kWarps * lane + warp) * kRowPitch, src, kRow, bar);
     }
   }
 };
