@@ -595,8 +595,8 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
   for (size_t c = 0; c < grid.x; ++c) {
     const uint64_t* r = &host[kTimelineWords * c];
     auto u = [&](int k) { return (unsigned long long)r[k]; };
-    std::fprintf(f, "%zu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", c, u(5), u(0), u(1), u(2), u(3),
-                 u(4), u(6), u(7), u(8), u(9), u(10), u(11));
+    std::fprintf(f, "%zu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", c, u(5), u(0), u(1), u(2),
+                 u(3), u(4), u(6), u(7), u(8), u(9), u(10), u(11));
   }
   std::fclose(f);
 }

@@ -1,7 +1,7 @@
 // Benchmark support of the CUDA backend (`mla bench`): CUDA-event timing with L2 flushed before
-// each run (MLA_BENCH_FLUSH, below), and the ceilings measured in the same run: device copy bandwidth (bytes read +
-// written), 576-byte rows read in order and at random rows (bytes read), cuBLASLt bf16 and fp8
-// matmul rates on random data (zeros run faster: METHOD.md).
+// each run (MLA_BENCH_FLUSH, below), and the ceilings measured in the same run: device copy
+// bandwidth (bytes read + written), 576-byte rows read in order and at random rows (bytes read),
+// cuBLASLt bf16 and fp8 matmul rates on random data (zeros run faster: METHOD.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
