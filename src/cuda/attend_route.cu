@@ -66,13 +66,12 @@ bool attend_wgmma_uses_tma(const AttendParams& p) {
   // does whole atoms. An fp8 cache gathers such pages: five boxes a key row cost more than its 36
   // cp.async chunks, H200 v20: B64 page 1 158.5 vs 121.2 µs; uneven 128-head batches 863.1 vs
   // 744.8 under the flat plan, session 10), rows of a
-  // page contiguous (the cache is one [rows, 576] matrix), 16-byte aligned rows. The chunks are
-  // rounded to whole tiles, which changes the partials: only the step's own (merged by post) or a
-  // single split.
+  // page contiguous (the cache is one [rows, 576] matrix), and what any 16-byte copy needs
+  // (rows_copyable: 16-byte aligned rows, partials chunked by whole tiles: only the step's own,
+  // merged by post, or a single split).
   const bool pow2_page = p.page_size >= (p.cache_fp8 ? 8 : 1) && (p.page_size & (p.page_size - 1)) == 0;
-  return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride && p.row_stride % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.num_pages * p.page_size <= INT32_MAX &&
-         (p.step_partials || p.splits == 1);
+  return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride &&
+         p.num_pages * p.page_size <= INT32_MAX && rows_copyable(p);
 }
 
 bool attend_wgmma_row_copies(const AttendParams& p) {

@@ -73,6 +73,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
   constexpr bool kRows = kTiles == Tiles::kRows;
+  constexpr bool kBoxes = kTiles == Tiles::kBoxes;  // the consumer warps issue the TMA boxes
   // kRows (v26): a second warpgroup, the producer, issues the row copies. A bulk copy takes its
   // operands in uniform registers, so a warp issues its rows one lane at a time, each waiting until
   // the copy unit has read the last (~35 cycles): 16 a warp a tile, which the consumer warps spent
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     // ids first).
     // The other order (v14, query first) moved 0.5 us from the prologue into the first tile's wait
     // and was no faster (H200, 949867f: B64 kernel 90.0 vs 88.9 us; timeline in bench/results).
-    if constexpr (kTma && !kProducer) {
+    if constexpr (kBoxes) {
       // (the issuing warps: TmaTiles; the mbarriers were published by the CTA barrier at the start)
       if (tiles.issues() && n_tiles > 0) {
         __syncwarp();
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     if (done == 0) stamp(1, now());
     // The next segment's first page ids (thread 0 wrote its keys before this segment's barrier
     // above; the issuing warps other than 0 read them only after it).
-    if (kTma && !kProducer && tiles.issues() && n_tiles > 0 && has_next) next_segment_page = box_page_of(next, 0);
+    if (kBoxes && tiles.issues() && n_tiles > 0 && has_next) next_segment_page = box_page_of(next, 0);
     if constexpr (!kTma) {
       for (int t = 0; t < kStages - 1; ++t) {
         if (t < n_tiles) issue_tile(t, t);
@@ -278,11 +279,11 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       if constexpr (kTma) {
         // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
         // for all four warps at once), so its stage takes tile t+1 now.
-        // (kProducer: the producer warpgroup issues every tile)
-        if (!kProducer && tiles.issues() && t + 1 < n_tiles) {
+        // (kRows: the producer warpgroup issues every tile)
+        if (kBoxes && tiles.issues() && t + 1 < n_tiles) {
           issue_tma(t + 1, next_page);
           next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
-        } else if (!kProducer && tiles.issues() && has_next) {
+        } else if (kBoxes && tiles.issues() && has_next) {
           issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
         }
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
