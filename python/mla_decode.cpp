@@ -177,10 +177,10 @@ Backend backend_from(const std::string& s) {
   detail::fail("backend: expected 'auto', 'cpu' or 'cuda', got '", s, "'");
 }
 
-// The step's metadata from its four arrays (host or device, as the layer's backend wants them).
-// seq_lens_host: the CUDA backend plans splits from a host copy of seq_lens when it has one.
-// The step's metadata; seq_lens_host points into host_lens, so the span is made where it is used
-// (step()), never carried across a copy or move of the Meta.
+// The step's metadata from its four arrays (host or device, as the layer's backend wants them),
+// and a host copy of seq_lens (the CUDA backend plans splits from it when it has one): the
+// StepMeta's seq_lens_host span points into host_lens, so it is made where it is used (step()),
+// never carried across a copy or move of the Meta.
 struct Meta {
   StepMeta views;
   std::vector<int32_t> host_lens;
