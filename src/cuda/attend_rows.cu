@@ -46,15 +46,26 @@ namespace {
 
 using namespace wgmma_attend;
 
-constexpr int kRowsN = kAttendRowsPerCta;       // query rows a CTA: wgmma N (64)
 constexpr int kGroups = 2;                      // consumer warpgroups
 constexpr int kRowThreads = 128 * kGroups;
-constexpr int kSlots = kRowsN / kGroups / 4;    // a thread's own query rows (softmax state): 8
 constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
-constexpr int kRowChunkStride = kRowsN / 8 * 128;      // B operands' leading byte offset (1024)
 constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
 constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
 
+// A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 where that many CTAs a request
+// hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads: 64-row CTAs padded a
+// quarter of their MMAs and softmax with rows past the request's).
+template <int kRowsN>
+struct RowShape {
+  static_assert(kRowsN == 64 || kRowsN == 48, "64- or 48-row CTAs");
+  static constexpr int kWgRows = kRowsN / kGroups;         // q.k's N: a warpgroup's rows (32, 24)
+  static constexpr int kQkAcc = kWgRows / 2;               // a thread's q.k accumulator (16, 12)
+  static constexpr int kPvAcc = kRowsN / 2;                // a thread's o of one dim block (32, 24)
+  static constexpr int kSlots = kWgRows / 4;               // a thread's own query rows (softmax state)
+  static constexpr int kRowChunkStride = kRowsN / 8 * 128;  // B operands' leading byte offset
+};
+
+template <int kRowsN>
 struct RowsSmem {
   alignas(1024) uint8_t kv[2][kGroups][kTmaTileBytes];  // [stage][tile of the pair], swizzled slabs
   alignas(128) uint8_t q[kRowsN * kRow];                // e4m3 query rows, b_offset_n<64>
@@ -69,18 +80,22 @@ struct RowsSmem {
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment, next_segment;
 };
-constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem)) + 1024; }
-static_assert(rows_smem_bytes() <= 227 * 1024, "over the H200's shared memory a block");
+template <int kRowsN>
+constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN>)) + 1024; }
+static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memory a block");
 
 // kTma: tiles as whole pages by TMA; else gathered a row at a time by cp.async (pages not a power
 // of two), in the same swizzled layout, completing on the same mbarriers.
-template <bool kTma>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
+  using Shape = RowShape<kRowsN>;
+  constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
+  constexpr int kRowChunkStride = Shape::kRowChunkStride;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  auto& sm = *reinterpret_cast<RowsSmem<kRowsN>*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, cwarp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kRowsN, tid);
@@ -177,25 +192,25 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 #pragma unroll
     for (int r = 0; r < kSlots; ++r) m_run[r] = -INFINITY, d_run[r] = 0.0f;
     const float scale_log2 = p.score_scale * 1.4426950408889634f, inv_scale_log2 = 1.0f / scale_log2;
-    float o[kGroupDimBlocks][32];
+    float o[kGroupDimBlocks][kPvAcc];
 #pragma unroll
     for (int blk = 0; blk < kGroupDimBlocks; ++blk)
 #pragma unroll
-      for (int i = 0; i < 32; ++i) o[blk][i] = 0.0f;
-    // q.k's B operand: this warpgroup's 32 query rows (four 8-row core-matrix groups, 128 bytes apart).
-    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + 32 * wg / 8 * 128, kRowChunkStride, 128);
+      for (int i = 0; i < kPvAcc; ++i) o[blk][i] = 0.0f;
+    // q.k's B operand: this warpgroup's kWgRows query rows (8-row core-matrix groups, 128 bytes apart).
+    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + kWgRows * wg / 8 * 128, kRowChunkStride, 128);
 
-    float acc[kGroups][16];  // q.k's group accumulators (each group's first MMA overwrites them)
+    float acc[kGroups][kQkAcc];  // q.k's group accumulators (each group's first MMA overwrites them)
 #pragma unroll
     for (int u = 0; u < kGroups; ++u)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) acc[u][i] = 0.0f;
+      for (int i = 0; i < kQkAcc; ++i) acc[u][i] = 0.0f;
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
-      // q.k of both tiles for this warpgroup's 32 rows (32 wg .. + 31): S^T [64 keys x 32 rows].
+      // q.k of both tiles for this warpgroup's rows (kWgRows wg ..): S^T [64 keys x kWgRows rows].
       const bool both = 2 * j + 1 < n_tiles;
-      float x[kGroups][16];  // raw scores (q.k in the quantized units; the scale is folded in below)
+      float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
       uint64_t key_mask[kGroups];
       uint64_t kd[kGroups];
 #pragma unroll
@@ -223,7 +238,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           const int step = grp * kQkGroup + v;
           // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
           // a branch around a wgmma makes ptxas fence the accumulators)
-          wgmma::mma_m64n32k32_e4m3(acc[u], kd[u], qd[u], v > 0);
+          wgmma::mma_qk_e4m3<kWgRows>(acc[u], kd[u], qd[u], v > 0);
           kd[u] = wgmma::advance(kd[u],
                                  key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
           qd[u] = wgmma::advance(qd[u], 2 * kRowChunkStride);
@@ -242,12 +257,12 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           else wgmma::wait<1>();  // tile u's group grp (the other tile's may still run)
           wgmma::fence_operand(acc[u]);
 #pragma unroll
-          for (int i = 0; i < 16; ++i) x[u][i] = grp == 0 ? acc[u][i] : x[u][i] + acc[u][i];
+          for (int i = 0; i < kQkAcc; ++i) x[u][i] = grp == 0 ? acc[u][i] : x[u][i] + acc[u][i];
           if (grp + 1 < kQkGroups) issue_group(u, grp + 1);
         }
       }
       // Scores masked by a select (a NaN of a masked key goes too). The thread's two keys of tile u:
-      // 16 warp + g (+ 8); its rows: 32 wg + acc_col(i, c). Positions grow with the local index, so
+      // 16 warp + g (+ 8); its rows: kWgRows wg + acc_col(i, c). Positions grow with the local index, so
       // the warp's last key decides whether every row sees all 16. The scale (> 0: its factors are
       // validated positive) stays out of the scores: a row grows where x > (m + 2^3) / scale, and
       // its weight is exp2(x scale - m), one FFMA.
@@ -262,16 +277,16 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       for (int u = 0; u < kGroups; ++u) {
         const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
+        for (int i = 0; i < kQkAcc; ++i)
           if (!((key_mask[u] >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[u][i] = -INFINITY;
         if (position(key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
           const int32_t pos0 = int32_t(position(key0)), pos1 = int32_t(position(key0 + 8));
 #pragma unroll
-          for (int i = 0; i < 16; ++i)
-            if ((acc_half(i) ? pos1 : pos0) > sm.limit[32 * wg + acc_col(i, c)]) x[u][i] = -INFINITY;
+          for (int i = 0; i < kQkAcc; ++i)
+            if ((acc_half(i) ? pos1 : pos0) > sm.limit[kWgRows * wg + acc_col(i, c)]) x[u][i] = -INFINITY;
         }
 #pragma unroll
-        for (int i = 0; i < 16; ++i) grows |= x[u][i] > grow_at[row_slot(i)];
+        for (int i = 0; i < kQkAcc; ++i) grows |= x[u][i] > grow_at[row_slot(i)];
       }
       // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v):
       // its stage takes pair j+1 now, and P^T, red and alpha may be rewritten below.
@@ -289,14 +304,14 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       }
       if (any_grows) {
         // This warpgroup's rows: maxima over its 4 warps' keys of both tiles; every row's alpha goes
-        // through shared memory, since o holds all 64 rows.
+        // through shared memory, since o holds all the CTA's rows.
         float mx[kSlots];
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) mx[r] = -INFINITY;
 #pragma unroll
         for (int u = 0; u < kGroups; ++u)
 #pragma unroll
-          for (int i = 0; i < 16; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], x[u][i]);
+          for (int i = 0; i < kQkAcc; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], x[u][i]);
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
@@ -315,24 +330,25 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           const float alpha = exp2f(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
           m_run[r] = m_new;
           d_run[r] *= alpha;
-          if (warp == 0 && g == 0) sm.alpha[32 * wg + n] = alpha;
+          if (warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
         }
         __syncthreads();  // every row's alpha
 #pragma unroll
         for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
 #pragma unroll
-          for (int i = 0; i < 32; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
+          for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
           wgmma::fence_operand(o[blk]);
         }
       }
       // P^T of both tiles for this warpgroup's rows (a missing second tile: zeros, its keys masked).
-      // Element i sits at b_offset_n<64>(32 wg + acc_col(i, c), key / 8) + 2 (key % 8), key = 16 warp
-      // + g + 8 h: the thread's base plus a constant (h: 1024, n8 block: 128, i & 1: 16).
-      const uint32_t p_thread = ptx::smem_addr(sm.p[0]) + (2 * warp) * kRowChunkStride + (4 * wg) * 128 + (2 * c) * 16 + 2 * g;
+      // Element i sits at b_offset_n<kRowsN>(kWgRows wg + acc_col(i, c), key / 8) + 2 (key % 8), key = 16
+      // warp + g + 8 h: the thread's base plus a constant (h: the chunk stride, n8 block: 128, i & 1: 16).
+      const uint32_t p_thread =
+          ptx::smem_addr(sm.p[0]) + (2 * warp) * kRowChunkStride + (kWgRows / 8 * wg) * 128 + (2 * c) * 16 + 2 * g;
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < kQkAcc; ++i) {
           const float m = m_run[row_slot(i)];
           const float w = exp2f(fmaf(x[u][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
           d_run[row_slot(i)] += w;
@@ -370,7 +386,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
             wgmma::fence();
             const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
 #pragma unroll
-            for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_m64n64k16_f16_rs(o[blk], frag[t & 1][blk], bp);
+            for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_pv_f16_rs<kRowsN>(o[blk], frag[t & 1][blk], bp);
             wgmma::commit();
             if (t > 0) wgmma::wait<1>();
           }
@@ -401,8 +417,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) {
         const int n = slot_col(r, c);
-        sm.final_d[32 * wg + n] = (sm.red[4 * wg][n] + sm.red[4 * wg + 1][n]) + (sm.red[4 * wg + 2][n] + sm.red[4 * wg + 3][n]);
-        sm.final_m[32 * wg + n] = m_run[r];
+        sm.final_d[kWgRows * wg + n] = (sm.red[4 * wg][n] + sm.red[4 * wg + 1][n]) + (sm.red[4 * wg + 2][n] + sm.red[4 * wg + 3][n]);
+        sm.final_m[kWgRows * wg + n] = m_run[r];
       }
     __syncthreads();
 
@@ -455,16 +471,39 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
 }
 
 void prepare_attend_rows_kernel() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<64>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<64>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, 48>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<48>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, 48>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<48>()));
+}
+
+int attend_rows_cta_rows(int rows) {
+  // 48-row CTAs where they need no more CTAs a request than 64-row ones (rows 1-48, 65-96,
+  // 129-144, ...): the plan's CTA count (kAttendRowsPerCta) holds for both. MLA_ATTEND_ROWS_CTA=64
+  // keeps 64 everywhere (comparisons).
+  static const bool only64 = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_CTA");
+    return env && std::atoi(env) == 64;
+  }();
+  const int tiles64 = (rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta, tiles48 = (rows + 47) / 48;
+  return !only64 && tiles48 == tiles64 ? 48 : 64;
 }
 
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
-  const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma) attend_rows_kernel<true><<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
-  else attend_rows_kernel<false><<<grid, kRowThreads, rows_smem_bytes(), stream>>>(p, map);
+  auto launch = [&](auto kernel, int rows_n, int smem) {
+    kernel<<<attend_launch_grid(p, rows_n), kRowThreads, smem, stream>>>(p, map);
+  };
+  if (attend_rows_cta_rows(p.heads * p.qlen) == 48) {
+    if (tma) launch(attend_rows_kernel<true, 48>, 48, rows_smem_bytes<48>());
+    else launch(attend_rows_kernel<false, 48>, 48, rows_smem_bytes<48>());
+  } else {
+    if (tma) launch(attend_rows_kernel<true, 64>, 64, rows_smem_bytes<64>());
+    else launch(attend_rows_kernel<false, 64>, 64, rows_smem_bytes<64>());
+  }
   MLA_CUDA_CHECK_LAUNCH();
 }
 

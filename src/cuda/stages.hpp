@@ -168,11 +168,13 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 // The many-rows kernel (attend_rows.cu: 64 query rows a CTA, two warpgroups, one CTA an SM), which
 // the wgmma launch takes for TMA tiles where the planner asked for it (AttendParams.many_rows):
 // attend_rows_wanted(B, heads x qlen, SMs) (MLA_ATTEND_ROWS_MIN overrides the row threshold for
-// every batch; 100000 turns it off).
+// every batch; 100000 turns it off). The planner counts kAttendRowsPerCta-row CTAs; the launch
+// takes 48-row ones where a request needs as many of them (attend_rows_cta_rows(heads x qlen)).
 inline constexpr int kAttendRowsMinDefault = 48;
 inline constexpr int kAttendRowsPerCta = 64;
 int attend_rows_min();
 bool attend_rows_wanted(int batch, int rows, int sms);
+int attend_rows_cta_rows(int rows);
 // Where the fp8 many-rows kernel cannot take TMA tiles (pages not a power of two rows), it
 // gathers its tiles a row at a time by cp.async: rows 16-byte aligned, and the chunks rounded to
 // whole tiles as with TMA (the step's partials, or one split); else the 16-row kernel takes them.

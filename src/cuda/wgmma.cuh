@@ -104,6 +104,35 @@ __device__ __forceinline__ void mma_m64n32k32_e4m3(float (&d)[16], uint64_t a, u
       : "l"(a), "l"(b), "r"(int32_t(accumulate)));
 }
 
+// The 12 of an m64n24 wgmma (%0 .. %11) and the 24 of an m64n48 one (%0 .. %23).
+#define MLA_WGMMA_D12(d)                                                                                    \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),    \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+#define MLA_WGMMA_D24(d)                                                                                    \
+  MLA_WGMMA_D12(d), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),  \
+      "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+
+// The same at N = 24 (12 a thread, n8 blocks j < 3): the 48-row many-rows kernel's q.k.
+__device__ __forceinline__ void mma_m64n24k32_e4m3(float (&d)[12], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %14, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1;\n"
+      "}\n"
+      : MLA_WGMMA_D12(d)
+      : "l"(a), "l"(b), "r"(int32_t(accumulate)));
+}
+
+// q.k of a many-rows warpgroup's kN rows (attend_rows.cu: 32 of a 64-row CTA, 24 of a 48-row one).
+template <int kN>
+__device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate) {
+  static_assert(kN == 32 || kN == 24, "q.k: N = 32 or 24");
+  if constexpr (kN == 32) mma_m64n32k32_e4m3(d, a, b, accumulate);
+  else mma_m64n24k32_e4m3(d, a, b, accumulate);
+}
+
 // d (64 x 16 f32, 8 a thread) (+)= A (64 x 32 e4m3, K-major, smem) * B (16 x 32 e4m3, K-major,
 // smem)^T. Thread t: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2].
 __device__ __forceinline__ void mma_m64n16k32_e4m3(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
@@ -166,6 +195,29 @@ __device__ __forceinline__ void mma_m64n64k16_f16_rs(float (&d)[32], const uint3
       "}\n"
       : MLA_WGMMA_D32(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(kTransB)));
+}
+
+// The same at N = 48 (24 a thread, K-major B): the 48-row many-rows kernel's p.v.
+__device__ __forceinline__ void mma_m64n48k16_f16_rs(float (&d)[24], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23}, "
+      "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n"
+      "}\n"
+      : MLA_WGMMA_D24(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// p.v of a many-rows CTA's kN rows (attend_rows.cu: 64 or 48), K-major P^T.
+template <int kN>
+__device__ __forceinline__ void mma_pv_f16_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(kN == 64 || kN == 48, "p.v: N = 64 or 48");
+  if constexpr (kN == 64) mma_m64n64k16_f16_rs(d, a, b);
+  else mma_m64n48k16_f16_rs(d, a, b);
 }
 
 }  // namespace mla::cuda::wgmma

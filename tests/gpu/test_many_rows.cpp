@@ -100,6 +100,19 @@ TEST(ManyRows, Bf16StepMatchesCpu) {
                   DType::bf16, 900);
 }
 
+// The fp8 kernel on TMA pages, with 48-row CTAs (48, 72 and 96 rows a request) and 64-row ones
+// (64 and 100: the second CTA 36 of 64), fixed splits and the flat plan.
+TEST(ManyRows, Fp8StepMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
+  steps_match_cpu({{"kimi-k3", 12, 4, 40, 64, 700, false},      // 48 rows: one 48-row CTA
+                   {"kimi-k3", 12, 8, 40, 16, 600, true},       // 96 rows: two, causal inside each
+                   {"deepseek-v3", 96, 1, 24, 64, 900, true},   // 96 heads
+                   {"kimi-k2", 24, 3, 40, 32, 600, false},      // 72 rows: 48 + 24
+                   {"kimi-k3", 16, 4, 40, 8, 500, true},        // 64 rows: one 64-row CTA
+                   {"deepseek-v3", 100, 1, 36, 64, 700, false}},  // 100 rows: 64 + 36
+                  DType::fp8_e4m3, 970);
+}
+
 // Pages of 1-4 rows: the fp8 kernel gathers them (TMA boxes of 1-4 rows only for a bf16 cache);
 // uneven batches take the flat plan on those tiles, even ones fixed splits.
 TEST(ManyRows, SmallPagesStepMatchesCpu) {

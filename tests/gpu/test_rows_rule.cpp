@@ -33,5 +33,20 @@ TEST(RowsRule, ManyRowsWhereTheBatchFillsAQuarterWave) {
   EXPECT_TRUE(cuda::attend_rows_wanted(1024, cuda::kAttendRowsMinDefault, kSms));
 }
 
+// The launch's CTA height: 48 rows where a request needs no more 48-row CTAs than 64-row ones (the
+// planner's count), so 12 heads x qlen 4 or 8 and 96 heads pad no MMA with absent rows.
+TEST(RowsRule, FortyEightRowCtasWhereTheyAreNoMore) {
+  if (std::getenv("MLA_ATTEND_ROWS_CTA")) GTEST_SKIP() << "MLA_ATTEND_ROWS_CTA is set: the rule is overridden";
+  EXPECT_EQ(cuda::attend_rows_cta_rows(12), 48);   // forced (MLA_ATTEND_ROWS_MIN=1): one CTA either way
+  EXPECT_EQ(cuda::attend_rows_cta_rows(48), 48);   // 12 heads x qlen 4
+  EXPECT_EQ(cuda::attend_rows_cta_rows(49), 64);   // 2 CTAs of 48 vs 1 of 64
+  EXPECT_EQ(cuda::attend_rows_cta_rows(64), 64);
+  EXPECT_EQ(cuda::attend_rows_cta_rows(72), 48);   // 24 heads x qlen 3
+  EXPECT_EQ(cuda::attend_rows_cta_rows(96), 48);   // 12 heads x qlen 8, 96 heads
+  EXPECT_EQ(cuda::attend_rows_cta_rows(97), 64);
+  EXPECT_EQ(cuda::attend_rows_cta_rows(128), 64);  // 128 heads
+  EXPECT_EQ(cuda::attend_rows_cta_rows(144), 48);
+}
+
 }  // namespace
 }  // namespace mla
