@@ -52,12 +52,12 @@ constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 di
 constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
 constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
 
-// A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 where that many CTAs a request
-// hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads: 64-row CTAs padded a
-// quarter of their MMAs and softmax with rows past the request's).
+// A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 or 32 where that many CTAs a
+// request hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads, 32 of 16 x 2:
+// 64-row CTAs padded their MMAs and softmax with rows past the request's).
 template <int kRowsN>
 struct RowShape {
-  static_assert(kRowsN == 64 || kRowsN == 48, "64- or 48-row CTAs");
+  static_assert(kRowsN == 64 || kRowsN == 48 || kRowsN == 32, "64-, 48- or 32-row CTAs");
   static constexpr int kWgRows = kRowsN / kGroups;         // q.k's N: a warpgroup's rows (32, 24)
   static constexpr int kQkAcc = kWgRows / 2;               // a thread's q.k accumulator (16, 12)
   static constexpr int kPvAcc = kRowsN / 2;                // a thread's o of one dim block (32, 24)
@@ -470,39 +470,47 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
   return rows_min_env() > 0 || int64_t(batch) * ((rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta) * 4 >= sms;
 }
 
+namespace {
+template <int kRowsN>
+void prepare_rows_height() {
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<kRowsN>()));
+}
+template <int kRowsN>
+void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
+  const dim3 grid = attend_launch_grid(p, kRowsN);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+}
+}  // namespace
+
 void prepare_attend_rows_kernel() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<64>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<64>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, 48>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<48>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, 48>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<48>()));
+  prepare_rows_height<64>();
+  prepare_rows_height<48>();
+  prepare_rows_height<32>();
 }
 
 int attend_rows_cta_rows(int rows) {
-  // 48-row CTAs where they need no more CTAs a request than 64-row ones (rows 1-48, 65-96,
-  // 129-144, ...): the plan's CTA count (kAttendRowsPerCta) holds for both. MLA_ATTEND_ROWS_CTA=64
-  // keeps 64 everywhere (comparisons).
-  static const bool only64 = [] {
+  // The shortest CTAs of 32, 48 or 64 rows that need no more CTAs a request than 64-row ones (the
+  // plan's count, kAttendRowsPerCta): 32 for 1-32 rows, 48 for 33-48 and 65-96, 64 for 49-64 and
+  // 97-128, ... MLA_ATTEND_ROWS_CTA=64 (or 48) caps the choice at that height (comparisons).
+  static const int cap = [] {
     const char* env = std::getenv("MLA_ATTEND_ROWS_CTA");
-    return env && std::atoi(env) == 64;
+    return env ? std::atoi(env) : 32;
   }();
-  const int tiles64 = (rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta, tiles48 = (rows + 47) / 48;
-  return !only64 && tiles48 == tiles64 ? 48 : 64;
+  const int tiles = (rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta;
+  for (int height : {32, 48})
+    if (height >= cap && (rows + height - 1) / height == tiles) return height;
+  return kAttendRowsPerCta;
 }
 
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
-  auto launch = [&](auto kernel, int rows_n, int smem) {
-    kernel<<<attend_launch_grid(p, rows_n), kRowThreads, smem, stream>>>(p, map);
-  };
-  if (attend_rows_cta_rows(p.heads * p.qlen) == 48) {
-    if (tma) launch(attend_rows_kernel<true, 48>, 48, rows_smem_bytes<48>());
-    else launch(attend_rows_kernel<false, 48>, 48, rows_smem_bytes<48>());
-  } else {
-    if (tma) launch(attend_rows_kernel<true, 64>, 64, rows_smem_bytes<64>());
-    else launch(attend_rows_kernel<false, 64>, 64, rows_smem_bytes<64>());
+  switch (attend_rows_cta_rows(p.heads * p.qlen)) {
+    case 32: launch_rows_height<32>(p, map, tma, stream); break;
+    case 48: launch_rows_height<48>(p, map, tma, stream); break;
+    default: launch_rows_height<64>(p, map, tma, stream);
   }
   MLA_CUDA_CHECK_LAUNCH();
 }

@@ -169,7 +169,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 // the wgmma launch takes for TMA tiles where the planner asked for it (AttendParams.many_rows):
 // attend_rows_wanted(B, heads x qlen, SMs) (MLA_ATTEND_ROWS_MIN overrides the row threshold for
 // every batch; 100000 turns it off). The planner counts kAttendRowsPerCta-row CTAs; the launch
-// takes 48-row ones where a request needs as many of them (attend_rows_cta_rows(heads x qlen)).
+// takes 32- or 48-row ones where a request needs as many of them (attend_rows_cta_rows(heads x qlen)).
 inline constexpr int kAttendRowsMinDefault = 48;
 inline constexpr int kAttendRowsPerCta = 64;
 int attend_rows_min();

@@ -125,13 +125,9 @@ __device__ __forceinline__ void mma_m64n24k32_e4m3(float (&d)[12], uint64_t a, u
       : "l"(a), "l"(b), "r"(int32_t(accumulate)));
 }
 
-// q.k of a many-rows warpgroup's kN rows (attend_rows.cu: 32 of a 64-row CTA, 24 of a 48-row one).
+// q.k of a many-rows warpgroup's kN rows (attend_rows.cu: half of a 64-, 48- or 32-row CTA).
 template <int kN>
-__device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate) {
-  static_assert(kN == 32 || kN == 24, "q.k: N = 32 or 24");
-  if constexpr (kN == 32) mma_m64n32k32_e4m3(d, a, b, accumulate);
-  else mma_m64n24k32_e4m3(d, a, b, accumulate);
-}
+__device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate);
 
 // d (64 x 16 f32, 8 a thread) (+)= A (64 x 32 e4m3, K-major, smem) * B (16 x 32 e4m3, K-major,
 // smem)^T. Thread t: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2].
@@ -212,12 +208,35 @@ __device__ __forceinline__ void mma_m64n48k16_f16_rs(float (&d)[24], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-// p.v of a many-rows CTA's kN rows (attend_rows.cu: 64 or 48), K-major P^T.
+// The same at N = 32 (16 a thread): the 32-row many-rows kernel's p.v.
+__device__ __forceinline__ void mma_m64n32k16_f16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+      "}\n"
+      : MLA_WGMMA_D16(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+template <int kN>
+__device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate) {
+  static_assert(kN == 32 || kN == 24 || kN == 16, "q.k: N = 32, 24 or 16");
+  if constexpr (kN == 32) mma_m64n32k32_e4m3(d, a, b, accumulate);
+  else if constexpr (kN == 24) mma_m64n24k32_e4m3(d, a, b, accumulate);
+  else mma_m64n16k32_e4m3(d, a, b, accumulate);
+}
+
+// p.v of a many-rows CTA's kN rows (attend_rows.cu: 64, 48 or 32), K-major P^T.
 template <int kN>
 __device__ __forceinline__ void mma_pv_f16_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b) {
-  static_assert(kN == 64 || kN == 48, "p.v: N = 64 or 48");
+  static_assert(kN == 64 || kN == 48 || kN == 32, "p.v: N = 64, 48 or 32");
   if constexpr (kN == 64) mma_m64n64k16_f16_rs(d, a, b);
-  else mma_m64n48k16_f16_rs(d, a, b);
+  else if constexpr (kN == 48) mma_m64n48k16_f16_rs(d, a, b);
+  else mma_m64n32k16_f16_rs(d, a, b);
 }
 
 }  // namespace mla::cuda::wgmma

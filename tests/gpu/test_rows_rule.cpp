@@ -33,11 +33,15 @@ TEST(RowsRule, ManyRowsWhereTheBatchFillsAQuarterWave) {
   EXPECT_TRUE(cuda::attend_rows_wanted(1024, cuda::kAttendRowsMinDefault, kSms));
 }
 
-// The launch's CTA height: 48 rows where a request needs no more 48-row CTAs than 64-row ones (the
-// planner's count), so 12 heads x qlen 4 or 8 and 96 heads pad no MMA with absent rows.
-TEST(RowsRule, FortyEightRowCtasWhereTheyAreNoMore) {
+// The launch's CTA height: the shortest of 32, 48 and 64 rows that needs no more CTAs a request than
+// 64-row ones (the planner's count), so 16 heads x qlen 2, 12 x qlen 4 or 8 and 96 heads pad no MMA
+// with absent rows.
+TEST(RowsRule, ShortestCtasThatAreNoMore) {
   if (std::getenv("MLA_ATTEND_ROWS_CTA")) GTEST_SKIP() << "MLA_ATTEND_ROWS_CTA is set: the rule is overridden";
-  EXPECT_EQ(cuda::attend_rows_cta_rows(12), 48);   // forced (MLA_ATTEND_ROWS_MIN=1): one CTA either way
+  EXPECT_EQ(cuda::attend_rows_cta_rows(12), 32);   // forced (MLA_ATTEND_ROWS_MIN=1): one CTA either way
+  EXPECT_EQ(cuda::attend_rows_cta_rows(24), 32);   // 12 heads x qlen 2
+  EXPECT_EQ(cuda::attend_rows_cta_rows(32), 32);   // 16 heads x qlen 2, 32 heads
+  EXPECT_EQ(cuda::attend_rows_cta_rows(33), 48);
   EXPECT_EQ(cuda::attend_rows_cta_rows(48), 48);   // 12 heads x qlen 4
   EXPECT_EQ(cuda::attend_rows_cta_rows(49), 64);   // 2 CTAs of 48 vs 1 of 64
   EXPECT_EQ(cuda::attend_rows_cta_rows(64), 64);
