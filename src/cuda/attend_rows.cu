@@ -1,4 +1,4 @@
-// attend for many query rows a key (issue 5, v13): 128 heads, qlen 4-8, DCP-gathered heads.
+// attend for many query rows a key (issue 5, v13): 128 heads, qlen 2-8, DCP-gathered heads.
 //
 // The 16-row wgmma kernel (attend_wgmma.cu) reads each key tile from L2 and widens its V once for
 // every 16 query rows: at 128 heads a tile is read 8 times and widened 8 times, and its small MMAs
@@ -22,7 +22,10 @@
 // u's boxes (TmaTiles: warp 0 alone was 9-18% slower) or its 128 threads its rows. The
 // step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
 // fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
-// Measured versions (H200): docs/attention.md, v13-v13i and v15 (reverted).
+// CTAs of 48 or 32 rows (N = 48 / 32, a warpgroup's q.k N = 24 / 16) where a request needs no more
+// of them than of 64-row ones (attend_rows_cta_rows; s15a, s15b: 12 heads x qlen 4 or 8 and 96
+// heads 10-12% faster than padded 64-row CTAs, 17-32 rows ~1.25x faster than the 16-row kernel).
+// Measured versions (H200): docs/attention.md, v13-v13i, v15 (reverted), s15a, s15b.
 #include <cuda_fp16.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // The many-rows attend kernels inside whole steps against the CPU backend, at shapes where the
-// planner picks 64-row CTAs by its own rule (48+ query rows a request, a batch that fills a quarter
+// planner picks 64-row CTAs by its own rule (17+ query rows a request, a batch that fills a quarter
 // wave), so these cases reach them without MLA_ATTEND_ROWS_MIN: the bf16 kernel
 // (src/cuda/attend_rows_bf16.cu, a bf16 query and cache, TMA pages, boxes of 1-2 rows included),
 // the fp8 kernel (src/cuda/attend_rows.cu) on pages of 1-4 rows (gathered tiles: fixed splits for
@@ -100,11 +100,13 @@ TEST(ManyRows, Bf16StepMatchesCpu) {
                   DType::bf16, 900);
 }
 
-// The fp8 kernel on TMA pages, with 48-row CTAs (48, 72 and 96 rows a request) and 64-row ones
-// (64 and 100: the second CTA 36 of 64), fixed splits and the flat plan.
+// The fp8 kernel on TMA pages, with 32-row CTAs (24 and 32 rows a request), 48-row ones (48, 72 and
+// 96) and 64-row ones (64 and 100: the second CTA 36 of 64), fixed splits and the flat plan.
 TEST(ManyRows, Fp8StepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
-  steps_match_cpu({{"kimi-k3", 12, 4, 40, 64, 700, false},      // 48 rows: one 48-row CTA
+  steps_match_cpu({{"kimi-k3", 12, 2, 40, 64, 700, true},       // 24 rows: one 32-row CTA
+                   {"deepseek-v3", 16, 2, 40, 16, 600, false},  // 32 rows
+                   {"kimi-k3", 12, 4, 40, 64, 700, false},      // 48 rows: one 48-row CTA
                    {"kimi-k3", 12, 8, 40, 16, 600, true},       // 96 rows: two, causal inside each
                    {"deepseek-v3", 96, 1, 24, 64, 900, true},   // 96 heads
                    {"kimi-k2", 24, 3, 40, 32, 600, false},      // 72 rows: 48 + 24

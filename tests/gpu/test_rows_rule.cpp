@@ -1,5 +1,5 @@
 // Where the planner sends a step's attend to the many-rows kernel (src/cuda/attend_rows.cu,
-// attend_rows_wanted): 48+ query rows a request, and a batch whose 64-row CTAs fill a quarter of
+// attend_rows_wanted): 17+ query rows a request, and a batch whose 64-row CTAs fill a quarter of
 // a wave by themselves (at B = 1 x 128 heads the kernel was 2x slower than the 16-row one on the
 // H200: its many splits each write 128 KB of partials). Host arithmetic, no GPU needed; the
 // kernels themselves are checked against the CPU backend by the GPU tests (scripts/device-check
@@ -22,13 +22,17 @@ TEST(RowsRule, ManyRowsWhereTheBatchFillsAQuarterWave) {
   EXPECT_TRUE(cuda::attend_rows_wanted(17, 128, kSms));
   EXPECT_FALSE(cuda::attend_rows_wanted(16, 128, kSms));
   EXPECT_FALSE(cuda::attend_rows_wanted(1, 128, kSms));
-  // 12 heads x qlen 4 = 48 rows (one row tile): from B = 33; x qlen 8 = 96 rows (two): from 17.
+  // 12 heads x qlen 4 = 48 rows (one row tile): from B = 33; x qlen 8 = 96 rows (two): from 17;
+  // x qlen 2 = 24 rows: from B = 33.
   EXPECT_TRUE(cuda::attend_rows_wanted(64, 48, kSms));
   EXPECT_FALSE(cuda::attend_rows_wanted(32, 48, kSms));
   EXPECT_TRUE(cuda::attend_rows_wanted(32, 96, kSms));
-  // Under the row threshold: never (12 heads, qlen 1-3; 32 heads).
+  EXPECT_TRUE(cuda::attend_rows_wanted(64, 24, kSms));
+  EXPECT_FALSE(cuda::attend_rows_wanted(32, 24, kSms));
+  // Under the row threshold (one 16-row CTA holds them): never (12 and 16 heads at qlen 1).
   EXPECT_FALSE(cuda::attend_rows_wanted(1024, 12, kSms));
-  EXPECT_FALSE(cuda::attend_rows_wanted(1024, 36, kSms));
+  EXPECT_FALSE(cuda::attend_rows_wanted(1024, 16, kSms));
+  EXPECT_TRUE(cuda::attend_rows_wanted(1024, 36, kSms));
   EXPECT_FALSE(cuda::attend_rows_wanted(1024, cuda::kAttendRowsMinDefault - 1, kSms));
   EXPECT_TRUE(cuda::attend_rows_wanted(1024, cuda::kAttendRowsMinDefault, kSms));
 }
