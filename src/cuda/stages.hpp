@@ -175,6 +175,10 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
 // at B64 x 8192; 12 and 16 rows stay 16-row: 87.4 vs 120.0).
 inline constexpr int kAttendRowsMinDefault = 17;
 inline constexpr int kAttendRowsPerCta = 64;
+// Requests of up to kAttendRowsSmallBatchMax rows take it from a batch of kAttendRowsSmallBatch;
+// taller ones where the batch fills a quarter wave of its 64-row CTAs.
+inline constexpr int kAttendRowsSmallBatchMax = 48;
+inline constexpr int kAttendRowsSmallBatch = 4;
 int attend_rows_min();
 bool attend_rows_wanted(int batch, int rows, int sms);
 int attend_rows_cta_rows(int rows);
