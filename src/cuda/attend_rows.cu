@@ -52,9 +52,8 @@ using namespace wgmma_attend;
 constexpr int kGroups = 2;                      // consumer warpgroups
 constexpr int kRowThreads = 128 * kGroups;
 constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
-// k32 steps an f32-summed q.k accumulator takes: 2 (9 groups a tile); 3 (6 groups) a measurement
-// instance (MLA_ATTEND_ROWS_QK_GROUP=3; the probe's q.k error 1.87e-4 vs 1.56e-4 relative).
-constexpr int kQkGroupDefault = 2;
+constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
+constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
 
 // A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 or 32 where that many CTAs a
 // request hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads, 32 of 16 x 2:
@@ -90,11 +89,9 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 
 // kTma: tiles as whole pages by TMA; else gathered a row at a time by cp.async (pages not a power
 // of two), in the same swizzled layout, completing on the same mbarriers.
-template <bool kTma, int kRowsN, int kQkGroup = kQkGroupDefault>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
-  static_assert(kQkSteps % kQkGroup == 0, "q.k groups of whole k32 steps");
-  constexpr int kQkGroups = kQkSteps / kQkGroup;
   using Shape = RowShape<kRowsN>;
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
@@ -482,36 +479,18 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
 }
 
 namespace {
-int rows_qk_group() {
-  static const int group = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_QK_GROUP");
-    return env && std::atoi(env) == 3 ? 3 : kQkGroupDefault;
-  }();
-  return group;
-}
-template <int kRowsN, int kQkGroup>
-void prepare_rows_instance() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, kQkGroup>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN, kQkGroup>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-}
 template <int kRowsN>
 void prepare_rows_height() {
-  prepare_rows_instance<kRowsN, 2>();
-  prepare_rows_instance<kRowsN, 3>();
-}
-template <int kRowsN, int kQkGroup>
-void launch_rows_instance(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
-  const dim3 grid = attend_launch_grid(p, kRowsN);
-  const int smem = rows_smem_bytes<kRowsN>();
-  if (tma) attend_rows_kernel<true, kRowsN, kQkGroup><<<grid, kRowThreads, smem, stream>>>(p, map);
-  else attend_rows_kernel<false, kRowsN, kQkGroup><<<grid, kRowThreads, smem, stream>>>(p, map);
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<kRowsN>()));
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
-  if (rows_qk_group() == 3) launch_rows_instance<kRowsN, 3>(p, map, tma, stream);
-  else launch_rows_instance<kRowsN, 2>(p, map, tma, stream);
+  const dim3 grid = attend_launch_grid(p, kRowsN);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
 }  // namespace
 
