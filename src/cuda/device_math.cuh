@@ -8,6 +8,14 @@
 
 namespace mla::cuda {
 
+// 2^x by one MUFU.EX2, subnormal results flushed to zero. exp2f (without -ftz) wraps the same
+// instruction in a subnormal fix-up (a compare and two multiplies): softmax weights below 2^-126
+// are nothing beside the row's largest (>= 2^-8 with the lazy rescale) and round to 0 in f16 anyway.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 __device__ __forceinline__ float bf16_to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
 __device__ __forceinline__ uint16_t float_to_bf16(float x) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(x));
