@@ -61,9 +61,9 @@ constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
 template <int kRowsN>
 struct RowShape {
   static_assert(kRowsN == 64 || kRowsN == 48 || kRowsN == 32, "64-, 48- or 32-row CTAs");
-  static constexpr int kWgRows = kRowsN / kGroups;         // q.k's N: a warpgroup's rows (32, 24)
-  static constexpr int kQkAcc = kWgRows / 2;               // a thread's q.k accumulator (16, 12)
-  static constexpr int kPvAcc = kRowsN / 2;                // a thread's o of one dim block (32, 24)
+  static constexpr int kWgRows = kRowsN / kGroups;         // q.k's N: a warpgroup's rows (32, 24, 16)
+  static constexpr int kQkAcc = kWgRows / 2;               // a thread's q.k accumulator (16, 12, 8)
+  static constexpr int kPvAcc = kRowsN / 2;                // a thread's o of one dim block (32, 24, 16)
   static constexpr int kSlots = kWgRows / 4;               // a thread's own query rows (softmax state)
   static constexpr int kRowChunkStride = kRowsN / 8 * 128;  // B operands' leading byte offset
 };
@@ -71,7 +71,7 @@ struct RowShape {
 template <int kRowsN>
 struct RowsSmem {
   alignas(1024) uint8_t kv[2][kGroups][kTmaTileBytes];  // [stage][tile of the pair], swizzled slabs
-  alignas(128) uint8_t q[kRowsN * kRow];                // e4m3 query rows, b_offset_n<64>
+  alignas(128) uint8_t q[kRowsN * kRow];                // e4m3 query rows, b_offset_n<kRowsN>
   alignas(128) uint16_t p[kGroups][kRowsN * kTileKeys]; // f16 P^T of each tile of the pair
   float red[kGroups * 4][kRowsN];                       // per-warp row maxima, then row sums
   int32_t limit[kRowsN];                                // a row's last visible position (causal)
