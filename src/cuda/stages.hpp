@@ -165,7 +165,7 @@ bool attend_wgmma_uses_tma(const AttendParams& p);
 // rows and pages 16-byte aligned, the same whole-tile chunks); else by cp.async.
 bool attend_wgmma_row_copies(const AttendParams& p);
 void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
-// The many-rows kernel (attend_rows.cu: 64 query rows a CTA, two warpgroups, one CTA an SM), which
+// The many-rows kernel (attend_rows.cu: 64, 48 or 32 query rows a CTA, two warpgroups, one CTA an SM), which
 // the wgmma launch takes for TMA tiles where the planner asked for it (AttendParams.many_rows):
 // attend_rows_wanted(B, heads x qlen, SMs) (MLA_ATTEND_ROWS_MIN overrides the row threshold for
 // every batch; 100000 turns it off). The planner counts kAttendRowsPerCta-row CTAs; the launch

@@ -125,10 +125,6 @@ __device__ __forceinline__ void mma_m64n24k32_e4m3(float (&d)[12], uint64_t a, u
       : "l"(a), "l"(b), "r"(int32_t(accumulate)));
 }
 
-// q.k of a many-rows warpgroup's kN rows (attend_rows.cu: half of a 64-, 48- or 32-row CTA).
-template <int kN>
-__device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate);
-
 // d (64 x 16 f32, 8 a thread) (+)= A (64 x 32 e4m3, K-major, smem) * B (16 x 32 e4m3, K-major,
 // smem)^T. Thread t: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2].
 __device__ __forceinline__ void mma_m64n16k32_e4m3(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
@@ -222,6 +218,7 @@ __device__ __forceinline__ void mma_m64n32k16_f16_rs(float (&d)[16], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// q.k of a many-rows warpgroup's kN rows (attend_rows.cu: half of a 64-, 48- or 32-row CTA).
 template <int kN>
 __device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate) {
   static_assert(kN == 32 || kN == 24 || kN == 16, "q.k: N = 32, 24 or 16");
