@@ -78,6 +78,7 @@ struct RowsSmem {
   float alpha[kRowsN];                                  // a row's rescale factor (lazy rescale)
   float final_m[kRowsN], final_d[kRowsN];               // a row's softmax state at the end
   alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier: an arrival a slot)
+  uint64_t empty[2];                                    // a stage's pair consumed (an arrival a consumer warp)
   uint64_t key_mask[2][kGroups][4];                     // its real keys, by the warp that issued them
   const uint8_t* rows[2][kGroups][kTileKeys];           // cp.async tiles: [pair & 1][tile]: row or null (masked)
   int32_t flat_start[kMaxFlatBatch + 1];
@@ -89,7 +90,10 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 
 // kTma: tiles as whole pages by TMA; else gathered a row at a time by cp.async (pages not a power
 // of two), in the same swizzled layout, completing on the same mbarriers.
-template <bool kTma, int kRowsN>
+// kVar (A/B, TMA tiles): 0 as measured in s15; 1: p.v's last MMAs drain under the next pair's q.k
+// (no wait at the end of p.v); 2: pair j + 1's boxes go out at the top of pair j, as soon as both
+// warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k.
+template <bool kTma, int kRowsN, int kVar = 0>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -110,6 +114,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), kTma ? TmaTiles::slots(p) : 128);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][u][k] = 0;  // slots past TmaTiles::slots(p) stay 0
       }
+    for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
     tma::fence_barrier_init();  // published by the first segment's CTA barrier
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
@@ -208,9 +213,23 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     for (int u = 0; u < kGroups; ++u)
 #pragma unroll
       for (int i = 0; i < kQkAcc; ++i) acc[u][i] = 0.0f;
+    constexpr bool kEarly = kTma && kVar == 2;
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
+      if constexpr (kEarly) {
+        // Pair j + 1 into the other stage once both warpgroups' p.v of pair j - 1 (its last user) is
+        // done: its empty mbarrier's phase of use (at - 1) / 2 (the first two pairs find it free).
+        if (tiles.issues() && (j + 1 < n_pairs || has_next)) {
+          if (at >= 1) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[(at + 1) & 1]), ((at - 1) >> 1) & 1);
+          if (j + 1 < n_pairs) {
+            issue_pair(keys, j + 1, at + 1, next_page);
+            if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
+          } else {
+            issue_pair(next, 0, at + 1, next_segment_page);
+          }
+        }
+      }
       // q.k of both tiles for this warpgroup's rows (kWgRows wg ..): S^T [64 keys x kWgRows rows].
       const bool both = 2 * j + 1 < n_tiles;
       float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
@@ -252,6 +271,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) issue_group(u, 0);
+      if constexpr (kVar == 1) {  // the previous pair's p.v, drained under the first q.k groups
+        wgmma::wait<0>();
+#pragma unroll
+        for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+      }
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {
 #pragma unroll
@@ -294,7 +318,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v):
       // its stage takes pair j+1 now, and P^T, red and alpha may be rewritten below.
       const bool any_grows = __syncthreads_or(grows);
-      if (j + 1 < n_pairs) {
+      if (kEarly) {
+      } else if (j + 1 < n_pairs) {
         issue_pair(keys, j + 1, at + 1, next_page);
         if constexpr (kTma) {
           if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
@@ -395,7 +420,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
             if (t > 0) wgmma::wait<1>();
           }
         }
-        wgmma::wait<0>();
+        if constexpr (kVar != 1) wgmma::wait<0>();  // kVar 1: the next pair's first q.k wait covers it
+        if constexpr (kEarly) {
+          __syncwarp();
+          if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));  // this warp is done with the stage
+        }
       }
     }
     wgmma::wait<0>();
@@ -486,11 +515,26 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<kRowsN>()));
+}
+int rows_var_env() {
+  static const int var = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_VAR");
+    return env ? std::atoi(env) : 0;
+  }();
+  return var;
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  if (tma && rows_var_env() == 1)
+    attend_rows_kernel<true, kRowsN, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else if (tma && rows_var_env() == 2)
+    attend_rows_kernel<true, kRowsN, 2><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
 }  // namespace
