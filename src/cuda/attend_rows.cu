@@ -92,7 +92,9 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // of two), in the same swizzled layout, completing on the same mbarriers.
 // kVar (A/B, TMA tiles): 0 as measured in s15; 1: p.v's last MMAs drain under the next pair's q.k
 // (no wait at the end of p.v); 2: pair j + 1's boxes go out at the top of pair j, as soon as both
-// warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k.
+// warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k;
+// 3: both: p.v of pair j - 1 drained under pair j's first q.k groups, then the stage released and
+// pair j + 1's boxes issued.
 template <bool kTma, int kRowsN, int kVar = 0>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -213,13 +215,14 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     for (int u = 0; u < kGroups; ++u)
 #pragma unroll
       for (int i = 0; i < kQkAcc; ++i) acc[u][i] = 0.0f;
-    constexpr bool kEarly = kTma && kVar == 2;
+    constexpr bool kEarly = kTma && (kVar == 2 || kVar == 3);
+    constexpr bool kDrainLate = kVar == 1 || kVar == 3;
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
-      if constexpr (kEarly) {
-        // Pair j + 1 into the other stage once both warpgroups' p.v of pair j - 1 (its last user) is
-        // done: its empty mbarrier's phase of use (at - 1) / 2 (the first two pairs find it free).
+      // Pair j + 1 into the other stage once both warpgroups' p.v of pair j - 1 (its last user) is
+      // done: its empty mbarrier's phase of use (at - 1) / 2 (the first two pairs find it free).
+      auto issue_early = [&] {
         if (tiles.issues() && (j + 1 < n_pairs || has_next)) {
           if (at >= 1) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[(at + 1) & 1]), ((at - 1) >> 1) & 1);
           if (j + 1 < n_pairs) {
@@ -229,7 +232,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
             issue_pair(next, 0, at + 1, next_segment_page);
           }
         }
-      }
+      };
+      if constexpr (kEarly && !kDrainLate) issue_early();
       // q.k of both tiles for this warpgroup's rows (kWgRows wg ..): S^T [64 keys x kWgRows rows].
       const bool both = 2 * j + 1 < n_tiles;
       float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
@@ -271,10 +275,15 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) issue_group(u, 0);
-      if constexpr (kVar == 1) {  // the previous pair's p.v, drained under the first q.k groups
+      if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
         wgmma::wait<0>();
 #pragma unroll
         for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+        if constexpr (kEarly) {
+          __syncwarp();
+          if (j > 0 && lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(at - 1) & 1]));  // pair j - 1's stage
+          issue_early();
+        }
       }
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {
@@ -317,7 +326,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       }
       // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v):
       // its stage takes pair j+1 now, and P^T, red and alpha may be rewritten below.
-      const bool any_grows = __syncthreads_or(grows);
+      const bool any_grows = __syncthreads_or(kVar == 9 ? false : grows);
       if (kEarly) {
       } else if (j + 1 < n_pairs) {
         issue_pair(keys, j + 1, at + 1, next_page);
@@ -375,6 +384,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           ptx::smem_addr(sm.p[0]) + (2 * warp) * kRowChunkStride + (kWgRows / 8 * wg) * 128 + (2 * c) * 16 + 2 * g;
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
+        if constexpr (kVar == 9) {  // timing bound only (wrong results): the softmax as one FADD a score
+#pragma unroll
+          for (int i = 0; i < kQkAcc; ++i) d_run[row_slot(i)] += x[u][i];
+          continue;
+        }
 #pragma unroll
         for (int i = 0; i < kQkAcc; ++i) {
           const float m = m_run[row_slot(i)];
@@ -420,8 +434,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
             if (t > 0) wgmma::wait<1>();
           }
         }
-        if constexpr (kVar != 1) wgmma::wait<0>();  // kVar 1: the next pair's first q.k wait covers it
-        if constexpr (kEarly) {
+        if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
+        if constexpr (kEarly && !kDrainLate) {
           __syncwarp();
           if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));  // this warp is done with the stage
         }
@@ -430,6 +444,10 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     wgmma::wait<0>();
 #pragma unroll
     for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+    if constexpr (kEarly && kDrainLate) {  // the segment's last pair's stage
+      __syncwarp();
+      if (n_pairs > 0 && lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(done + n_pairs - 1) & 1]));
+    }
 
     // Row sums of this warpgroup's rows: over the 8 lanes of a column, then its 4 warps; the rows'
     // final state goes through shared memory to both warpgroups (each writes its dims of all rows).
@@ -519,6 +537,10 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 9>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<kRowsN>()));
 }
 int rows_var_env() {
   static const int var = [] {
@@ -534,6 +556,10 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
     attend_rows_kernel<true, kRowsN, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else if (tma && rows_var_env() == 2)
     attend_rows_kernel<true, kRowsN, 2><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else if (tma && rows_var_env() == 3)
+    attend_rows_kernel<true, kRowsN, 3><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else if (tma && rows_var_env() == 9)
+    attend_rows_kernel<true, kRowsN, 9><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
