@@ -90,15 +90,17 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 
 // kTma: tiles as whole pages by TMA; else gathered a row at a time by cp.async (pages not a power
 // of two), in the same swizzled layout, completing on the same mbarriers.
-// kVar (A/B, TMA tiles): 0 as measured in s15; 1: p.v's last MMAs drain under the next pair's q.k
-// (no wait at the end of p.v); 2: pair j + 1's boxes go out at the top of pair j, as soon as both
-// warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k;
-// 3: both: p.v of pair j - 1 drained under pair j's first q.k groups, then the stage released and
-// pair j + 1's boxes issued.
-template <bool kTma, int kRowsN, int kVar = 0>
+// kOverlap (TMA tiles; false: the kernel as measured in session 15, MLA_ATTEND_ROWS_OVERLAP=0):
+// p.v's last MMAs of pair j - 1 drain under pair j's first q.k groups, and in 32- and 48-row CTAs
+// pair j + 1's boxes go out as soon as both warpgroups' p.v of pair j - 1 is done (the stage's
+// empty mbarrier), not after pair j's q.k (s16a, s16b: D 1%, 96 heads 2%, G 2%, qlen 2 3% faster;
+// 64-row CTAs spill with the early boxes, and were slower).
+template <bool kTma, int kRowsN, bool kOverlap = true>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
+  constexpr bool kDrainLate = kTma && kOverlap;       // p.v drained under the next pair's q.k
+  constexpr bool kEarly = kDrainLate && kRowsN < 64;  // boxes at the top of the pair before
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
@@ -116,7 +118,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), kTma ? TmaTiles::slots(p) : 128);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][u][k] = 0;  // slots past TmaTiles::slots(p) stay 0
       }
-    for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
+    if (kEarly)  // a warp's arrival when it is done with a pair (its p.v drained)
+      for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
     tma::fence_barrier_init();  // published by the first segment's CTA barrier
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
@@ -215,8 +218,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     for (int u = 0; u < kGroups; ++u)
 #pragma unroll
       for (int i = 0; i < kQkAcc; ++i) acc[u][i] = 0.0f;
-    constexpr bool kEarly = kTma && (kVar == 2 || kVar == 3);
-    constexpr bool kDrainLate = kVar == 1 || kVar == 3;
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
@@ -233,7 +234,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           }
         }
       };
-      if constexpr (kEarly && !kDrainLate) issue_early();
       // q.k of both tiles for this warpgroup's rows (kWgRows wg ..): S^T [64 keys x kWgRows rows].
       const bool both = 2 * j + 1 < n_tiles;
       float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
@@ -324,10 +324,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 #pragma unroll
         for (int i = 0; i < kQkAcc; ++i) grows |= x[u][i] > grow_at[row_slot(i)];
       }
-      // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v):
-      // its stage takes pair j+1 now, and P^T, red and alpha may be rewritten below.
-      const bool any_grows = __syncthreads_or(kVar == 9 ? false : grows);
-      if (kEarly) {
+      // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v, at
+      // the latest under this pair's first q.k groups): its stage takes pair j+1 now (unless the
+      // boxes went out at the top), and P^T, red and alpha may be rewritten below.
+      const bool any_grows = __syncthreads_or(grows);
+      if (kEarly) {  // (issued at the top)
       } else if (j + 1 < n_pairs) {
         issue_pair(keys, j + 1, at + 1, next_page);
         if constexpr (kTma) {
@@ -384,11 +385,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           ptx::smem_addr(sm.p[0]) + (2 * warp) * kRowChunkStride + (kWgRows / 8 * wg) * 128 + (2 * c) * 16 + 2 * g;
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
-        if constexpr (kVar == 9) {  // timing bound only (wrong results): the softmax as one FADD a score
-#pragma unroll
-          for (int i = 0; i < kQkAcc; ++i) d_run[row_slot(i)] += x[u][i];
-          continue;
-        }
 #pragma unroll
         for (int i = 0; i < kQkAcc; ++i) {
           const float m = m_run[row_slot(i)];
@@ -435,16 +431,12 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           }
         }
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
-        if constexpr (kEarly && !kDrainLate) {
-          __syncwarp();
-          if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));  // this warp is done with the stage
-        }
       }
     }
     wgmma::wait<0>();
 #pragma unroll
     for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
-    if constexpr (kEarly && kDrainLate) {  // the segment's last pair's stage
+    if constexpr (kEarly) {  // the segment's last pair's stage
       __syncwarp();
       if (n_pairs > 0 && lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(done + n_pairs - 1) & 1]));
     }
@@ -533,33 +525,21 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 9>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, false>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
-int rows_var_env() {
-  static const int var = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_VAR");
-    return env ? std::atoi(env) : 0;
+bool rows_overlap() {  // MLA_ATTEND_ROWS_OVERLAP=0: session 15's kernel (comparisons)
+  static const bool overlap = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_OVERLAP");
+    return !env || std::atoi(env) != 0;
   }();
-  return var;
+  return overlap;
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma && rows_var_env() == 1)
-    attend_rows_kernel<true, kRowsN, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma && rows_var_env() == 2)
-    attend_rows_kernel<true, kRowsN, 2><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma && rows_var_env() == 3)
-    attend_rows_kernel<true, kRowsN, 3><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma && rows_var_env() == 9)
-    attend_rows_kernel<true, kRowsN, 9><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  if (tma && !rows_overlap())
+    attend_rows_kernel<true, kRowsN, false><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
