@@ -95,7 +95,9 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // pair j + 1's boxes go out as soon as both warpgroups' p.v of pair j - 1 is done (the stage's
 // empty mbarrier), not after pair j's q.k (s16a, s16b: D 1%, 96 heads 2%, G 2%, qlen 2 3% faster;
 // 64-row CTAs spill with the early boxes, and were slower).
-template <bool kTma, int kRowsN, bool kOverlap = true>
+// kProbe (timing bounds only, wrong results; MLA_ATTEND_ROWS_PROBE): 1 no tile loads after the first
+// two pairs (stale tiles, all keys real), 2 no p.v, 3 no q.k MMAs (scores 0), 4 neither MMA.
+template <bool kTma, int kRowsN, bool kOverlap = true, int kProbe = 0>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -136,6 +138,13 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const int stage = at & 1;
       if constexpr (kTma) {
         if (!tiles.issues()) return;
+        if (kProbe == 1 && at >= 2) {
+          if (lane == 0) {
+            sm.key_mask[stage][wg][warp] = ~0ull;
+            tma::arrive(ptx::smem_addr(&sm.full[stage][wg]));
+          }
+          return;
+        }
         tiles.issue(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]),
                     ptx::smem_addr(&sm.full[stage][wg]), &sm.key_mask[stage][wg][warp]);
       } else {
@@ -258,6 +267,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // registers: unrolled, ptxas would otherwise materialize all of a pair's at once and spill.
       uint64_t qd[kGroups] = {q_desc, q_desc};
       auto issue_group = [&](int u, int grp) {
+        if constexpr (kProbe == 3 || kProbe == 4) return;
         wgmma::fence();
 #pragma unroll
         for (int v = 0; v < kQkGroup; ++v) {
@@ -400,7 +410,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
-      {
+      if constexpr (kProbe != 2 && kProbe != 4) {
         // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
         // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
         const int steps = (both ? 2 : 1) * kPvSteps;
@@ -527,6 +537,16 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, false>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
+  if constexpr (kRowsN != 32) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true, 1>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true, 2>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true, 3>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true, 4>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
+  }
 }
 bool rows_overlap() {  // MLA_ATTEND_ROWS_OVERLAP=0: session 15's kernel (comparisons)
   static const bool overlap = [] {
@@ -538,6 +558,23 @@ bool rows_overlap() {  // MLA_ATTEND_ROWS_OVERLAP=0: session 15's kernel (compar
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
+  static const int probe = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_PROBE");
+    return env ? std::atoi(env) : 0;
+  }();
+  if constexpr (kRowsN != 32) {
+    if (tma && probe > 0) {
+      if (probe == 1)
+        attend_rows_kernel<true, kRowsN, true, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+      if (probe == 2)
+        attend_rows_kernel<true, kRowsN, true, 2><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+      if (probe == 3)
+        attend_rows_kernel<true, kRowsN, true, 3><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+      if (probe == 4)
+        attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+      return;
+    }
+  }
   if (tma && !rows_overlap())
     attend_rows_kernel<true, kRowsN, false><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
