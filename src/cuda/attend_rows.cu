@@ -90,27 +90,20 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 
 // kTma: tiles as whole pages by TMA; else gathered a row at a time by cp.async (pages not a power
 // of two), in the same swizzled layout, completing on the same mbarriers.
-// kOverlap (TMA tiles; false: the kernel as measured in session 15, MLA_ATTEND_ROWS_OVERLAP=0):
-// p.v's last MMAs of pair j - 1 drain under pair j's first q.k groups, and in 32- and 48-row CTAs
-// pair j + 1's boxes go out as soon as both warpgroups' p.v of pair j - 1 is done (the stage's
-// empty mbarrier), not after pair j's q.k (s16a, s16b: D 1%, 96 heads 2%, G 2%, qlen 2 3% faster;
-// 64-row CTAs spill with the early boxes, and were slower).
-// kProbe (timing bounds only, wrong results; MLA_ATTEND_ROWS_PROBE): 1 no tile loads after the first
-// two pairs (stale tiles, all keys real), 2 no p.v, 3 no q.k MMAs (scores 0), 4 neither MMA.
-// kSplit (TMA tiles; MLA_ATTEND_ROWS_SPLIT=1, to be measured): warpgroup w owns its rows for p.v as
-// well (all 512 dims of o for rows kWgRows w ..), so the warpgroups share only the tiles (the
-// stage-empty mbarrier) and no CTA barrier is left in the pair loop; each widens all of V.
-template <bool kTma, int kRowsN, bool kOverlap = true, int kProbe = 0, bool kSplit = false>
+// With TMA tiles (s16a, s16b; the session-15 kernel in the same run: D 1%, F 3%, G 2%, 96 heads
+// 1.5%, qlen 2 2.4%, 24 rows at B = 16 6% faster) p.v's last MMAs of pair j - 1 drain under pair j's
+// first q.k groups, and in 32- and 48-row CTAs pair j + 1's boxes go out as soon as both
+// warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k
+// (64-row CTAs spill with the early boxes and were ~2% slower at D; gathered tiles keep the
+// session-15 order: their rows are published at the pair barrier).
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
-  constexpr bool kDrainLate = kTma && kOverlap;       // p.v drained under the next pair's q.k
-  constexpr bool kEarly = kDrainLate && (kRowsN < 64 || kSplit);  // boxes at the top of the pair before
+  constexpr bool kDrainLate = kTma;                   // p.v drained under the next pair's q.k
+  constexpr bool kEarly = kDrainLate && kRowsN < 64;  // boxes at the top of the pair before
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
-  static_assert(!kSplit || kDrainLate, "kSplit: TMA tiles, the overlapped pair loop");
-  constexpr int kOBlocks = kSplit ? kDimBlocks : kGroupDimBlocks;  // o's dim blocks of 64 a warpgroup
-  constexpr int kOAcc = kSplit ? kWgRows / 2 : kPvAcc;             // and a thread's o of one of them
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
@@ -144,13 +137,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const int stage = at & 1;
       if constexpr (kTma) {
         if (!tiles.issues()) return;
-        if (kProbe == 1 && at >= 2) {
-          if (lane == 0) {
-            sm.key_mask[stage][wg][warp] = ~0ull;
-            tma::arrive(ptx::smem_addr(&sm.full[stage][wg]));
-          }
-          return;
-        }
         tiles.issue(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]),
                     ptx::smem_addr(&sm.full[stage][wg]), &sm.key_mask[stage][wg][warp]);
       } else {
@@ -220,11 +206,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 #pragma unroll
     for (int r = 0; r < kSlots; ++r) m_run[r] = -INFINITY, d_run[r] = 0.0f;
     const float scale_log2 = p.score_scale * 1.4426950408889634f, inv_scale_log2 = 1.0f / scale_log2;
-    float o[kOBlocks][kOAcc];
+    float o[kGroupDimBlocks][kPvAcc];
 #pragma unroll
-    for (int blk = 0; blk < kOBlocks; ++blk)
+    for (int blk = 0; blk < kGroupDimBlocks; ++blk)
 #pragma unroll
-      for (int i = 0; i < kOAcc; ++i) o[blk][i] = 0.0f;
+      for (int i = 0; i < kPvAcc; ++i) o[blk][i] = 0.0f;
     // q.k's B operand: this warpgroup's kWgRows query rows (8-row core-matrix groups, 128 bytes apart).
     const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + kWgRows * wg / 8 * 128, kRowChunkStride, 128);
 
@@ -273,7 +259,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // registers: unrolled, ptxas would otherwise materialize all of a pair's at once and spill.
       uint64_t qd[kGroups] = {q_desc, q_desc};
       auto issue_group = [&](int u, int grp) {
-        if constexpr (kProbe == 3 || kProbe == 4) return;
         wgmma::fence();
 #pragma unroll
         for (int v = 0; v < kQkGroup; ++v) {
@@ -294,7 +279,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
         wgmma::wait<0>();
 #pragma unroll
-        for (int blk = 0; blk < kOBlocks; ++blk) wgmma::fence_operand(o[blk]);
+        for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
         if constexpr (kEarly) {
           __syncwarp();
           if (j > 0 && lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(at - 1) & 1]));  // pair j - 1's stage
@@ -343,18 +328,19 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v, at
       // the latest under this pair's first q.k groups): its stage takes pair j+1 now (unless the
       // boxes went out at the top), and P^T, red and alpha may be rewritten below.
-      const bool any_grows = kSplit ? ptx::named_sync_or(1 + wg, 128, grows) : __syncthreads_or(grows);
-      if (kEarly) {  // (issued at the top)
-      } else if (j + 1 < n_pairs) {
-        issue_pair(keys, j + 1, at + 1, next_page);
-        if constexpr (kTma) {
-          if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
-        } else {  // pair j's rows and key masks are read: pair j + 2's go there
-          publish_pair(ahead, j + 2, at + 2);
-          ahead = key_of(j + 3);
+      const bool any_grows = __syncthreads_or(grows);
+      if constexpr (!kEarly) {  // (else issued at the top)
+        if (j + 1 < n_pairs) {
+          issue_pair(keys, j + 1, at + 1, next_page);
+          if constexpr (kTma) {
+            if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
+          } else {  // pair j's rows and key masks are read: pair j + 2's go there
+            publish_pair(ahead, j + 2, at + 2);
+            ahead = key_of(j + 3);
+          }
+        } else if (kTma && has_next) {
+          issue_pair(next, 0, at + 1, next_segment_page);
         }
-      } else if (kTma && has_next) {
-        issue_pair(next, 0, at + 1, next_segment_page);
       }
       if (any_grows) {
         // This warpgroup's rows: maxima over its 4 warps' keys of both tiles; every row's alpha goes
@@ -373,9 +359,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
           if (g == 0) sm.red[cwarp][slot_col(r, c)] = mx[r];
         }
-        if constexpr (kSplit) ptx::named_sync(1 + wg, 128);  // the warpgroup's row maxima
-        else __syncthreads();                                  // every warp's row maxima
-        float alpha_r[kSlots];
+        __syncthreads();  // every warp's row maxima
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           const int n = slot_col(r, c);
@@ -386,24 +370,14 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           const float alpha = exp2_ftz(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
           m_run[r] = m_new;
           d_run[r] *= alpha;
-          alpha_r[r] = alpha;
-          if (!kSplit && warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
+          if (warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
         }
-        if constexpr (kSplit) {  // o holds this thread's own rows: the alphas are in registers
+        __syncthreads();  // every row's alpha
 #pragma unroll
-          for (int blk = 0; blk < kOBlocks; ++blk) {
+        for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
 #pragma unroll
-            for (int i = 0; i < kOAcc; ++i) o[blk][i] *= alpha_r[row_slot(i)];
-            wgmma::fence_operand(o[blk]);
-          }
-        } else {
-          __syncthreads();  // every row's alpha
-#pragma unroll
-          for (int blk = 0; blk < kOBlocks; ++blk) {
-#pragma unroll
-            for (int i = 0; i < kOAcc; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
-            wgmma::fence_operand(o[blk]);
-          }
+          for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
+          wgmma::fence_operand(o[blk]);
         }
       }
       // P^T of both tiles for this warpgroup's rows (a missing second tile: zeros, its keys masked).
@@ -424,43 +398,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         }
       }
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
-      if constexpr (kSplit) ptx::named_sync(1 + wg, 128);  // the warpgroup's P^T (its p.v reads only those)
-      else __syncthreads();  // both tiles' P^T; every warp has read red and alpha
+      __syncthreads();             // both tiles' P^T; every warp has read red and alpha
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
-      if constexpr (kSplit && kProbe != 2 && kProbe != 4) {
-        // kSplit: o^T [512 x kWgRows] += V^T . P^T of this warpgroup's rows, in half steps of 4 dim
-        // blocks (256 dims: the fragments and registers of the dims-split loop below): half step s
-        // is k16 step s / 2 (tile s / 8) and dims 256 (s % 2) ..
-        const int halves = (both ? 2 : 1) * kPvSteps * 2;
-        const uint64_t p_desc =
-            wgmma::descriptor(ptx::smem_addr(sm.p[0]) + (kWgRows / 8 * wg) * 128, kRowChunkStride, 128);
-        auto kv_of = [&](int t) { return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]); };
-        uint32_t vraw[2][4], frag[2][4][4];
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) v_load<Tiles::kBoxes>(kv_of(0), 0, jj, warp, lane, vraw[jj]);
-#pragma unroll
-        for (int hs = 0; hs < 4 * kPvSteps; ++hs) {
-          if (hs < halves) {
-            const int t = hs / 2, h = hs % 2, u = t / kPvSteps, ks = t % kPvSteps;
-            const int tn = (hs + 1) / 2, hn = (hs + 1) % 2;
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
-              v_convert(vraw[jj], frag[hs & 1][2 * jj], frag[hs & 1][2 * jj + 1]);
-              if (hs + 1 < halves)
-                v_load<Tiles::kBoxes>(kv_of(tn), tn % kPvSteps, 2 * hn + jj, warp, lane, vraw[jj]);
-            }
-            wgmma::fence();
-            const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
-#pragma unroll
-            for (int b4 = 0; b4 < 4; ++b4) wgmma::mma_pv_f16_rs<kWgRows>(o[4 * h + b4], frag[hs & 1][b4], bp);
-            wgmma::commit();
-            if (hs > 0) wgmma::wait<1>();
-          }
-        }
-      } else if constexpr (kProbe != 2 && kProbe != 4) {
+      {
         // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
         // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
         const int steps = (both ? 2 : 1) * kPvSteps;
@@ -495,7 +437,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     }
     wgmma::wait<0>();
 #pragma unroll
-    for (int blk = 0; blk < kOBlocks; ++blk) wgmma::fence_operand(o[blk]);
+    for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
     if constexpr (kEarly) {  // the segment's last pair's stage
       __syncwarp();
       if (n_pairs > 0 && lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(done + n_pairs - 1) & 1]));
@@ -526,8 +468,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     __syncthreads();
 
 #pragma unroll
-    for (int r = 0; r < (kSplit ? 1 : 2) * kSlots; ++r) {  // the p.v accumulator's columns of this thread
-      const int n = (kSplit ? kWgRows * wg : 0) + slot_col(r, c), m = m_base + n;
+    for (int r = 0; r < 2 * kSlots; ++r) {  // the p.v accumulator's 16 columns of this thread
+      const int n = slot_col(r, c), m = m_base + n;
       if (m >= rows_total) continue;
       // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
       SoftmaxState f;
@@ -537,10 +479,9 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const OutRow out(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
-      for (int blk = 0; blk < kOBlocks; ++blk)
-        out.store_pair(p, 64 * ((kSplit ? 0 : kGroupDimBlocks * wg) + blk) + 16 * warp + 2 * g, o[blk][i0] * scale,
-                       o[blk][i0 + 2] * scale);
-      if ((kSplit ? warp : cwarp) == 0 && g == 0) p.lse[out.lse_index] = f.lse();
+      for (int blk = 0; blk < kGroupDimBlocks; ++blk)
+        out.store_pair(p, 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
+      if (cwarp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
     }
     done += n_pairs;
   };  // serve
@@ -586,59 +527,11 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, false>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true, 0, true>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-  if constexpr (kRowsN != 32) {
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true, 1>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true, 2>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true, 3>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true, 4>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-  }
-}
-bool rows_overlap() {  // MLA_ATTEND_ROWS_OVERLAP=0: session 15's kernel (comparisons)
-  static const bool overlap = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_OVERLAP");
-    return !env || std::atoi(env) != 0;
-  }();
-  return overlap;
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  static const int probe = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_PROBE");
-    return env ? std::atoi(env) : 0;
-  }();
-  if constexpr (kRowsN != 32) {
-    if (tma && probe > 0) {
-      if (probe == 1)
-        attend_rows_kernel<true, kRowsN, true, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-      if (probe == 2)
-        attend_rows_kernel<true, kRowsN, true, 2><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-      if (probe == 3)
-        attend_rows_kernel<true, kRowsN, true, 3><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-      if (probe == 4)
-        attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-      return;
-    }
-  }
-  static const bool split = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_SPLIT");
-    return env && std::atoi(env) != 0;
-  }();
-  if (tma && split) {
-    attend_rows_kernel<true, kRowsN, true, 0, true><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-    return;
-  }
-  if (tma && !rows_overlap())
-    attend_rows_kernel<true, kRowsN, false><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
 }  // namespace
