@@ -34,7 +34,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -69,9 +68,7 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // tile landed, 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments; the prologue's steps: 8
 // mbarriers initialized, 9 plan and key range known (the first serve begins), 10 the first tile's
 // boxes issued (thread 0 issues box 0: after its page id load), 11 thread 0's query rows loaded).
-// kExp2f (A/B of s16e, MLA_ATTEND_EXP=exp2f): softmax weights by exp2f (its subnormal fix-up) rather
-// than exp2_ftz.
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kExp2f = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -415,8 +412,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           const int n = slot_col(r, c);
           const float m_new =
               fmaxf(m_run[r], fmaxf(fmaxf(sm.red[0][n], sm.red[1][n]), fmaxf(sm.red[2][n], sm.red[3][n])));
-          const float e = m_run[r] - (m_new == -INFINITY ? 0.0f : m_new);
-          alpha[r] = kExp2f ? exp2f(e) : exp2_ftz(e);
+          alpha[r] = exp2_ftz(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
           m_run[r] = m_new;
           d_run[r] *= alpha[r];
         }
@@ -431,8 +427,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float m = m_run[row_slot(i)];
-        const float e = s[i] - (m == -INFINITY ? 0.0f : m);
-        const float w = kExp2f ? exp2f(e) : exp2_ftz(e);
+        // (exp2_ftz rather than exp2f's subnormal fix-up: no change measured here, s16e)
+        const float w = exp2_ftz(s[i] - (m == -INFINITY ? 0.0f : m));
         d_run[row_slot(i)] += w;
         const int key = 16 * warp + g + 8 * acc_half(i);
         *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
@@ -525,23 +521,15 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kExp2f = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kExp2f>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
 // q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
 // one a step, and 94.4 vs 96.2 µs at B64, 566 vs 601 µs with 128 heads, 286 vs 301 at qlen 4 (H200,
 // f27c94a); the step's bf16 output does not see the difference. MLA_ATTEND_QK_GROUP=1: one a step.
-bool exp2f_env() {  // MLA_ATTEND_EXP=exp2f: the A/B of s16e (attend_rows_bf16.cu reads it too)
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_EXP");
-    return env && std::strcmp(env, "exp2f") == 0;
-  }();
-  return on;
-}
-
 int qk_group_steps() {
   static const int steps = [] {
     const char* env = std::getenv("MLA_ATTEND_QK_GROUP");
@@ -625,8 +613,7 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
-  set_smem_limit<2, 3, Tiles::kRows, false, true>();
+
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -656,15 +643,12 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   MLA_REQUIRE(p.q_fp8 && p.cache_fp8, "attend: the 16-row wgmma kernel takes an fp8 query and cache");
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
-  } else if (tma && exp2f_env()) {
-    go(attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>, smem_bytes<2, Tiles::kBoxes>());
   } else if (tma) {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)
-    if (exp2f_env()) go(attend_wgmma_kernel<2, 3, Tiles::kRows, false, true>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
-    else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
     else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
   } else {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());
