@@ -10,7 +10,8 @@ namespace mla::cuda {
 
 // 2^x by one MUFU.EX2, subnormal results flushed to zero. exp2f (without -ftz) wraps the same
 // instruction in a subnormal fix-up (a compare and two multiplies): softmax weights below 2^-126
-// are nothing beside the row's largest (>= 2^-8 with the lazy rescale) and round to 0 in f16 anyway.
+// are nothing beside the row's largest (>= 2^-8 with the lazy rescale) and its sum; they round to 0
+// in an f16 P anyway (a bf16 P, attend_rows_bf16.cu, would keep them, at ~2^-118 of the sum).
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
