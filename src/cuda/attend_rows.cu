@@ -512,9 +512,10 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
   // Unforced, only where the batch alone gives a quarter wave of 64-row CTAs: at B = 1 the kernel
   // needs many splits, each writing 64 rows x 2 KB of partials for a pair of key tiles (128
   // heads, ctx 8192: 38.1 us vs 19.5 for the 16-row kernel; H200, bd392bb). Up to 48 rows (one
-  // 32- or 48-row CTA a request) from B = 4: 24 rows at B = 4 / 16 / 32 19.5 / 41.6 / 68.9 us vs
-  // 20.7 / 46.9 / 83.1, 48 rows at B = 16 50.1 vs 67.8; B = 1 was a tie at 32 rows (20.1 vs 20.0,
-  // ctx 32768) and B = 2-3 were not measured (H200, s15's full run).
+  // 32- or 48-row CTA a request) from B = 2: 24 rows at B = 4 / 16 / 32 19.5 / 41.6 / 68.9 us vs
+  // 20.7 / 46.9 / 83.1, 48 rows at B = 16 50.1 vs 67.8 (s15's full run); B = 3 24 / 48 rows 18.5 /
+  // 22.2 vs 22.7 / 26.2, B = 2 48 rows 20.0 vs 22.2, 24 rows 16.3 vs 16.9, 32 rows 16.8 vs 16.4
+  // (s16f, ctx 8192); B = 1 was a tie at 32 rows (20.1 vs 20.0, ctx 32768). H200.
   if (rows_min_env() > 0) return true;
   if (rows <= kAttendRowsSmallBatchMax && batch >= kAttendRowsSmallBatch) return true;
   return int64_t(batch) * ((rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta) * 4 >= sms;

@@ -130,7 +130,7 @@ CudaBackend::~CudaBackend() {
 
 // The CTAs of one (request, split) and the CTA slots of one wave for the attend kernel a step
 // takes: 16-row CTAs two an SM (attend_wgmma.cu), or where attend_rows_wanted says so (17+ query
-// rows a request and a batch that fills a quarter wave by itself, or up to 48 rows from B = 4),
+// rows a request and a batch that fills a quarter wave by itself, or up to 48 rows from B = 2),
 // 64-row CTAs one an SM (launched as 48 or 32 rows where as many of those hold a request)
 // (attend_rows.cu, or attend_rows_bf16.cu with a bf16 query and cache). Those also need TMA tiles
 // (or gathered ones) and a matching cache dtype, which the plan cannot see: with a bf16 query over

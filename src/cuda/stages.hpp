@@ -178,7 +178,7 @@ inline constexpr int kAttendRowsPerCta = 64;
 // Requests of up to kAttendRowsSmallBatchMax rows take it from a batch of kAttendRowsSmallBatch;
 // taller ones where the batch fills a quarter wave of its 64-row CTAs.
 inline constexpr int kAttendRowsSmallBatchMax = 48;
-inline constexpr int kAttendRowsSmallBatch = 4;
+inline constexpr int kAttendRowsSmallBatch = 2;
 int attend_rows_min();
 bool attend_rows_wanted(int batch, int rows, int sms);
 int attend_rows_cta_rows(int rows);

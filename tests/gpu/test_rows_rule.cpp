@@ -1,7 +1,7 @@
 // Where the planner sends a step's attend to the many-rows kernel (src/cuda/attend_rows.cu,
 // attend_rows_wanted): 17+ query rows a request, and a batch whose 64-row CTAs fill a quarter of
 // a wave by themselves (at B = 1 x 128 heads the kernel was 2x slower than the 16-row one on the
-// H200: its many splits each write 128 KB of partials), or up to 48 rows from B = 4. Host arithmetic, no GPU needed; the
+// H200: its many splits each write 128 KB of partials), or up to 48 rows from B = 2. Host arithmetic, no GPU needed; the
 // kernels themselves are checked against the CPU backend by the GPU tests (scripts/device-check
 // runs them once with MLA_ATTEND_ROWS_MIN=1, the many-rows kernel on every case).
 #include <gtest/gtest.h>
@@ -28,12 +28,14 @@ TEST(RowsRule, ManyRowsWhereTheBatchFillsAQuarterWave) {
   EXPECT_FALSE(cuda::attend_rows_wanted(16, 96, kSms));
   EXPECT_TRUE(cuda::attend_rows_wanted(33, 64, kSms));
   EXPECT_FALSE(cuda::attend_rows_wanted(32, 64, kSms));
-  // Up to 48 rows (one 32- or 48-row CTA): from B = 4 (12 heads x qlen 2 or 4, 32 heads).
+  // Up to 48 rows (one 32- or 48-row CTA): from B = 2 (12 heads x qlen 2 or 4, 32 heads).
   EXPECT_TRUE(cuda::attend_rows_wanted(64, 48, kSms));
   EXPECT_TRUE(cuda::attend_rows_wanted(4, 48, kSms));
-  EXPECT_TRUE(cuda::attend_rows_wanted(4, 24, kSms));
-  EXPECT_FALSE(cuda::attend_rows_wanted(3, 24, kSms));
+  EXPECT_TRUE(cuda::attend_rows_wanted(3, 24, kSms));
+  EXPECT_TRUE(cuda::attend_rows_wanted(2, 48, kSms));
+  EXPECT_FALSE(cuda::attend_rows_wanted(1, 24, kSms));
   EXPECT_FALSE(cuda::attend_rows_wanted(1, 32, kSms));
+  EXPECT_FALSE(cuda::attend_rows_wanted(1, 48, kSms));
   // Under the row threshold (one 16-row CTA holds them): never (12 and 16 heads at qlen 1).
   EXPECT_FALSE(cuda::attend_rows_wanted(1024, 12, kSms));
   EXPECT_FALSE(cuda::attend_rows_wanted(1024, 16, kSms));
