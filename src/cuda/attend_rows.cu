@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
   constexpr bool kDrainLate = kTma;                   // p.v drained under the next pair's q.k
-  constexpr bool kEarly = kDrainLate && kRowsN < 64;  // boxes at the top of the pair before
+  constexpr bool kEarly = kDrainLate && kRowsN < 64;  // pair j + 1's boxes at the top of pair j
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
       // Pair j + 1 into the other stage once both warpgroups' p.v of pair j - 1 (its last user) is
-      // done: its empty mbarrier's phase of use (at - 1) / 2 (the first two pairs find it free).
+      // done: its empty mbarrier's phase of use (at - 1) / 2 (nothing to wait for at the first pair).
       auto issue_early = [&] {
         if (tiles.issues() && (j + 1 < n_pairs || has_next)) {
           if (at >= 1) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[(at + 1) & 1]), ((at - 1) >> 1) & 1);
