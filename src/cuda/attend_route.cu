@@ -5,19 +5,28 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <string_view>
+#include <utility>
 
 #include "cuda/stages.hpp"
 
 namespace mla::cuda {
 
+namespace {
+// The value the environment variable `name` selects among `choices` (its text, the value); else
+// `fallback` (unset or another text).
+int env_choice(const char* name, std::initializer_list<std::pair<std::string_view, int>> choices, int fallback) {
+  const char* env = std::getenv(name);
+  if (env)
+    for (const auto& [text, value] : choices)
+      if (text == env) return value;
+  return fallback;
+}
+}  // namespace
+
 int attend_kernel_mode() {
-  static const int mode = [] {
-    const char* env = std::getenv("MLA_ATTEND_KERNEL");
-    if (env && std::string_view(env) == "mma") return 0;
-    if (env && std::string_view(env) == "wgmma") return 2;
-    return 1;
-  }();
+  static const int mode = env_choice("MLA_ATTEND_KERNEL", {{"mma", 0}, {"wgmma", 2}}, 1);
   return mode;
 }
 
@@ -39,12 +48,7 @@ namespace {
 // MLA_ATTEND_TMA (comparisons): 0 cp.async tiles everywhere (no TMA boxes, no bulk row copies);
 // rows: the 16-row kernel's fp8 tiles by bulk row copies on every page size, boxes or not.
 int tma_mode() {
-  static const int mode = [] {
-    const char* env = std::getenv("MLA_ATTEND_TMA");
-    if (env && std::string_view(env) == "0") return 0;
-    if (env && std::string_view(env) == "rows") return 2;
-    return 1;
-  }();
+  static const int mode = env_choice("MLA_ATTEND_TMA", {{"0", 0}, {"rows", 2}}, 1);
   return mode;
 }
 bool tma_allowed() { return tma_mode() > 0; }
