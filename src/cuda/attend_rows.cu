@@ -31,7 +31,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <string>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -97,8 +96,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k
 // (64-row CTAs spill with the early boxes and were ~2% slower at D; gathered tiles keep the
 // session-15 order: their rows are published at the pair barrier).
-// kCvt (A/B): V widened 0: by F2FP, 1: dim blocks 2, 3 of a warpgroup by integer ops (scaled), 2: all.
-template <bool kTma, int kRowsN, int kCvt = 0>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -421,8 +419,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 #pragma unroll
             for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
               if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
-              if (kCvt == 2 || (kCvt == 1 && jj == 1)) v_convert_scaled(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
-              else v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
+              v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
               if (t + 1 < steps)
                 v_load<Tiles::kBoxes>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
                                       vraw[jj]);
@@ -482,10 +479,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const OutRow out(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
-      for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
-        const float s = (kCvt == 2 || (kCvt == 1 && blk >= 2)) ? scale * 256.0f : scale;  // v_convert_scaled's 2^-8
-        out.store_pair(p, 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g, o[blk][i0] * s, o[blk][i0 + 2] * s);
-      }
+      for (int blk = 0; blk < kGroupDimBlocks; ++blk)
+        out.store_pair(p, 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
       if (cwarp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
     }
     done += n_pairs;
@@ -527,20 +522,9 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
 }
 
 namespace {
-int vcvt_env() {  // A/B: MLA_ATTEND_VCVT=half / int
-  static const int mode = [] {
-    const char* env = std::getenv("MLA_ATTEND_VCVT");
-    return !env ? 0 : std::string(env) == "half" ? 1 : std::string(env) == "int" ? 2 : 0;
-  }();
-  return mode;
-}
 template <int kRowsN>
 void prepare_rows_height() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
@@ -548,9 +532,7 @@ void prepare_rows_height() {
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma && vcvt_env() == 1) attend_rows_kernel<true, kRowsN, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma && vcvt_env() == 2) attend_rows_kernel<true, kRowsN, 2><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
 }  // namespace

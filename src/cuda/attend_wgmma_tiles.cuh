@@ -171,20 +171,6 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[2], 0, 0x3120), a1[0], a1[1]);
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[3], 0, 0x3120), a1[2], a1[3]);
 }
-// The same fragments by integer ops, each value times 2^-8 (the caller scales o back): an e4m3
-// byte's sign, exponent and mantissa moved into an f16's places. f16's exponent bias is 8 more than
-// e4m3's, so every finite e4m3 maps exactly, its subnormals onto f16's (NaN does not stay NaN:
-// masked keys are zeroed first). Seven ALU ops a register where v_convert takes one PRMT and two
-// F2FP, which run at a quarter of the ALU's rate: the many-rows kernel splits its V between both.
-__device__ __forceinline__ uint32_t e4m3_odd_bytes_to_f16x2_scaled(uint32_t v) {  // bytes 1, 3 -> lo, hi
-  return (v & 0x80008000u) | ((v >> 1) & 0x3f803f80u);
-}
-__device__ __forceinline__ void v_convert_scaled(const uint32_t (&r)[4], uint32_t (&a0)[4], uint32_t (&a1)[4]) {
-  a0[0] = e4m3_odd_bytes_to_f16x2_scaled(r[0] << 8), a0[1] = e4m3_odd_bytes_to_f16x2_scaled(r[0]);
-  a0[2] = e4m3_odd_bytes_to_f16x2_scaled(r[1] << 8), a0[3] = e4m3_odd_bytes_to_f16x2_scaled(r[1]);
-  a1[0] = e4m3_odd_bytes_to_f16x2_scaled(r[2] << 8), a1[1] = e4m3_odd_bytes_to_f16x2_scaled(r[2]);
-  a1[2] = e4m3_odd_bytes_to_f16x2_scaled(r[3] << 8), a1[3] = e4m3_odd_bytes_to_f16x2_scaled(r[3]);
-}
 
 // TMA key tiles (all wgmma kernels): a tile is kTileKeys / box_rows boxes, box_rows = min(page,
 // 64) keys of one page (the whole tile for pages of 64 or more), five 128-byte slabs each. The
