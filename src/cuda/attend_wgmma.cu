@@ -615,6 +615,7 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
 
   prepare_attend_rows_kernel();
+  prepare_attend_rows_pipe_kernel();
   prepare_attend_rows_bf16_kernel();
 }
 
