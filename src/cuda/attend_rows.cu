@@ -501,9 +501,9 @@ int attend_rows_cta_rows(int rows) {
 }
 
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
-  static const bool pipe = [] {  // A/B: MLA_ATTEND_ROWS_PIPE=1: the single-tile pipeline (TMA tiles)
+  static const bool pipe = [] {  // A/B: MLA_ATTEND_ROWS_PIPE=1 (or 3): the single-tile pipeline (TMA tiles)
     const char* env = std::getenv("MLA_ATTEND_ROWS_PIPE");
-    return env && std::atoi(env) == 1;
+    return env && std::atoi(env) > 0;
   }();
   if (tma && pipe) return launch_attend_rows_pipe(p, map, attend_rows_cta_rows(p.heads * p.qlen), stream);
   switch (attend_rows_cta_rows(p.heads * p.qlen)) {

@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <cstdlib>
 
 #include "cuda/attend_keys.cuh"
 #include "cuda/attend_rows_common.cuh"
@@ -64,7 +65,10 @@ template <int kRowsN>
 constexpr int pipe_smem_bytes() { return int(sizeof(PipeSmem<kRowsN>)) + 1024; }
 static_assert(pipe_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memory a block");
 
-template <int kRowsN>
+// kChains (A/B): q.k(t + 1) as three f32 chains of 6 k32 steps issued at once and summed after
+// tile t's softmax (no waits in between; a longer chain is less accurate: s15's probe), instead of
+// 2-step groups summed between chunks of it.
+template <int kRowsN, bool kChains = false>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_pipe_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -207,6 +211,34 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       for (int i = 0; i < kQkAcc; ++i) grows |= x[i] > (m_run[row_slot(i)] + kLazyRescale) * inv_scale_log2;
       return grows;
     };
+    // kChains: three chains of 6 k32 steps into ch[3], one commit each.
+    constexpr int kChainSteps = kQkSteps / 3;
+    float ch[kChains ? 3 : 1][kQkAcc];
+    auto issue_chains = [&](uint64_t kd) {
+      wgmma::fence();
+#pragma unroll
+      for (int k = 0; k < (kChains ? 3 : 0); ++k) {
+        uint64_t a = wgmma::advance(kd, key_step_offset<Tiles::kBoxes>(k * kChainSteps));
+        uint64_t bq = wgmma::advance(q_desc, k * kChainSteps * 2 * kRowChunkStride);
+#pragma unroll
+        for (int v = 0; v < kChainSteps; ++v) {
+          const int step = k * kChainSteps + v;
+          wgmma::mma_qk_e4m3<kWgRows>(ch[k], a, bq, v > 0);
+          a = wgmma::advance(a, key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
+          bq = wgmma::advance(bq, 2 * kRowChunkStride);
+        }
+        wgmma::commit();
+        wgmma::fence_operand(ch[k]);
+      }
+    };
+    auto sum_chains = [&](float (&x)[kQkAcc]) {
+      wgmma::wait<0>();
+#pragma unroll
+      for (int k = 0; k < (kChains ? 3 : 0); ++k) wgmma::fence_operand(ch[k]);
+      if constexpr (kChains)
+#pragma unroll
+        for (int i = 0; i < kQkAcc; ++i) x[i] = (ch[0][i] + ch[1][i]) + ch[2][i];
+    };
     auto tile_key_mask = [&](int X) {
       const uint64_t* k = sm.key_mask[X % kStages];
       return (k[0] | k[1]) | (k[2] | k[3]);
@@ -219,9 +251,14 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       tma::wait_parity_forever(ptx::smem_addr(&sm.full[done % kStages]), (done / kStages) & 1);
       key_mask = tile_key_mask(done);
       const uint64_t kd = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[done % kStages][0]));
-      first_groups(x, kd);
+      if constexpr (kChains) {
+        issue_chains(kd);
+        sum_chains(x);
+      } else {
+        first_groups(x, kd);
 #pragma unroll
-      for (int grp = 2; grp < kQkGroups; ++grp) sum_group(x, kd, grp);
+        for (int grp = 2; grp < kQkGroups; ++grp) sum_group(x, kd, grp);
+      }
       any_grows = __syncthreads_or(mask_scores(x, key_mask, 0));
     }
     for (int t = 0; t < n_tiles; ++t) {
@@ -237,10 +274,16 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const uint64_t kd = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[(more ? T + 1 : T) % kStages][0]));
       float xn[kQkAcc];
       // 2. Groups 0 and 1 (their wait drains p.v(t - 1): o is complete), then the lazy rescale.
-      first_groups(xn, kd);
+      if constexpr (kChains) issue_chains(kd);
+      else first_groups(xn, kd);
 #pragma unroll
       for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
       if (any_grows) {
+        if constexpr (kChains) {  // p.v(t - 1) drained (with the chains: rare)
+          wgmma::wait<0>();
+#pragma unroll
+          for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+        }
         // This warpgroup's rows: maxima over its 4 warps' keys; every row's alpha goes through
         // shared memory, since o holds all the CTA's rows.
         float mx[kSlots];
@@ -291,8 +334,9 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           ptx::st_shared_b16(p_thread + acc_half(i) * kRowChunkStride + (i >> 2) * 128 + (i & 1) * 16,
                              __half_as_ushort(__float2half_rn(w)));
         }
-        sum_group(xn, kd, grp);
+        if constexpr (!kChains) sum_group(xn, kd, grp);
       }
+      if constexpr (kChains) sum_chains(xn);
       // 4. Tile t + 1's mask and growth check; the barrier publishes P^T(t) and the check, and says
       // every warp drained p.v(t - 1): its stage takes the next tile.
       const bool grows = more && mask_scores(xn, next_mask, t + 1);
@@ -340,20 +384,34 @@ __global__ void __launch_bounds__(kRowThreads, 1)
                                           sm.next_segment, &sm.segment, serve);
 }
 
+int pipe_mode() {  // A/B: MLA_ATTEND_ROWS_PIPE=3: kChains
+  static const int mode = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_PIPE");
+    return env ? std::atoi(env) : 0;
+  }();
+  return mode;
+}
 template <int kRowsN>
 void launch_pipe_height(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
-  attend_rows_pipe_kernel<kRowsN><<<attend_launch_grid(p, kRowsN), kRowThreads, pipe_smem_bytes<kRowsN>(), stream>>>(p, map);
+  if (pipe_mode() == 3)
+    attend_rows_pipe_kernel<kRowsN, true><<<attend_launch_grid(p, kRowsN), kRowThreads, pipe_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else
+    attend_rows_pipe_kernel<kRowsN><<<attend_launch_grid(p, kRowsN), kRowThreads, pipe_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
 
+template <int kRowsN>
+void prepare_pipe_height() {
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_pipe_kernel<kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      pipe_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_pipe_kernel<kRowsN, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      pipe_smem_bytes<kRowsN>()));
+}
 }  // namespace
 
 void prepare_attend_rows_pipe_kernel() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_pipe_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      pipe_smem_bytes<64>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_pipe_kernel<48>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      pipe_smem_bytes<48>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_pipe_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      pipe_smem_bytes<32>()));
+  prepare_pipe_height<64>();
+  prepare_pipe_height<48>();
+  prepare_pipe_height<32>();
 }
 
 void launch_attend_rows_pipe(const AttendParams& p, const CUtensorMap& map, int cta_rows, cudaStream_t stream) {
