@@ -32,8 +32,8 @@
 #include <climits>
 #include <cstdlib>
 
+#include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
-#include "cuda/attend_rows_common.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
@@ -48,7 +48,25 @@ namespace mla::cuda {
 namespace {
 
 using namespace wgmma_attend;
-using namespace rows;
+
+constexpr int kGroups = 2;                      // consumer warpgroups
+constexpr int kRowThreads = 128 * kGroups;
+constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
+constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
+constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
+
+// A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 or 32 where that many CTAs a
+// request hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads, 32 of 16 x 2:
+// 64-row CTAs padded their MMAs and softmax with rows past the request's).
+template <int kRowsN>
+struct RowShape {
+  static_assert(kRowsN == 64 || kRowsN == 48 || kRowsN == 32, "64-, 48- or 32-row CTAs");
+  static constexpr int kWgRows = kRowsN / kGroups;         // q.k's N: a warpgroup's rows (32, 24, 16)
+  static constexpr int kQkAcc = kWgRows / 2;               // a thread's q.k accumulator (16, 12, 8)
+  static constexpr int kPvAcc = kRowsN / 2;                // a thread's o of one dim block (32, 24, 16)
+  static constexpr int kSlots = kWgRows / 4;               // a thread's own query rows (softmax state)
+  static constexpr int kRowChunkStride = kRowsN / 8 * 128;  // B operands' leading byte offset
+};
 
 template <int kRowsN>
 struct RowsSmem {
@@ -78,7 +96,8 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k
 // (64-row CTAs spill with the early boxes and were ~2% slower at D; gathered tiles keep the
 // session-15 order: their rows are published at the pair barrier).
-template <bool kTma, int kRowsN>
+// kUniformIds (A/B): the warpgroup and warp through a shuffle.
+template <bool kTma, int kRowsN, bool kUniformIds = true>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -90,7 +109,12 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<RowsSmem<kRowsN>*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, cwarp = tid / 32, lane = tid % 32;
+  // (warpgroup and warp through a shuffle: ptxas then knows them warp-uniform and keeps what
+  // derives from them, the descriptors of q.k's B and P^T, in uniform registers)
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int wg = kUniformIds ? __shfl_sync(0xffffffffu, tid / 128, 0) : tid / 128;
+  const int warp = kUniformIds ? __shfl_sync(0xffffffffu, (tid / 32) % 4, 0) : (tid / 32) % 4;
+  const int cwarp = kUniformIds ? 4 * wg + warp : tid / 32;
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kRowsN, tid);
   const int rows_total = cta.rows_total, m_base = cta.m_base;
@@ -425,7 +449,46 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       if (n_pairs > 0 && lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(done + n_pairs - 1) & 1]));
     }
 
-    finish_rows<kRowsN>(p, sm.red, sm.final_m, sm.final_d, d_run, m_run, o, part, tok_base, m_base, rows_total, tid);
+    // Row sums of this warpgroup's rows: over the 8 lanes of a column, then its 4 warps; the rows'
+    // final state goes through shared memory to both warpgroups (each writes its dims of all rows).
+    float d[kSlots];
+#pragma unroll
+    for (int r = 0; r < kSlots; ++r) {
+      d[r] = d_run[r];
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 4);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
+    }
+    __syncthreads();  // red is free
+    if (g == 0)
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r) sm.red[cwarp][slot_col(r, c)] = d[r];
+    __syncthreads();
+    if (warp == 0 && g == 0)
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r) {
+        const int n = slot_col(r, c);
+        sm.final_d[kWgRows * wg + n] = (sm.red[4 * wg][n] + sm.red[4 * wg + 1][n]) + (sm.red[4 * wg + 2][n] + sm.red[4 * wg + 3][n]);
+        sm.final_m[kWgRows * wg + n] = m_run[r];
+      }
+    __syncthreads();
+
+#pragma unroll
+    for (int r = 0; r < 2 * kSlots; ++r) {  // the p.v accumulator's 16 columns of this thread
+      const int n = slot_col(r, c), m = m_base + n;
+      if (m >= rows_total) continue;
+      // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
+      SoftmaxState f;
+      f.d = sm.final_d[n];
+      f.m = f.empty() ? -INFINITY : sm.final_m[n] * 0.6931471805599453f;
+      const float scale = f.inv_sum() * p.v_scale;
+      const OutRow out(p, part, tok_base, m);
+      const int i0 = 4 * (r >> 1) + (r & 1);  // elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
+#pragma unroll
+      for (int blk = 0; blk < kGroupDimBlocks; ++blk)
+        out.store_pair(p, 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
+      if (cwarp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
+    }
     done += n_pairs;
   };  // serve
 
@@ -471,11 +534,18 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      rows_smem_bytes<kRowsN>()));
+}
+bool ids_plain() {  // A/B: MLA_ATTEND_ROWS_IDS=plain
+  static const bool plain = std::getenv("MLA_ATTEND_ROWS_IDS") && std::getenv("MLA_ATTEND_ROWS_IDS")[0] == 'p';
+  return plain;
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  if (tma && ids_plain()) attend_rows_kernel<true, kRowsN, false><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
 }  // namespace
@@ -501,11 +571,6 @@ int attend_rows_cta_rows(int rows) {
 }
 
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
-  static const bool pipe = [] {  // A/B: MLA_ATTEND_ROWS_PIPE=1 (or 3): the single-tile pipeline (TMA tiles)
-    const char* env = std::getenv("MLA_ATTEND_ROWS_PIPE");
-    return env && std::atoi(env) > 0;
-  }();
-  if (tma && pipe) return launch_attend_rows_pipe(p, map, attend_rows_cta_rows(p.heads * p.qlen), stream);
   switch (attend_rows_cta_rows(p.heads * p.qlen)) {
     case 32: launch_rows_height<32>(p, map, tma, stream); break;
     case 48: launch_rows_height<48>(p, map, tma, stream); break;

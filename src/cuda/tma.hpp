@@ -17,8 +17,6 @@ struct AttendParams;
 // The many-rows attend kernel's launch (attend_rows.cu), with the cache's tensor map.
 // tma: the cache's tiles as TMA boxes (map); else gathered by cp.async (pages not a power of two).
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream);
-// The same kernel's single-tile pipeline (attend_rows_pipe.cu; TMA tiles, CTAs of cta_rows rows).
-void launch_attend_rows_pipe(const AttendParams& p, const CUtensorMap& map, int cta_rows, cudaStream_t stream);
 // The same for a bf16 query and cache (attend_rows_bf16.cu).
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
 
