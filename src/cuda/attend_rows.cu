@@ -52,6 +52,8 @@ using namespace wgmma_attend;
 constexpr int kGroups = 2;                      // consumer warpgroups
 constexpr int kRowThreads = 128 * kGroups;
 constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
+constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
+constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
 
 // A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 or 32 where that many CTAs a
 // request hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads, 32 of 16 x 2:
@@ -94,8 +96,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k
 // (64-row CTAs spill with the early boxes and were ~2% slower at D; gathered tiles keep the
 // session-15 order: their rows are published at the pair barrier).
-// kVar (A/B): bit 0: the key-mask selects skipped on full tiles; bit 1: 3-step q.k groups.
-template <bool kTma, int kRowsN, int kVar = 0>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -103,7 +104,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   constexpr bool kEarly = kDrainLate && kRowsN < 64;  // pair j + 1's boxes at the top of pair j
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
-  constexpr int kQkGroup = (kVar & 2) ? 3 : 2, kQkGroups = kQkSteps / kQkGroup;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
@@ -319,10 +319,9 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
         const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
-        if (!(kVar & 1) || key_mask[u] != ~0ull)
 #pragma unroll
-          for (int i = 0; i < kQkAcc; ++i)
-            if (!((key_mask[u] >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[u][i] = -INFINITY;
+        for (int i = 0; i < kQkAcc; ++i)
+          if (!((key_mask[u] >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[u][i] = -INFINITY;
         if (position(key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
           const int32_t pos0 = int32_t(position(key0)), pos1 = int32_t(position(key0 + 8));
 #pragma unroll
@@ -535,24 +534,11 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
-}
-int rows_var() {  // A/B: MLA_ATTEND_ROWS_VAR=0..3
-  static const int v = std::getenv("MLA_ATTEND_ROWS_VAR") ? std::atoi(std::getenv("MLA_ATTEND_ROWS_VAR")) & 3 : 0;
-  return v;
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma && rows_var() == 1) attend_rows_kernel<true, kRowsN, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma && rows_var() == 2) attend_rows_kernel<true, kRowsN, 2><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma && rows_var() == 3) attend_rows_kernel<true, kRowsN, 3><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
 }  // namespace
