@@ -109,12 +109,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<RowsSmem<kRowsN>*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
-  // The warpgroup and warp through a shuffle: ptxas then knows them warp-uniform and keeps what
-  // derives from them (q.k's query descriptor, P^T's) in uniform registers: R2UR 110 -> 22 a pair
-  // at 64 rows, 136-264 fewer instructions a kernel; D 3.1%, 96 heads 2.5%, F, G, qlen 2 1.3%
-  // faster, F at page 16 and 48 rows at B = 16 1-2% slower (s17d, the same run).
+  // (warp_uniform: q.k's query descriptor and P^T's in uniform registers, 136-264 fewer
+  // instructions a kernel; D 3.1%, 96 heads 2.5%, F, G, qlen 2 1.3% faster, F at page 16 and 48
+  // rows at B = 16 1-2% slower; s17d, the same run)
   const int tid = threadIdx.x, lane = tid % 32;
-  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, (tid / 32) % 4, 0);
+  const int wg = warp_uniform(tid / 128), warp = warp_uniform((tid / 32) % 4);
   const int cwarp = 4 * wg + warp;
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kRowsN, tid);

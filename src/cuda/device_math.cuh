@@ -8,6 +8,12 @@
 
 namespace mla::cuda {
 
+// v (the same in every lane of the warp: a warp or warpgroup index) through a shuffle from lane 0,
+// so ptxas knows it is warp-uniform: a branch on it around wgmma is not divergent (else ptxas
+// serializes every wgmma of the kernel, C7520), and what derives from it (descriptors) stays in
+// uniform registers (the many-rows kernels: R2UR 110 -> 22 a pair at 64 rows, D 1.8-3.1% faster, s17d, s17e).
+__device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
+
 // 2^x by one MUFU.EX2, subnormal results flushed to zero. exp2f (without -ftz) wraps the same
 // instruction in a subnormal fix-up (a compare and two multiplies): softmax weights below 2^-126
 // are nothing beside the row's largest (>= 2^-8 with the lazy rescale) and its sum; they round to 0
