@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <string_view>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -97,7 +98,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k
 // (64-row CTAs spill with the early boxes and were ~2% slower at D; gathered tiles keep the
 // session-15 order: their rows are published at the pair barrier).
-template <bool kTma, int kRowsN>
+template <bool kTma, int kRowsN, bool kPtAB = false>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -386,9 +387,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           wgmma::fence_operand(o[blk]);
         }
       }
-      // P^T of both tiles for this warpgroup's rows (a missing second tile: zeros, its keys masked).
-      // Element i sits at b_offset_n<kRowsN>(kWgRows wg + acc_col(i, c), key / 8) + 2 (key % 8), key = 16
-      // warp + g + 8 h: the thread's base plus a constant (h: the chunk stride, n8 block: 128, i & 1: 16).
+      if constexpr (kPtAB) {  // MEASUREMENT (s18a): session 17's scalar stores
       const uint32_t p_thread =
           ptx::smem_addr(sm.p[0]) + (2 * warp) * kRowChunkStride + (kWgRows / 8 * wg) * 128 + (2 * c) * 16 + 2 * g;
 #pragma unroll
@@ -396,12 +395,27 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 #pragma unroll
         for (int i = 0; i < kQkAcc; ++i) {
           const float m = m_run[row_slot(i)];
-          // (exp2_ftz: 1.3-3% faster than exp2f's subnormal fix-up at D, F, G, qlen 2; s15c)
           const float w = exp2_ftz(fmaf(x[u][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
           d_run[row_slot(i)] += w;
           ptx::st_shared_b16(p_thread + u * int(sizeof(sm.p[0])) + acc_half(i) * kRowChunkStride + (i >> 2) * 128 + (i & 1) * 16,
                              __half_as_ushort(__float2half_rn(w)));
         }
+      }
+      } else {
+      // P^T of both tiles for this warpgroup's rows (a missing second tile: zeros, its keys masked),
+      // by stmatrix from f16x2 pairs (store_p_t).
+#pragma unroll
+      for (int u = 0; u < kGroups; ++u) {
+        float w[kQkAcc];
+#pragma unroll
+        for (int i = 0; i < kQkAcc; ++i) {
+          const float m = m_run[row_slot(i)];
+          // (exp2_ftz: 1.3-3% faster than exp2f's subnormal fix-up at D, F, G, qlen 2; s15c)
+          w[i] = exp2_ftz(fmaf(x[u][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
+          d_run[row_slot(i)] += w[i];
+        }
+        store_p_t<kRowsN>(ptx::smem_addr(sm.p[u]), w, kWgRows * wg, warp, lane);
+      }
       }
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
       __syncthreads();             // both tiles' P^T; every warp has read red and alpha
@@ -496,6 +510,17 @@ __global__ void __launch_bounds__(kRowThreads, 1)
                                           sm.next_segment, &sm.segment, serve);
 }
 
+}  // namespace
+
+bool attend_pt_scalar_ab() {
+  static const bool scalar = [] {
+    const char* env = std::getenv("MLA_ATTEND_PT");
+    return env && std::string_view(env) == "scalar";
+  }();
+  return scalar;
+}
+
+namespace {
 int rows_min_env() {
   static const int rows = [] {
     const char* env = std::getenv("MLA_ATTEND_ROWS_MIN");
@@ -534,11 +559,15 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  if (tma && attend_pt_scalar_ab())  // MEASUREMENT (s18a)
+    attend_rows_kernel<true, kRowsN, true><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
 }  // namespace

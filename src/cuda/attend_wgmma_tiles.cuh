@@ -105,6 +105,27 @@ __device__ __forceinline__ int acc_col(int i, int c) { return 8 * (i >> 2) + 2 *
 __device__ __forceinline__ int row_slot(int i) { return 2 * (i >> 2) + (i & 1); }
 __device__ __forceinline__ int slot_col(int r, int c) { return 8 * (r >> 1) + 2 * c + (r & 1); }
 
+// P^T for p.v's B operand (b_offset_n<kRowsN>: keys along K) from the f16 weights w of a q.k
+// accumulator (keys on M, the rows row0 .. row0 + 2 kAcc - 1 on N, row0 a multiple of 8): elements
+// 2 m and 2 m + 1 are rows n, n + 1 of one key, so they pack into one f16x2 of the 8 x 8 block m
+// (keys 16 warp + 8 (m & 1) .., rows row0 + 8 (m >> 1) ..), which stmatrix.trans stores as 8 rows
+// of 8 keys, one 16-byte core-matrix row each: kAcc / 2 conversions and kAcc / 8 stores a thread
+// instead of kAcc of each (st.shared.b16 of every weight, which lands keys, not rows, in pairs).
+template <int kRowsN, int kAcc>
+__device__ __forceinline__ void store_p_t(uint32_t p_smem, const float (&w)[kAcc], int row0, int warp, int lane) {
+  static_assert(kAcc % 4 == 0, "whole 8 x 8 blocks, in pairs");
+  const int m = lane / 8;  // the block whose row lane % 8 this lane addresses (first of each 4)
+  const uint32_t addr = p_smem + b_offset_n<kRowsN>(row0 + 8 * (m >> 1) + lane % 8, 2 * warp + (m & 1));
+#pragma unroll
+  for (int s = 0; s < kAcc / 8; ++s)  // blocks 4 s .. 4 s + 3: rows row0 + 16 s ..
+    ptx::stmatrix_x4_trans(addr + s * 2 * 128, ptx::pack_f16x2(w[8 * s], w[8 * s + 1]),
+                           ptx::pack_f16x2(w[8 * s + 2], w[8 * s + 3]), ptx::pack_f16x2(w[8 * s + 4], w[8 * s + 5]),
+                           ptx::pack_f16x2(w[8 * s + 6], w[8 * s + 7]));
+  if constexpr (kAcc % 8 != 0)
+    ptx::stmatrix_x2_trans(addr + kAcc / 8 * 2 * 128, ptx::pack_f16x2(w[kAcc - 4], w[kAcc - 3]),
+                           ptx::pack_f16x2(w[kAcc - 2], w[kAcc - 1]));
+}
+
 // The query rows m_base .. m_base + kRowsN - 1 of request b (fp8, zero past the request's rows),
 // loaded into registers (load: every load of a thread issued before any is used) and stored to
 // shared memory at b_offset_n<kRowsN> (store). Split in two so a kernel can issue the loads before
