@@ -98,7 +98,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k
 // (64-row CTAs spill with the early boxes and were ~2% slower at D; gathered tiles keep the
 // session-15 order: their rows are published at the pair barrier).
-template <bool kTma, int kRowsN, bool kPtAB = false>
+template <bool kTma, int kRowsN, int kAB = 0>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           wgmma::fence_operand(o[blk]);
         }
       }
-      if constexpr (kPtAB) {  // MEASUREMENT (s18a): session 17's scalar stores
+      if constexpr (kAB == 1) {  // MEASUREMENT (s18a): session 17's scalar stores
       const uint32_t p_thread =
           ptx::smem_addr(sm.p[0]) + (2 * warp) * kRowChunkStride + (kWgRows / 8 * wg) * 128 + (2 * c) * 16 + 2 * g;
 #pragma unroll
@@ -422,7 +422,40 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
-      {
+      if constexpr (kAB == 2) {  // MEASUREMENT (s18b): the steps in a loop of two (a smaller hot loop)
+        const int steps = (both ? 2 : 1) * kPvSteps;
+        const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128);
+        const uint32_t kv0 = ptx::smem_addr(&sm.kv[stage][0][0]);
+        constexpr uint32_t kTileStride = sizeof(sm.kv[0][0]);
+        uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
+#pragma unroll
+        for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
+          v_load<Tiles::kBoxes>(kv0, 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+#pragma unroll 1
+        for (int t0 = 0; t0 < steps; t0 += 2) {
+          const int u = t0 >= kPvSteps ? 1 : 0;
+          const uint64_t mask_u = u ? key_mask[1] : key_mask[0];
+#pragma unroll
+          for (int d = 0; d < 2; ++d) {
+            const int t = t0 + d, ks = (t0 & (kPvSteps - 1)) + d;
+#pragma unroll
+            for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
+              if (mask_u != ~0ull) v_mask(vraw[jj], mask_u, ks, c);  // 0 x NaN is NaN
+              v_convert(vraw[jj], frag[d][2 * jj], frag[d][2 * jj + 1]);
+              if (t + 1 < steps)
+                v_load<Tiles::kBoxes>(kv0 + uint32_t((t + 1) / kPvSteps) * kTileStride, (t + 1) % kPvSteps,
+                                      kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+            }
+            wgmma::fence();
+            const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
+#pragma unroll
+            for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_pv_f16_rs<kRowsN>(o[blk], frag[d][blk], bp);
+            wgmma::commit();
+            wgmma::wait<1>();  // (at t = 0 the only group: q.k's are retired)
+          }
+        }
+        if constexpr (!kDrainLate) wgmma::wait<0>();
+      } else {
         // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
         // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
         const int steps = (both ? 2 : 1) * kPvSteps;
@@ -520,6 +553,14 @@ bool attend_pt_scalar_ab() {
   return scalar;
 }
 
+bool attend_rows_pv_loop_ab() {  // MEASUREMENT (s18b): MLA_ATTEND_ROWS_PV=loop
+  static const bool loop = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_PV");
+    return env && std::string_view(env) == "loop";
+  }();
+  return loop;
+}
+
 namespace {
 int rows_min_env() {
   static const int rows = [] {
@@ -559,14 +600,18 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 1>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 2>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   if (tma && attend_pt_scalar_ab())  // MEASUREMENT (s18a)
-    attend_rows_kernel<true, kRowsN, true><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+    attend_rows_kernel<true, kRowsN, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  else if (tma && attend_rows_pv_loop_ab())  // MEASUREMENT (s18b)
+    attend_rows_kernel<true, kRowsN, 2><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
