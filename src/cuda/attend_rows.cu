@@ -262,8 +262,10 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // group is summed while the other tile's is on the tensor cores, then its next group goes out
       // (wait<1>: the newest commit may still run), so the nine groups' latencies overlap instead of
       // adding up. The accumulator pair is the same 32 registers as one group of both tiles; the
-      // first MMA of a group overwrites (scale-d = 0). The descriptors advance through opaque
-      // registers: unrolled, ptxas would otherwise materialize all of a pair's at once and spill.
+      // first MMA of a group overwrites (scale-d = 0). The descriptors advance by constant offsets
+      // in uniform registers (their bases are warp-uniform, warp_uniform): ptxas makes each MMA's
+      // pair with one 64-bit uniform add. (Through opaque registers, as until s18b, every MMA took
+      // two UMOV and one or two UIADD3 more: ~130 instructions a pair.)
       uint64_t qd[kGroups] = {q_desc, q_desc};
       auto issue_group = [&](int u, int grp) {
         wgmma::fence();
@@ -276,7 +278,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           kd[u] = wgmma::advance(kd[u],
                                  key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
           qd[u] = wgmma::advance(qd[u], 2 * kRowChunkStride);
-          asm volatile("" : "+l"(kd[u]), "+l"(qd[u]));
+          if constexpr (kAB == 1) asm volatile("" : "+l"(kd[u]), "+l"(qd[u]));  // MEASUREMENT (s18c)
         }
         wgmma::commit();
         wgmma::fence_operand(acc[u]);
@@ -387,21 +389,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           wgmma::fence_operand(o[blk]);
         }
       }
-      if constexpr (kAB == 1) {  // MEASUREMENT (s18a): session 17's scalar stores
-      const uint32_t p_thread =
-          ptx::smem_addr(sm.p[0]) + (2 * warp) * kRowChunkStride + (kWgRows / 8 * wg) * 128 + (2 * c) * 16 + 2 * g;
-#pragma unroll
-      for (int u = 0; u < kGroups; ++u) {
-#pragma unroll
-        for (int i = 0; i < kQkAcc; ++i) {
-          const float m = m_run[row_slot(i)];
-          const float w = exp2_ftz(fmaf(x[u][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
-          d_run[row_slot(i)] += w;
-          ptx::st_shared_b16(p_thread + u * int(sizeof(sm.p[0])) + acc_half(i) * kRowChunkStride + (i >> 2) * 128 + (i & 1) * 16,
-                             __half_as_ushort(__float2half_rn(w)));
-        }
-      }
-      } else {
       // P^T of both tiles for this warpgroup's rows (a missing second tile: zeros, its keys masked),
       // by stmatrix from f16x2 pairs (store_p_t).
 #pragma unroll
@@ -416,46 +403,12 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         }
         store_p_t<kRowsN>(ptx::smem_addr(sm.p[u]), w, kWgRows * wg, warp, lane);
       }
-      }
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
       __syncthreads();             // both tiles' P^T; every warp has read red and alpha
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
-      if constexpr (kAB == 2) {  // MEASUREMENT (s18b): the steps in a loop of two (a smaller hot loop)
-        const int steps = (both ? 2 : 1) * kPvSteps;
-        const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128);
-        const uint32_t kv0 = ptx::smem_addr(&sm.kv[stage][0][0]);
-        constexpr uint32_t kTileStride = sizeof(sm.kv[0][0]);
-        uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
-#pragma unroll
-        for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
-          v_load<Tiles::kBoxes>(kv0, 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
-#pragma unroll 1
-        for (int t0 = 0; t0 < steps; t0 += 2) {
-          const int u = t0 >= kPvSteps ? 1 : 0;
-          const uint64_t mask_u = u ? key_mask[1] : key_mask[0];
-#pragma unroll
-          for (int d = 0; d < 2; ++d) {
-            const int t = t0 + d, ks = (t0 & (kPvSteps - 1)) + d;
-#pragma unroll
-            for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
-              if (mask_u != ~0ull) v_mask(vraw[jj], mask_u, ks, c);  // 0 x NaN is NaN
-              v_convert(vraw[jj], frag[d][2 * jj], frag[d][2 * jj + 1]);
-              if (t + 1 < steps)
-                v_load<Tiles::kBoxes>(kv0 + uint32_t((t + 1) / kPvSteps) * kTileStride, (t + 1) % kPvSteps,
-                                      kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
-            }
-            wgmma::fence();
-            const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
-#pragma unroll
-            for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_pv_f16_rs<kRowsN>(o[blk], frag[d][blk], bp);
-            wgmma::commit();
-            wgmma::wait<1>();  // (at t = 0 the only group: q.k's are retired)
-          }
-        }
-        if constexpr (!kDrainLate) wgmma::wait<0>();
-      } else {
+      {
         // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
         // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
         const int steps = (both ? 2 : 1) * kPvSteps;
@@ -545,20 +498,12 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 
 }  // namespace
 
-bool attend_pt_scalar_ab() {
-  static const bool scalar = [] {
-    const char* env = std::getenv("MLA_ATTEND_PT");
-    return env && std::string_view(env) == "scalar";
+bool attend_rows_opaque_desc_ab() {  // MEASUREMENT (s18c): MLA_ATTEND_ROWS_DESC=opaque
+  static const bool opaque = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_DESC");
+    return env && std::string_view(env) == "opaque";
   }();
-  return scalar;
-}
-
-bool attend_rows_pv_loop_ab() {  // MEASUREMENT (s18b): MLA_ATTEND_ROWS_PV=loop
-  static const bool loop = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_PV");
-    return env && std::string_view(env) == "loop";
-  }();
-  return loop;
+  return opaque;
 }
 
 namespace {
@@ -602,16 +547,12 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 1>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, 2>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma && attend_pt_scalar_ab())  // MEASUREMENT (s18a)
+  if (tma && attend_rows_opaque_desc_ab())  // MEASUREMENT (s18c)
     attend_rows_kernel<true, kRowsN, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma && attend_rows_pv_loop_ab())  // MEASUREMENT (s18b)
-    attend_rows_kernel<true, kRowsN, 2><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }

@@ -68,7 +68,7 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // tile landed, 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments; the prologue's steps: 8
 // mbarriers initialized, 9 plan and key range known (the first serve begins), 10 the first tile's
 // boxes issued (thread 0 issues box 0: after its page id load), 11 thread 0's query rows loaded).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kPtAB = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -423,17 +423,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           wgmma::fence_operand(o[blk]);  // the rescale stays before the MMAs (else they serialize)
         }
       }
-      if constexpr (kPtAB) {  // MEASUREMENT (s18a): session 17's scalar stores
-      uint8_t* pb = reinterpret_cast<uint8_t*>(sm.p);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float m = m_run[row_slot(i)];
-        const float w = exp2_ftz(s[i] - (m == -INFINITY ? 0.0f : m));
-        d_run[row_slot(i)] += w;
-        const int key = 16 * warp + g + 8 * acc_half(i);
-        *reinterpret_cast<__half*>(pb + b_offset(acc_col(i, c), key / 8) + 2 * (key % 8)) = __float2half_rn(w);
-      }
-      } else {
       float w[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -443,7 +432,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         d_run[row_slot(i)] += w[i];
       }
       store_p_t<kN>(ptx::smem_addr(sm.p), w, 0, warp, lane);
-      }
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
       sync_consumers();            // the whole P tile; every warp has read red
 
@@ -532,9 +520,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kPtAB = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kPtAB>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
@@ -624,7 +612,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
 
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
@@ -656,9 +643,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
-    if (attend_pt_scalar_ab())  // MEASUREMENT (s18a)
-      go(attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>, smem_bytes<2, Tiles::kBoxes>());
-    else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)

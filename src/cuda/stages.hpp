@@ -187,12 +187,9 @@ int attend_rows_cta_rows(int rows);
 // whole tiles as with TMA (the step's partials, or one split); else the 16-row kernel takes them.
 bool attend_rows_gathers(const AttendParams& p);
 void prepare_attend_rows_kernel();
-// MEASUREMENT (s18a A/B): MLA_ATTEND_PT=scalar stores P^T a weight at a time (session 17's kernels)
-// in the TMA-box instances of the 16-row and fp8 many-rows kernels, instead of by stmatrix.
-bool attend_pt_scalar_ab();
-// MEASUREMENT (s18b A/B): MLA_ATTEND_ROWS_PV=loop runs the fp8 many-rows kernel's p.v steps in a
-// loop of two steps (TMA tiles).
-bool attend_rows_pv_loop_ab();
+// MEASUREMENT (s18c A/B): MLA_ATTEND_ROWS_DESC=opaque runs the fp8 many-rows kernel (TMA tiles)
+// with q.k's descriptors advanced through opaque registers (session 17's and s18a's code).
+bool attend_rows_opaque_desc_ab();
 // The bf16 many-rows kernel (attend_rows_bf16.cu): where the planner asked for many rows, with a
 // bf16 query and cache, TMA tiles, a one-rounded P (the step's partials, or a caller's bf16 o under
 // MLA_ATTEND_KERNEL=wgmma). Elsewhere a bf16 operand takes the mma.sync kernel.
