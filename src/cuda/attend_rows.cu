@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const int stage = at & 1;
       if constexpr (kTma) {
         if (!tiles.issues()) return;
-        tiles.issue(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]),
+        tiles.issue<kSlabs, kAB == 1>(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]),
                     ptx::smem_addr(&sm.full[stage][wg]), &sm.key_mask[stage][wg][warp]);
       } else {
         // cp.async: the warpgroup's 128 threads copy tile 2 pair + wg from the published rows, a warp
@@ -278,7 +278,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           kd[u] = wgmma::advance(kd[u],
                                  key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
           qd[u] = wgmma::advance(qd[u], 2 * kRowChunkStride);
-          if constexpr (kAB == 1) asm volatile("" : "+l"(kd[u]), "+l"(qd[u]));  // MEASUREMENT (s18c)
         }
         wgmma::commit();
         wgmma::fence_operand(acc[u]);
@@ -498,12 +497,12 @@ __global__ void __launch_bounds__(kRowThreads, 1)
 
 }  // namespace
 
-bool attend_rows_opaque_desc_ab() {  // MEASUREMENT (s18c): MLA_ATTEND_ROWS_DESC=opaque
-  static const bool opaque = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_DESC");
-    return env && std::string_view(env) == "opaque";
+bool attend_tma_lane_issue_ab() {  // MEASUREMENT (s18d): MLA_ATTEND_TMA_ISSUE=lanes
+  static const bool lanes = [] {
+    const char* env = std::getenv("MLA_ATTEND_TMA_ISSUE");
+    return env && std::string_view(env) == "lanes";
   }();
-  return opaque;
+  return lanes;
 }
 
 namespace {
@@ -551,7 +550,7 @@ void prepare_rows_height() {
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma && attend_rows_opaque_desc_ab())  // MEASUREMENT (s18c)
+  if (tma && attend_tma_lane_issue_ab())  // MEASUREMENT (s18d)
     attend_rows_kernel<true, kRowsN, 1><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);

@@ -73,6 +73,15 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+// One lane of the (converged) warp: true there, false in the others (elect.sync).
+__device__ __forceinline__ bool elect_one() {
+  uint32_t pred;
+  asm volatile(
+      "{\n .reg .pred p;\n .reg .b32 l;\n elect.sync l|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(pred));
+  return pred != 0;
+}
+
 // The inverse of ldmatrix: lane l gives the address of row l % 8 of matrix l / 8 (x2: lanes 0-15),
 // register j holds row lane / 4, columns 2 (lane % 4) and + 1 of matrix j; .trans stores each
 // matrix transposed (that register's two values land in rows 2 (lane % 4) and + 1, column lane / 4).
