@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     int32_t load_page = -1;
     auto load = [&](int j) {
       if (!tiles.issues()) return;
-      tiles.issue<kDimSlabs>(keys, j, load_page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp], kDimSlabs * wg);
-      if ((j & 1) != wg) tiles.issue<1>(keys, j, load_page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
+      tiles.issue<kDimSlabs, false>(keys, j, load_page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp], kDimSlabs * wg);
+      if ((j & 1) != wg) tiles.issue<1, false>(keys, j, load_page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
       load_page = j + 1 < n_tiles ? tiles.page_of(keys, j + 1) : -1;
     };
     // The query's loads first, then the page ids and first boxes: the round trips overlap.

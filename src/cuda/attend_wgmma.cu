@@ -68,7 +68,7 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // tile landed, 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments; the prologue's steps: 8
 // mbarriers initialized, 9 plan and key range known (the first serve begins), 10 the first tile's
 // boxes issued (thread 0 issues box 0: after its page id load), 11 thread 0's query rows loaded).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kLaneIssueAB = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
       const int stage = at % kStages;
-      tiles.issue<kSlabs, kLaneIssueAB>(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
+      tiles.issue(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
                   &sm.key_mask[stage][warp]);
     };
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
@@ -520,9 +520,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kLaneIssueAB = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kLaneIssueAB>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
@@ -612,7 +612,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, true>();  // MEASUREMENT (s18d)
 
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
@@ -644,9 +643,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
-    if (attend_tma_lane_issue_ab())  // MEASUREMENT (s18d)
-      go(attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>, smem_bytes<2, Tiles::kBoxes>());
-    else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)

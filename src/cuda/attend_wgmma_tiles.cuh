@@ -236,12 +236,12 @@ struct TmaTiles {
   // kSlabsN: 128-byte slabs a key row (fp8 rows: 5, the fifth half past the row and zero-filled;
   // bf16 rows of 1152 bytes: 9), from slab first_slab on (a kernel that loads a tile in parts, a
   // warpgroup's dims at a time: attend_rows_bf16.cu).
-  // The warp's boxes go out one at a time with warp-uniform operands (a box's page and place come
-  // from its lane by a shuffle), each slab issued by one elected lane: ptxas keeps the operands in
-  // uniform registers. With each lane issuing its own box from its registers (kLaneIssueAB, until
-  // s18c), ptxas looped over the lanes for every slab (ELECT, R2UR, UTMALDG, a branch: ~10
-  // instructions a slab, on the issuing warps' way to their next q.k).
-  template <int kSlabsN = kSlabs, bool kLaneIssueAB = false>
+  // kUniform: the warp's boxes go out one at a time with warp-uniform operands (a box's page from
+  // its lane by a shuffle), each issued by one elected lane, so ptxas keeps them in uniform
+  // registers; else each lane issues its own box from its registers, and ptxas loops over the lanes
+  // for every slab (ELECT, R2UR, UTMALDG, a branch). Uniform measured faster in the 16-row kernel
+  // and the 32- and 48-row many-rows CTAs, slower in the 64-row ones (s18d; docs/attention.md).
+  template <int kSlabsN = kSlabs, bool kUniform = true>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0) const {
     int64_t j0;
@@ -257,15 +257,16 @@ struct TmaTiles {
       tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabsN);
     }
     __syncwarp();
-    const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
-    if constexpr (kLaneIssueAB) {  // MEASUREMENT (s18d)
+    if constexpr (!kUniform) {
       if (ok) {
         const uint32_t at = dst + box * box_rows * 128;
+        const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
 #pragma unroll
         for (int s = 0; s < kSlabsN; ++s)
           tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), y, bar);
       }
     } else {
+      const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
       const uint32_t oks = __ballot_sync(~0u, ok);
       // lanes 0 .. boxes / slots - 1 hold the warp's boxes (box = lane slots + slot)
       for (int k = 0; k < boxes / slots(p); ++k) {

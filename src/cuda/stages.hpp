@@ -187,9 +187,6 @@ int attend_rows_cta_rows(int rows);
 // whole tiles as with TMA (the step's partials, or one split); else the 16-row kernel takes them.
 bool attend_rows_gathers(const AttendParams& p);
 void prepare_attend_rows_kernel();
-// MEASUREMENT (s18d A/B): MLA_ATTEND_TMA_ISSUE=lanes issues the TMA boxes of the 16-row and fp8
-// many-rows kernels as until s18c (each lane its box, per-lane operands).
-bool attend_tma_lane_issue_ab();
 // The bf16 many-rows kernel (attend_rows_bf16.cu): where the planner asked for many rows, with a
 // bf16 query and cache, TMA tiles, a one-rounded P (the step's partials, or a caller's bf16 o under
 // MLA_ATTEND_KERNEL=wgmma). Elsewhere a bf16 operand takes the mma.sync kernel.
