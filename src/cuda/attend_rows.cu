@@ -98,7 +98,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k
 // (64-row CTAs spill with the early boxes and were ~2% slower at D; gathered tiles keep the
 // session-15 order: their rows are published at the pair barrier).
-template <bool kTma, int kRowsN, bool kLanesAB = false>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -144,8 +144,9 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       const int stage = at & 1;
       if constexpr (kTma) {
         if (!tiles.issues()) return;
-        tiles.issue<kSlabs, kRowsN != 64 && !kLanesAB>(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]),
-                    ptx::smem_addr(&sm.full[stage][wg]), &sm.key_mask[stage][wg][warp]);
+        // (uniform operands only at 48 rows: faster there, slower at 32 and 64; TmaTiles::issue)
+        tiles.issue<kSlabs, kRowsN == 48>(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]),
+                                          ptx::smem_addr(&sm.full[stage][wg]), &sm.key_mask[stage][wg][warp]);
       } else {
         // cp.async: the warpgroup's 128 threads copy tile 2 pair + wg from the published rows, a warp
         // 32 consecutive 16-byte chunks (of one or two rows) an instruction, into the swizzled slabs;
@@ -536,19 +537,11 @@ void prepare_rows_height() {
                                       rows_smem_bytes<kRowsN>()));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN, true>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  static const bool lanes_ab = [] {  // MEASUREMENT (s18e): MLA_ATTEND_TMA_ISSUE=lanes
-    const char* env = std::getenv("MLA_ATTEND_TMA_ISSUE");
-    return env && std::string_view(env) == "lanes";
-  }();
-  if (tma && lanes_ab)
-    attend_rows_kernel<true, kRowsN, true><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
 }
 }  // namespace

@@ -240,7 +240,8 @@ struct TmaTiles {
   // its lane by a shuffle), each issued by one elected lane, so ptxas keeps them in uniform
   // registers; else each lane issues its own box from its registers, and ptxas loops over the lanes
   // for every slab (ELECT, R2UR, UTMALDG, a branch). Uniform measured faster in the 16-row kernel
-  // and the 32- and 48-row many-rows CTAs, slower in the 64-row ones (s18d; docs/attention.md).
+  // (B64 0.5-2.2%) and the 48-row many-rows CTAs (F, G 0.7-3.8%), slower in the 32- and 64-row ones
+  // (qlen 2 3.3%, D 2.2%; s18d, s18e in docs/attention.md), which keep each lane's own issue.
   template <int kSlabsN = kSlabs, bool kUniform = true>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0) const {
