@@ -25,8 +25,8 @@
 // CTAs of 48 or 32 rows (N = 48 / 32, a warpgroup's q.k N = 24 / 16) where a request needs no more
 // of them than of 64-row ones (attend_rows_cta_rows; s15a, s15b: 12 heads x qlen 4 or 8 and 96
 // heads 10-12% faster than padded 64-row CTAs, 17-32 rows ~1.25x faster than the 16-row kernel).
-// Measured versions (H200): docs/attention.md, v13-v13i, v15 (reverted), s15a-s17e (s17b/c: a single-tile
-// pipeline, 19-25% slower, removed).
+// Measured versions (H200): docs/attention.md, v13-v13i, v15 (reverted), s15a-s18e (s17b/c: a
+// single-tile pipeline, 19-25% slower, removed; s18: fewer instructions a pair, the same time).
 #include <cuda_fp16.h>
 
 #include <algorithm>

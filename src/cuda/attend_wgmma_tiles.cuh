@@ -1,8 +1,8 @@
 #pragma once
-// The wgmma attend kernel's building blocks (attend_wgmma.cu): its shapes, the shared-memory layout
-// of a CTA, where a key's 16-byte chunk sits in a tile (cp.async core matrices or TMA's swizzled
-// slabs), the query tile load, and the V^T fragments for p.v (ldmatrix.trans, byte mask, widening).
-// Only attend_wgmma.cu includes it.
+// The wgmma attend kernels' building blocks (attend_wgmma.cu, attend_rows.cu, attend_rows_bf16.cu):
+// their shapes, the 16-row kernel's shared-memory layout, where a key's 16-byte chunk sits in a tile
+// (cp.async core matrices or TMA's swizzled slabs), the TMA boxes and bulk row copies, the query
+// tile load, P^T's store, and the V^T fragments for p.v (ldmatrix.trans, byte mask, widening).
 #include <cuda_fp16.h>
 
 #include <cstdint>
