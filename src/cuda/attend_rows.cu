@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <string_view>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -265,8 +264,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // adding up. The accumulator pair is the same 32 registers as one group of both tiles; the
       // first MMA of a group overwrites (scale-d = 0). The descriptors advance by constant offsets
       // in uniform registers (their bases are warp-uniform, warp_uniform): ptxas makes each MMA's
-      // pair with one 64-bit uniform add. (Through opaque registers, as until s18b, every MMA took
-      // two UMOV and one or two UIADD3 more: ~130 instructions a pair.)
+      // pair with one 64-bit uniform add. (Through opaque registers, as until s18c, every MMA took
+      // two UMOV and one or two UIADD3 more: 78 more instructions a warp and pair at F, the same time.)
       uint64_t qd[kGroups] = {q_desc, q_desc};
       auto issue_group = [&](int u, int grp) {
         wgmma::fence();
@@ -496,9 +495,6 @@ __global__ void __launch_bounds__(kRowThreads, 1)
                                           sm.next_segment, &sm.segment, serve);
 }
 
-}  // namespace
-
-namespace {
 int rows_min_env() {
   static const int rows = [] {
     const char* env = std::getenv("MLA_ATTEND_ROWS_MIN");
