@@ -612,7 +612,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
-
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }

@@ -71,7 +71,6 @@ constexpr float kLazyRescale = 8.0f;
 template <int kRowsN>
 __host__ __device__ constexpr int b_offset_n(int n, int chunk) { return chunk * (kRowsN / 8 * 128) + (n / 8) * 128 + (n % 8) * 16; }
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
-__host__ __device__ constexpr int b_offset(int n, int chunk) { return b_offset_n<kN>(n, chunk); }
 
 template <int kStages, Tiles kTiles>
 struct WgSmem {
@@ -80,8 +79,8 @@ struct WgSmem {
   alignas(1024) uint8_t kv[kStages][kTiles == Tiles::kBoxes ? kTmaTileBytes
                                     : kTiles == Tiles::kRows ? kRowTileBytes
                                                              : kTileBytes];
-  alignas(128) uint8_t q[kN * kRow];        // e4m3 query rows, b_offset(n, chunk)
-  alignas(128) uint16_t p[kN * kTileKeys];  // f16 weights: byte b_offset(n, key / 8) + 2 (key % 8)
+  alignas(128) uint8_t q[kN * kRow];        // e4m3 query rows, b_offset_n<kN>(n, chunk)
+  alignas(128) uint16_t p[kN * kTileKeys];  // f16 P^T: byte b_offset_n<kN>(n, key / 8) + 2 (key % 8)
   // cp.async: tiles t .. t+kStages: row address (null: masked) and global position (INT_MAX: masked)
   const uint8_t* rows[kTma ? 1 : kStages + 1][kTileKeys];
   int32_t pos[kTma ? 1 : kStages + 1][kTileKeys];

@@ -17,9 +17,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // through_l1 (.ca): the same through L1, for measurement (AttendParams.l1_copies).
 // A 16-bit store to a shared-memory address (32-bit): a base register plus an immediate, where
 // generic pointers would cost a 64-bit address per store.
-__device__ __forceinline__ void st_shared_b16(uint32_t addr, uint16_t v) {
-  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
-}
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
