@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <string>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -97,12 +98,29 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k
 // (64-row CTAs spill with the early boxes and were ~2% slower at D; gathered tiles keep the
 // session-15 order: their rows are published at the pair barrier).
-template <bool kTma, int kRowsN>
-__global__ void __launch_bounds__(kRowThreads, 1)
+// kProducer (TMA tiles; s19): a third warpgroup, the producer, loads the page ids and issues every
+// pair's boxes when the consumer warps have arrived on the stage's `empty` mbarrier (after their
+// last read of it: p.v's V fragments), so the consumers only wait on `full`. (The consumer warps
+// issued them before: in s18's profiles at F, 11.6% of the stall samples were three warps of a
+// warpgroup waiting at tile 0's second q.k group for the one that waited on `empty` and issued the
+// boxes.) The producer gives its registers to the consumers (setmaxnreg: 24 + 2 x 240 a thread).
+template <bool kTma, int kRowsN, bool kProducer>
+__global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
+  static_assert(kTma || !kProducer, "the producer issues TMA boxes");
   using Shape = RowShape<kRowsN>;
-  constexpr bool kDrainLate = kTma;                   // p.v drained under the next pair's q.k
-  constexpr bool kEarly = kDrainLate && kRowsN < 64;  // pair j + 1's boxes at the top of pair j
+  constexpr int kCtaThreads = kProducer ? kRowThreads + 128 : kRowThreads;
+  constexpr bool kDrainLate = kTma;                                // p.v drained under the next pair's q.k
+  constexpr bool kEarly = kDrainLate && kRowsN < 64 && !kProducer;  // pair j + 1's boxes at the top of pair j
+  // The consumer warps' barriers: named barrier 1 where a producer runs beside them.
+  auto sync_rows = [] {
+    if constexpr (kProducer) ptx::named_sync(1, kRowThreads);
+    else __syncthreads();
+  };
+  auto sync_rows_or = [](bool pred) {
+    if constexpr (kProducer) return ptx::named_sync_or(1, kRowThreads, pred);
+    else return __syncthreads_or(pred) != 0;
+  };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
@@ -125,11 +143,43 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), kTma ? TmaTiles::slots(p) : 128);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][u][k] = 0;  // slots past TmaTiles::slots(p) stay 0
       }
-    if (kEarly)  // a warp's arrival when it is done with a pair (its p.v drained)
+    if (kEarly || kProducer)  // a consumer warp's arrival when it is done with a pair
       for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
-    tma::fence_barrier_init();  // published by the first segment's CTA barrier
+    tma::fence_barrier_init();  // published by the first segment's CTA barrier (or the one below)
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
+  if constexpr (kProducer) {
+    __syncthreads();  // the mbarriers, for the producer
+    if (tid >= kRowThreads) {  // the producer warpgroup: every pair of every segment, in order
+      ptx::setmaxnreg_dec<24>();
+      const int pwarp = warp_uniform((tid - kRowThreads) / 32);
+      const TmaTiles tiles(p, &cache_map, lane, pwarp);  // warp w: slot w of both tiles of a pair
+      auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
+        const int n_pairs = (keys.n_tiles() + 1) / 2;
+        if (!tiles.issues()) return;
+        // A lane's page ids a pair ahead; a tile past the segment issues no box but arrives on its
+        // mbarrier (0 bytes), so both tiles' mbarriers complete a phase every pair.
+        int32_t page[kGroups] = {tiles.page_of(keys, 0), tiles.page_of(keys, 1)};
+        for (int j = 0; j < n_pairs; ++j) {
+          const int at = done + j, stage = at & 1;
+          const int32_t next[kGroups] = {tiles.page_of(keys, 2 * j + 2), tiles.page_of(keys, 2 * j + 3)};
+          // the consumers are done with the stage's previous pair (at - 2)
+          if (at >= 2) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at - 2) >> 1) & 1);
+#pragma unroll
+          for (int u = 0; u < kGroups; ++u)
+            tiles.issue<kSlabs, kRowsN == 48>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
+                                              ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
+#pragma unroll
+          for (int u = 0; u < kGroups; ++u) page[u] = next[u];
+        }
+        done += n_pairs;
+      };
+      serve_segments<kCtaThreads, kRowsN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
+                                                 sm.next_segment, nullptr, produce);
+      return;
+    }
+    ptx::setmaxnreg_inc<240>();
+  }
   const TmaTiles tiles(p, &cache_map, lane, warp);  // warpgroup u issues tile u of a pair
 
   // keys: the segment, in shared memory (read where needed: registers are short).
@@ -189,13 +239,13 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     query.load(p, b, m_base, rows_total, tid_q);
     int32_t next_page = -1, next_segment_page = -1;
     KeyRow ahead{};  // cp.async: the page id of pair j + 2's key, published at pair j's barrier
-    if constexpr (kTma) {
+    if constexpr (kTma && !kProducer) {
       if (n_pairs > 0) {
         if (!prefetched) issue_pair(keys, 0, done, pair_page(keys, 0));
         if (n_pairs > 1) next_page = pair_page(keys, 1);
         if (has_next) next_segment_page = pair_page(next, 0);
       }
-    } else {  // (gathered: nothing prefetched across segments)
+    } else if constexpr (!kTma) {  // (gathered: nothing prefetched across segments)
       publish_pair(key_of(0), 0, done);
       publish_pair(key_of(1), 1, done + 1);
       ahead = key_of(2);
@@ -203,7 +253,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     query.store(sm.q, tid_q);
     if (tid < kRowsN) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);  // (published below)
     wgmma::fence_proxy_async();
-    __syncthreads();
+    sync_rows();
     if (!kTma && n_pairs > 0) issue_pair(keys, 0, done, -1);  // the rows published above
 
     // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a tile past
@@ -336,8 +386,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v, at
       // the latest under this pair's first q.k groups): its stage takes pair j+1 now (unless the
       // boxes went out at the top), and P^T, red and alpha may be rewritten below.
-      const bool any_grows = __syncthreads_or(grows);
-      if constexpr (!kEarly) {  // (else issued at the top)
+      const bool any_grows = sync_rows_or(grows);
+      if constexpr (!kEarly && !kProducer) {  // (else issued at the top, or by the producer)
         if (j + 1 < n_pairs) {
           issue_pair(keys, j + 1, at + 1, next_page);
           if constexpr (kTma) {
@@ -367,7 +417,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
           if (g == 0) sm.red[cwarp][slot_col(r, c)] = mx[r];
         }
-        __syncthreads();  // every warp's row maxima
+        sync_rows();  // every warp's row maxima
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           const int n = slot_col(r, c);
@@ -380,7 +430,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
           d_run[r] *= alpha;
           if (warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
         }
-        __syncthreads();  // every row's alpha
+        sync_rows();  // every row's alpha
 #pragma unroll
         for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
 #pragma unroll
@@ -403,7 +453,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         store_p_t<kRowsN>(ptx::smem_addr(sm.p[u]), w, kWgRows * wg, warp, lane);
       }
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
-      __syncthreads();             // both tiles' P^T; every warp has read red and alpha
+      sync_rows();                 // both tiles' P^T; every warp has read red and alpha
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
@@ -437,6 +487,10 @@ __global__ void __launch_bounds__(kRowThreads, 1)
             if (t > 0) wgmma::wait<1>();
           }
         }
+        if constexpr (kProducer) {  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
+          __syncwarp();
+          if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));
+        }
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
       }
     }
@@ -458,11 +512,11 @@ __global__ void __launch_bounds__(kRowThreads, 1)
       d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
       d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
     }
-    __syncthreads();  // red is free
+    sync_rows();  // red is free
     if (g == 0)
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) sm.red[cwarp][slot_col(r, c)] = d[r];
-    __syncthreads();
+    sync_rows();
     if (warp == 0 && g == 0)
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) {
@@ -470,7 +524,7 @@ __global__ void __launch_bounds__(kRowThreads, 1)
         sm.final_d[kWgRows * wg + n] = (sm.red[4 * wg][n] + sm.red[4 * wg + 1][n]) + (sm.red[4 * wg + 2][n] + sm.red[4 * wg + 3][n]);
         sm.final_m[kWgRows * wg + n] = m_run[r];
       }
-    __syncthreads();
+    sync_rows();
 
 #pragma unroll
     for (int r = 0; r < 2 * kSlots; ++r) {  // the p.v accumulator's 16 columns of this thread
@@ -491,8 +545,8 @@ __global__ void __launch_bounds__(kRowThreads, 1)
     done += n_pairs;
   };  // serve
 
-  serve_segments<kRowThreads, kRowsN, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
-                                          sm.next_segment, &sm.segment, serve);
+  serve_segments<kCtaThreads, kRowsN, true, kProducer ? kRowThreads : 0>(
+      p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, sm.next_segment, &sm.segment, serve);
 }
 
 int rows_min_env() {
@@ -527,18 +581,32 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
 }
 
 namespace {
+// (s19 A/B, measurement only: MLA_ATTEND_ROWS_PRODUCER=0: no producer warpgroup; =all: at 64 rows too)
+int rows_producer_mode() {
+  static const int mode = [] {
+    const char* env = std::getenv("MLA_ATTEND_ROWS_PRODUCER");
+    return !env ? 1 : std::string(env) == "0" ? 0 : std::string(env) == "all" ? 2 : 1;
+  }();
+  return mode;
+}
+template <auto kKernel, int kRowsN>
+void prepare_kernel() {
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
+}
 template <int kRowsN>
 void prepare_rows_height() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<true, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_kernel<false, kRowsN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      rows_smem_bytes<kRowsN>()));
+  prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<true, kRowsN, false>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<false, kRowsN, false>, kRowsN>();
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
-  else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, rows_smem_bytes<kRowsN>(), stream>>>(p, map);
+  const int smem = rows_smem_bytes<kRowsN>();
+  const bool producer = tma && rows_producer_mode() >= (kRowsN < 64 ? 1 : 2);
+  if (producer) attend_rows_kernel<true, kRowsN, true><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
+  else if (tma) attend_rows_kernel<true, kRowsN, false><<<grid, kRowThreads, smem, stream>>>(p, map);
+  else attend_rows_kernel<false, kRowsN, false><<<grid, kRowThreads, smem, stream>>>(p, map);
 }
 }  // namespace
 

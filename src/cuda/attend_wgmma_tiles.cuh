@@ -372,8 +372,10 @@ struct OutRow {
 // kernel; the previous segment's reads of it are behind its epilogue's CTA barriers), whose first
 // tile serve issues during its last; prefetched: this one's first tile was issued so.
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
-// 0 writes it) rather than in registers. One call site of serve (one copy of its code).
-template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, class Serve>
+// 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is named barrier 1 of the
+// kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
+// segments). One call site of serve (one copy of its code).
+template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, KeyStream& next_segment,
                                                KeyStream* segment, Serve&& serve) {
@@ -412,7 +414,9 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
     const int64_t tok_base = flat ? 0 : int64_t(cta.b) * p.qlen;
     if constexpr (kSegmentInSmem) {
       if (tid == 0) *segment = keys;
-      __syncthreads();  // the segments (the previous serve's reads of them are behind its barriers)
+      // the segments (the previous serve's reads of them are behind its barriers)
+      if constexpr (kSegmentSync > 0) ptx::named_sync(1, kSegmentSync);
+      else __syncthreads();
       serve(*segment, cur, part, tok_base, nb >= 0, prefetched);
     } else {
       serve(keys, cur, part, tok_base, nb >= 0, prefetched);
