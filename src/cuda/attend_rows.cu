@@ -16,23 +16,21 @@
 //         O^T [256 x 64] += V^T . P^T  over both tiles in one stream of 8 k16 steps (HGMMA
 //         m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and widening in registers)
 // so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
-// Tiles come by TMA (pages of a power of two rows) or, for other pages, gathered a row at a
-// time by cp.async into the same layout (v17): pair j + 1's copies go out after pair j's q.k, at
-// the CTA barrier that says both warpgroups finished pair j - 1, warpgroup u's warps sharing tile
-// u's boxes (TmaTiles: warp 0 alone was 9-18% slower) or its 128 threads its rows. The
-// step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
+// Tiles come by TMA (pages of a power of two rows), issued by a producer warpgroup beside the two
+// consumers (s19), or, for other pages, gathered a row at a time by cp.async into the same layout
+// (v17): pair j + 1's rows go out after pair j's q.k, at the barrier that says both warpgroups
+// finished pair j - 1, warpgroup u's 128 threads copying tile u. The step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
 // fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
 // CTAs of 48 or 32 rows (N = 48 / 32, a warpgroup's q.k N = 24 / 16) where a request needs no more
 // of them than of 64-row ones (attend_rows_cta_rows; s15a, s15b: 12 heads x qlen 4 or 8 and 96
 // heads 10-12% faster than padded 64-row CTAs, 17-32 rows ~1.25x faster than the 16-row kernel).
-// Measured versions (H200): docs/attention.md, v13-v13i, v15 (reverted), s15a-s18e (s17b/c: a
+// Measured versions (H200): docs/attention.md, v13-v13i, v15 (reverted), s15a-s19 (s17b/c: a
 // single-tile pipeline, 19-25% slower, removed; s18: fewer instructions a pair, the same time).
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <string>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -90,28 +88,25 @@ template <int kRowsN>
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN>)) + 1024; }
 static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memory a block");
 
-// kTma: tiles as whole pages by TMA; else gathered a row at a time by cp.async (pages not a power
-// of two), in the same swizzled layout, completing on the same mbarriers.
-// With TMA tiles (s16a, s16b; the session-15 kernel in the same run: D 1%, F 3%, G 2%, 96 heads
-// 1.5%, qlen 2 2.4%, 24 rows at B = 16 6% faster) p.v's last MMAs of pair j - 1 drain under pair j's
-// first q.k groups, and in 32- and 48-row CTAs pair j + 1's boxes go out as soon as both
-// warpgroups' p.v of pair j - 1 is done (the stage's empty mbarrier), not after pair j's q.k
-// (64-row CTAs spill with the early boxes and were ~2% slower at D; gathered tiles keep the
-// session-15 order: their rows are published at the pair barrier).
-// kProducer (TMA tiles; s19): a third warpgroup, the producer, loads the page ids and issues every
-// pair's boxes when the consumer warps have arrived on the stage's `empty` mbarrier (after their
-// last read of it: p.v's V fragments), so the consumers only wait on `full`. (The consumer warps
-// issued them before: in s18's profiles at F, 11.6% of the stall samples were three warps of a
-// warpgroup waiting at tile 0's second q.k group for the one that waited on `empty` and issued the
-// boxes.) The producer gives its registers to the consumers (setmaxnreg: 24 + 2 x 240 a thread).
-template <bool kTma, int kRowsN, bool kProducer>
-__global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1)
+// kTma: tiles as whole pages by TMA, issued by a third warpgroup, the producer (s19): it loads
+// the page ids and issues every pair's boxes once the consumer warps have arrived on the stage's
+// `empty` mbarrier (after their last read of it: p.v's V fragments), so the consumers only wait on
+// `full`, and p.v's last MMAs of pair j - 1 drain under pair j's first q.k groups (s16a). The
+// consumer warps issued the boxes before (s16-s18): in s18's profiles at F, 11.6% of the stall
+// samples were three warps of a warpgroup waiting at tile 0's second q.k group for the one that
+// waited on `empty` and issued them; with the producer, D 10%, F 12%, G 12%, 96 heads 13%, qlen 2
+// 15%, page 16 13-19% faster (s19a, the same run). The producer gives its registers to the
+// consumers (setmaxnreg: 24 + 2 x 240 a thread; the 64-row consumers spill a little at 240).
+// Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
+// consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
+// are published and copied at pair j's barrier (the session-15 order).
+template <bool kTma, int kRowsN>
+__global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
-  static_assert(kTma || !kProducer, "the producer issues TMA boxes");
   using Shape = RowShape<kRowsN>;
+  constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kProducer ? kRowThreads + 128 : kRowThreads;
-  constexpr bool kDrainLate = kTma;                                // p.v drained under the next pair's q.k
-  constexpr bool kEarly = kDrainLate && kRowsN < 64 && !kProducer;  // pair j + 1's boxes at the top of pair j
+  constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
   // The consumer warps' barriers: named barrier 1 where a producer runs beside them.
   auto sync_rows = [] {
     if constexpr (kProducer) ptx::named_sync(1, kRowThreads);
@@ -143,9 +138,9 @@ __global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1
         tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), kTma ? TmaTiles::slots(p) : 128);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][u][k] = 0;  // slots past TmaTiles::slots(p) stay 0
       }
-    if (kEarly || kProducer)  // a consumer warp's arrival when it is done with a pair
+    if (kProducer)  // a consumer warp's arrival when it is done with a pair
       for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
-    tma::fence_barrier_init();  // published by the first segment's CTA barrier (or the one below)
+    tma::fence_barrier_init();  // published by the first segment's CTA barrier (the producer: below)
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
   if constexpr (kProducer) {
@@ -154,6 +149,7 @@ __global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1
       ptx::setmaxnreg_dec<24>();
       const int pwarp = warp_uniform((tid - kRowThreads) / 32);
       const TmaTiles tiles(p, &cache_map, lane, pwarp);  // warp w: slot w of both tiles of a pair
+      // (uniform operands only at 48 rows, as when the consumers issued them: TmaTiles::issue)
       auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
         const int n_pairs = (keys.n_tiles() + 1) / 2;
         if (!tiles.issues()) return;
@@ -180,41 +176,28 @@ __global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1
     }
     ptx::setmaxnreg_inc<240>();
   }
-  const TmaTiles tiles(p, &cache_map, lane, warp);  // warpgroup u issues tile u of a pair
 
   // keys: the segment, in shared memory (read where needed: registers are short).
-  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
-    const KeyStream& next = sm.next_segment;
+  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool, bool) {
     const int n_tiles = keys.n_tiles(), n_pairs = (n_tiles + 1) / 2;
-    // The issuing warps: their share of tile 2 pair + wg's boxes (segment ks) into stage `at` & 1. A tile
-    // past the segment issues no box but still arrives on its mbarrier (0 bytes), so every mbarrier
-    // completes one phase a pair and the parity is (at / 2) & 1 for both tiles.
-    auto issue_pair = [&](const KeyStream& ks, int pair, int at, int32_t page) {
+    // cp.async: the warpgroup's 128 threads copy tile 2 pair + wg from the published rows into
+    // stage `at` & 1, a warp 32 consecutive 16-byte chunks (of one or two rows) an instruction, into
+    // the swizzled slabs; a masked key's row is zero-filled. Each thread's copies arrive on the
+    // mbarrier when done (a tile past the segment: none copied, the arrivals still come, so every
+    // mbarrier completes one phase a pair and the parity is (at / 2) & 1 for both tiles).
+    auto copy_pair = [&](int pair, int at) {
       const int stage = at & 1;
-      if constexpr (kTma) {
-        if (!tiles.issues()) return;
-        // (uniform operands only at 48 rows: faster there, slower at 32 and 64; TmaTiles::issue)
-        tiles.issue<kSlabs, kRowsN == 48>(ks, 2 * pair + wg, page, ptx::smem_addr(&sm.kv[stage][wg][0]),
-                                          ptx::smem_addr(&sm.full[stage][wg]), &sm.key_mask[stage][wg][warp]);
-      } else {
-        // cp.async: the warpgroup's 128 threads copy tile 2 pair + wg from the published rows, a warp
-        // 32 consecutive 16-byte chunks (of one or two rows) an instruction, into the swizzled slabs;
-        // a masked key's row is zero-filled. Each thread's copies arrive on the mbarrier when done.
-        const uint32_t dst = ptx::smem_addr(&sm.kv[stage][wg][0]);
-        const uint8_t* const* rows = sm.rows[pair & 1][wg];
-        const int t = tid % 128;
+      const uint32_t dst = ptx::smem_addr(&sm.kv[stage][wg][0]);
+      const uint8_t* const* rows = sm.rows[pair & 1][wg];
+      const int t = tid % 128;
 #pragma unroll 6
-        for (int k = 0; k < kTileKeys * kChunks / 128; ++k) {
-          const int i = t + 128 * k, key = i / kChunks, chunk = i % kChunks;
-          const uint8_t* row = rows[key];
-          ptx::cp_async_16(dst + tile_offset<Tiles::kBoxes>(key, chunk),
-                           row ? row + 16 * chunk : static_cast<const uint8_t*>(p.cache), row != nullptr, p.l1_copies);
-        }
-        tma::cp_async_arrive_noinc(ptx::smem_addr(&sm.full[stage][wg]));
+      for (int k = 0; k < kTileKeys * kChunks / 128; ++k) {
+        const int i = t + 128 * k, key = i / kChunks, chunk = i % kChunks;
+        const uint8_t* row = rows[key];
+        ptx::cp_async_16(dst + tile_offset<Tiles::kBoxes>(key, chunk),
+                         row ? row + 16 * chunk : static_cast<const uint8_t*>(p.cache), row != nullptr, p.l1_copies);
       }
-    };
-    auto pair_page = [&](const KeyStream& ks, int pair) {  // TMA: -1: none
-      return kTma && tiles.issues() ? tiles.page_of(ks, 2 * pair + wg) : -1;
+      tma::cp_async_arrive_noinc(ptx::smem_addr(&sm.full[stage][wg]));
     };
     // cp.async: thread t < 64 of warpgroup u loads the page id of key t of tile 2 pair + u a pair
     // before it publishes the row (a whole pair hides the dependent load) and the tile's real keys
@@ -231,21 +214,14 @@ __global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1
       const uint32_t real = __ballot_sync(0xffffffffu, row != nullptr);
       if (lane == 0) sm.key_mask[at & 1][wg][warp] = uint64_t(real) << (32 * warp);
     };
-    // The query's loads first, then the page ids and first boxes: the round trips overlap.
+    // The query's loads first, then the page ids (cp.async): the round trips overlap.
     // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
     int tid_q = tid;
     asm volatile("" : "+r"(tid_q));
     QueryTile<kRowsN, kRowThreads> query;
     query.load(p, b, m_base, rows_total, tid_q);
-    int32_t next_page = -1, next_segment_page = -1;
     KeyRow ahead{};  // cp.async: the page id of pair j + 2's key, published at pair j's barrier
-    if constexpr (kTma && !kProducer) {
-      if (n_pairs > 0) {
-        if (!prefetched) issue_pair(keys, 0, done, pair_page(keys, 0));
-        if (n_pairs > 1) next_page = pair_page(keys, 1);
-        if (has_next) next_segment_page = pair_page(next, 0);
-      }
-    } else if constexpr (!kTma) {  // (gathered: nothing prefetched across segments)
+    if constexpr (!kTma) {  // (nothing prefetched across segments)
       publish_pair(key_of(0), 0, done);
       publish_pair(key_of(1), 1, done + 1);
       ahead = key_of(2);
@@ -254,7 +230,7 @@ __global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1
     if (tid < kRowsN) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);  // (published below)
     wgmma::fence_proxy_async();
     sync_rows();
-    if (!kTma && n_pairs > 0) issue_pair(keys, 0, done, -1);  // the rows published above
+    if (!kTma && n_pairs > 0) copy_pair(0, done);  // the rows published above
 
     // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a tile past
     // it takes the per-row rule (rows past the request's see nothing), from shared memory.
@@ -279,19 +255,6 @@ __global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
-      // Pair j + 1 into the other stage once both warpgroups' p.v of pair j - 1 (its last user) is
-      // done: its empty mbarrier's phase of use (at - 1) / 2 (nothing to wait for at the first pair).
-      auto issue_early = [&] {
-        if (tiles.issues() && (j + 1 < n_pairs || has_next)) {
-          if (at >= 1) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[(at + 1) & 1]), ((at - 1) >> 1) & 1);
-          if (j + 1 < n_pairs) {
-            issue_pair(keys, j + 1, at + 1, next_page);
-            if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
-          } else {
-            issue_pair(next, 0, at + 1, next_segment_page);
-          }
-        }
-      };
       // q.k of both tiles for this warpgroup's rows (kWgRows wg ..): S^T [64 keys x kWgRows rows].
       const bool both = 2 * j + 1 < n_tiles;
       float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
@@ -338,11 +301,6 @@ __global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1
         wgmma::wait<0>();
 #pragma unroll
         for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
-        if constexpr (kEarly) {
-          __syncwarp();
-          if (j > 0 && lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(at - 1) & 1]));  // pair j - 1's stage
-          issue_early();
-        }
       }
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {
@@ -383,21 +341,15 @@ __global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1
 #pragma unroll
         for (int i = 0; i < kQkAcc; ++i) grows |= x[u][i] > grow_at[row_slot(i)];
       }
-      // This CTA barrier also says both warpgroups finished pair j-1 (each waited for its p.v, at
-      // the latest under this pair's first q.k groups): its stage takes pair j+1 now (unless the
-      // boxes went out at the top), and P^T, red and alpha may be rewritten below.
+      // This barrier of the consumers also says both warpgroups finished pair j-1 (each waited for
+      // its p.v, at the latest under this pair's first q.k groups): P^T, red and alpha may be
+      // rewritten below, and (cp.async) its stage takes pair j+1 now.
       const bool any_grows = sync_rows_or(grows);
-      if constexpr (!kEarly && !kProducer) {  // (else issued at the top, or by the producer)
+      if constexpr (!kTma) {
         if (j + 1 < n_pairs) {
-          issue_pair(keys, j + 1, at + 1, next_page);
-          if constexpr (kTma) {
-            if (j + 2 < n_pairs) next_page = pair_page(keys, j + 2);
-          } else {  // pair j's rows and key masks are read: pair j + 2's go there
-            publish_pair(ahead, j + 2, at + 2);
-            ahead = key_of(j + 3);
-          }
-        } else if (kTma && has_next) {
-          issue_pair(next, 0, at + 1, next_segment_page);
+          copy_pair(j + 1, at + 1);
+          publish_pair(ahead, j + 2, at + 2);  // pair j's rows and key masks are read: pair j + 2's go there
+          ahead = key_of(j + 3);
         }
       }
       if (any_grows) {
@@ -497,10 +449,6 @@ __global__ void __launch_bounds__(kProducer ? kRowThreads + 128 : kRowThreads, 1
     wgmma::wait<0>();
 #pragma unroll
     for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
-    if constexpr (kEarly) {  // the segment's last pair's stage
-      __syncwarp();
-      if (n_pairs > 0 && lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[(done + n_pairs - 1) & 1]));
-    }
 
     // Row sums of this warpgroup's rows: over the 8 lanes of a column, then its 4 warps; the rows'
     // final state goes through shared memory to both warpgroups (each writes its dims of all rows).
@@ -581,32 +529,22 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
 }
 
 namespace {
-// (s19 A/B, measurement only: MLA_ATTEND_ROWS_PRODUCER=0: no producer warpgroup; =all: at 64 rows too)
-int rows_producer_mode() {
-  static const int mode = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_PRODUCER");
-    return !env ? 1 : std::string(env) == "0" ? 0 : std::string(env) == "all" ? 2 : 1;
-  }();
-  return mode;
-}
 template <auto kKernel, int kRowsN>
 void prepare_kernel() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
 template <int kRowsN>
 void prepare_rows_height() {
-  prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, false>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<false, kRowsN, false>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  const bool producer = tma && rows_producer_mode() >= (kRowsN < 64 ? 1 : 2);
-  if (producer) attend_rows_kernel<true, kRowsN, true><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN, false><<<grid, kRowThreads, smem, stream>>>(p, map);
-  else attend_rows_kernel<false, kRowsN, false><<<grid, kRowThreads, smem, stream>>>(p, map);
+  // (TMA tiles: the producer warpgroup beside the consumers)
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
+  else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, smem, stream>>>(p, map);
 }
 }  // namespace
 
