@@ -100,7 +100,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kUni = kRowsN == 48>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
           if (at >= 2) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at - 2) >> 1) & 1);
 #pragma unroll
           for (int u = 0; u < kGroups; ++u)
-            tiles.issue<kSlabs, kUni>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
+            tiles.issue<kSlabs, kRowsN == 48>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
                                               ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
 #pragma unroll
           for (int u = 0; u < kGroups; ++u) page[u] = next[u];
@@ -536,7 +536,6 @@ void prepare_kernel() {
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
@@ -544,9 +543,7 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
   // (TMA tiles: the producer warpgroup beside the consumers)
-  static const bool uni = std::getenv("MLA_S19_UNI") != nullptr;  // (s19 A/B, measurement only)
-  if (tma && uni) attend_rows_kernel<true, kRowsN, true><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, smem, stream>>>(p, map);
 }
 }  // namespace
