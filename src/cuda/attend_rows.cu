@@ -100,7 +100,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kVote = false>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
       }
       // This warpgroup's p.v of pair j - 1 is done (it read the other's rows of P^T): named barrier
       // 2 + wg, which the other waits on before it writes its rows of P^T for pair j.
-      if constexpr (!kVote) ptx::named_arrive(2 + wg, kRowThreads);
+      ptx::named_arrive(2 + wg, kRowThreads);
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {
 #pragma unroll
@@ -344,74 +344,6 @@ __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
 #pragma unroll
         for (int i = 0; i < kQkAcc; ++i) grows |= x[u][i] > grow_at[row_slot(i)];
       }
-      if constexpr (kVote) {  // (s19c A/B: the session-18 order)
-      // This barrier of the consumers also says both warpgroups finished pair j-1 (each waited for
-      // its p.v, at the latest under this pair's first q.k groups): P^T, red and alpha may be
-      // rewritten below, and (cp.async) its stage takes pair j+1 now.
-      const bool any_grows = sync_rows_or(grows);
-      if constexpr (!kTma) {
-        if (j + 1 < n_pairs) {
-          copy_pair(j + 1, at + 1);
-          publish_pair(ahead, j + 2, at + 2);  // pair j's rows and key masks are read: pair j + 2's go there
-          ahead = key_of(j + 3);
-        }
-      }
-      if (any_grows) {
-        // This warpgroup's rows: maxima over its 4 warps' keys of both tiles; every row's alpha goes
-        // through shared memory, since o holds all the CTA's rows.
-        float mx[kSlots];
-#pragma unroll
-        for (int r = 0; r < kSlots; ++r) mx[r] = -INFINITY;
-#pragma unroll
-        for (int u = 0; u < kGroups; ++u)
-#pragma unroll
-          for (int i = 0; i < kQkAcc; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], x[u][i]);
-#pragma unroll
-        for (int r = 0; r < kSlots; ++r) {
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
-          if (g == 0) sm.red[cwarp][slot_col(r, c)] = mx[r];
-        }
-        sync_rows();  // every warp's row maxima
-#pragma unroll
-        for (int r = 0; r < kSlots; ++r) {
-          const int n = slot_col(r, c);
-          float m_raw = sm.red[4 * wg][n];
-#pragma unroll
-          for (int w = 1; w < 4; ++w) m_raw = fmaxf(m_raw, sm.red[4 * wg + w][n]);
-          const float m_new = fmaxf(m_run[r], m_raw * scale_log2);  // -inf stays -inf
-          const float alpha = exp2_ftz(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
-          m_run[r] = m_new;
-          d_run[r] *= alpha;
-          if (warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
-        }
-        sync_rows();  // every row's alpha
-#pragma unroll
-        for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
-#pragma unroll
-          for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
-          wgmma::fence_operand(o[blk]);
-        }
-      }
-      // P^T of both tiles for this warpgroup's rows (a missing second tile: zeros, its keys masked),
-      // by stmatrix from f16x2 pairs (store_p_t).
-#pragma unroll
-      for (int u = 0; u < kGroups; ++u) {
-        float w[kQkAcc];
-#pragma unroll
-        for (int i = 0; i < kQkAcc; ++i) {
-          const float m = m_run[row_slot(i)];
-          // (exp2_ftz: 1.3-3% faster than exp2f's subnormal fix-up at D, F, G, qlen 2; s15c)
-          w[i] = exp2_ftz(fmaf(x[u][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
-          d_run[row_slot(i)] += w[i];
-        }
-        store_p_t<kRowsN>(ptx::smem_addr(sm.p[u]), w, kWgRows * wg, warp, lane);
-      }
-      wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
-      sync_rows();                 // both tiles' P^T; every warp has read red and alpha
-
-      } else {
       if constexpr (!kTma) {  // both warpgroups finished pair j - 1: its stage takes pair j + 1
         sync_rows();
         if (j + 1 < n_pairs) {
@@ -489,7 +421,6 @@ __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
         sync_rows();  // both tiles' P^T again; every warp has read red and alpha
       }
 
-      }
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
       {
@@ -619,7 +550,6 @@ void prepare_kernel() {
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
@@ -627,9 +557,7 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
   // (TMA tiles: the producer warpgroup beside the consumers)
-  static const bool vote = std::getenv("MLA_S19_VOTE") != nullptr;  // (s19c A/B, measurement only)
-  if (tma && vote) attend_rows_kernel<true, kRowsN, true><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, smem, stream>>>(p, map);
 }
 }  // namespace
