@@ -52,6 +52,8 @@ using namespace wgmma_attend;
 constexpr int kGroups = 2;                      // consumer warpgroups
 constexpr int kRowThreads = 128 * kGroups;
 constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
+constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
+constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
 
 // A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 or 32 where that many CTAs a
 // request hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads, 32 of 16 x 2:
@@ -98,11 +100,10 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, int kQkGroup = 2>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
-  constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kProducer ? kRowThreads + 128 : kRowThreads;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
@@ -549,7 +550,6 @@ void prepare_kernel() {
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, 3>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
@@ -557,9 +557,7 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
   // (TMA tiles: the producer warpgroup beside the consumers)
-  static const bool qk3 = std::getenv("MLA_S19_QK3") != nullptr;  // (s19d A/B, measurement only)
-  if (tma && qk3) attend_rows_kernel<true, kRowsN, 3><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, smem, stream>>>(p, map);
 }
 }  // namespace
