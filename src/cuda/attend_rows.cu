@@ -109,15 +109,8 @@ __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kProducer ? kRowThreads + 128 : kRowThreads;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
-  // The consumer warps' barriers: named barrier 1 where a producer runs beside them.
-  auto sync_rows = [] {
-    if constexpr (kProducer) ptx::named_sync(1, kRowThreads);
-    else __syncthreads();
-  };
-  auto sync_rows_or = [](bool pred) {
-    if constexpr (kProducer) return ptx::named_sync_or(1, kRowThreads, pred);
-    else return __syncthreads_or(pred) != 0;
-  };
+  // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
+  auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
@@ -379,7 +372,7 @@ __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
       ptx::named_sync(3 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
       write_p(sums);
       // Both tiles' P^T; both warpgroups are past pair j - 1's reads of red and alpha.
-      if (!sync_rows_or(grows)) {
+      if (!sync_consumers_or<kProducer, kRowThreads>(grows)) {
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
       } else {

@@ -86,15 +86,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   constexpr bool kProducer = kRows;
   constexpr int kProducerRegs = kGroupSteps == 1 ? 24 : 32;
   constexpr int kCtaThreads = kProducer ? 2 * kThreads : kThreads;
-  // The consumer warpgroup's barriers: named barrier 1 where a producer runs beside it.
-  auto sync_consumers = [] {
-    if constexpr (kProducer) ptx::named_sync(1, kThreads);
-    else __syncthreads();
-  };
-  auto sync_consumers_or = [](bool pred) {
-    if constexpr (kProducer) return ptx::named_sync_or(1, kThreads, pred);
-    else return __syncthreads_or(pred) != 0;
-  };
   // Accumulators a wave: one wave of up to kQkWave; kRows holds its A operands in registers as well,
   // so 9 or 6 k32 steps a wave (ptxas spills in the loop else).
   constexpr int kAccs = kQkSteps / kGroupSteps;
@@ -248,7 +239,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       ahead = kStages < n_tiles ? keys.page_of(p, kStages, tid) : KeyRow{};
     }
     wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
-    sync_consumers();            // the query tile, the first tiles' rows, the initialized mbarriers
+    sync_consumers<kProducer, kThreads>();  // the query tile, the first tiles' rows, the initialized mbarriers
     if (done == 0) stamp(1, now());
     // The next segment's first page ids (thread 0 wrote its keys before this segment's barrier
     // above; the issuing warps other than 0 read them only after it).
@@ -294,7 +285,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         wgmma::fence_proxy_async();  // this thread's cp.async writes, before the tensor cores read them
         // Tile t has landed for every thread, tile t+kStages-1's rows are published, and tile t-1's
         // products are complete (its buffer is refilled next).
-        sync_consumers();
+        sync_consumers<kProducer, kThreads>();
         const int next = t + kStages - 1;
         if (next < n_tiles) issue_tile(next % kSlots, next % kStages);
         else ptx::cp_async_commit();
@@ -391,7 +382,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       // always on a row's first visible tile): the weights stay <= 2^kLazyRescale (f16 holds them
       // with the same relative precision) and most tiles skip the cross-warp maxima exchange, the
       // rescale of o and its barrier. All threads move every row at once, so they keep agreeing.
-      if (sync_consumers_or(grows)) {
+      if (sync_consumers_or<kProducer, kThreads>(grows)) {
         float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
         for (int i = 0; i < 8; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], s[i]);
@@ -402,7 +393,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
           if (g == 0) sm.red[warp][slot_col(r, c)] = mx[r];
         }
-        sync_consumers();  // every warp's row maxima
+        sync_consumers<kProducer, kThreads>();  // every warp's row maxima
         // Branch-free -inf handling (the rules of core/softmax_state.hpp): a row that has seen
         // nothing keeps m = -inf and gets weights 0 (exp2(-inf - 0)); its first visible tile gets
         // alpha = exp2(-inf) = 0 for the (zero) past.
@@ -433,7 +424,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       }
       store_p_t<kN>(ptx::smem_addr(sm.p), w, 0, warp, lane);
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
-      sync_consumers();            // the whole P tile; every warp has read red
+      sync_consumers<kProducer, kThreads>();  // the whole P tile; every warp has read red
 
       // p.v: per k16 step, 8 dim blocks; fragments double-buffered across steps (an in-flight
       // wgmma reads its A registers until wait). The last step drains: MMAs left in flight into
@@ -483,11 +474,11 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       d[r] += __shfl_xor_sync(0xffffffffu, d[r], 8);
       d[r] += __shfl_xor_sync(0xffffffffu, d[r], 16);
     }
-    sync_consumers();  // red is free (every warp has read the last tile's maxima)
+    sync_consumers<kProducer, kThreads>();  // red is free (every warp has read the last tile's maxima)
     if (g == 0)
 #pragma unroll
       for (int r = 0; r < 4; ++r) sm.red[warp][slot_col(r, c)] = d[r];
-    sync_consumers();
+    sync_consumers<kProducer, kThreads>();
 
 #pragma unroll
     for (int r = 0; r < 4; ++r) {

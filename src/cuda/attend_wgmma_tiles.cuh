@@ -363,6 +363,19 @@ struct OutRow {
   }
 };
 
+// The consumer threads' barrier (kConsumers of them): named barrier 1 where a producer warpgroup
+// runs beside them (it never joins), else the CTA barrier; _or also ORs `pred` over them.
+template <bool kProducer, int kConsumers>
+__device__ __forceinline__ void sync_consumers() {
+  if constexpr (kProducer) ptx::named_sync(1, kConsumers);
+  else __syncthreads();
+}
+template <bool kProducer, int kConsumers>
+__device__ __forceinline__ bool sync_consumers_or(bool pred) {
+  if constexpr (kProducer) return ptx::named_sync_or(1, kConsumers, pred);
+  else return __syncthreads_or(pred) != 0;
+}
+
 // A CTA's segments, for both wgmma kernels: one (request, split) with fixed splits (TMA tiles start
 // on a page: chunks rounded up to whole tiles); with the flat plan (flat_plan.hpp) the requests
 // overlapping this key-CTA's tiles [begin, end). serve(keys, b, part, tok_base, has_next,
