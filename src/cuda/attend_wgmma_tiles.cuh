@@ -380,10 +380,11 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // on a page: chunks rounded up to whole tiles); with the flat plan (flat_plan.hpp) the requests
 // overlapping this key-CTA's tiles [begin, end). serve(keys, b, part, tok_base, has_next,
 // prefetched) serves one: request b's keys into partial `part` at token rows tok_base + i;
-// has_next: a next segment follows (next_segment, written by thread 0 and read by the issuing
-// warps after a CTA barrier: the prologue's in the 16-row kernel, the one below in the many-rows
-// kernel; the previous segment's reads of it are behind its epilogue's CTA barriers), whose first
-// tile serve issues during its last; prefetched: this one's first tile was issued so.
+// has_next: a next segment follows (next_segment, written by thread 0 and read by the 16-row
+// kernel's issuing warps after its prologue's CTA barrier; the previous segment's reads of it are
+// behind its epilogue's CTA barriers), whose first tile serve may issue during its last;
+// prefetched: this one's first tile was issued so. (The many-rows kernel's producer warpgroup
+// walks the segments itself and needs neither.)
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
 // 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is named barrier 1 of the
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
