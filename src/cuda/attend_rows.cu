@@ -95,8 +95,8 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // consumer warps issued the boxes before (s16-s18): in s18's profiles at F, 11.6% of the stall
 // samples were three warps of a warpgroup waiting at tile 0's second q.k group for the one that
 // waited on `empty` and issued them; with the producer, D 10%, F 12%, G 12%, 96 heads 13%, qlen 2
-// 15%, page 16 12-19%, small batches 8-9% faster (s19a, one run). The producer gives its registers to the
-// consumers (setmaxnreg: 24 + 2 x 240 a thread; the 64-row consumers spill a little at 240).
+// 15%, page 16 12-19%, small batches 8-9% faster (s19a, one run). The producer gives its registers
+// to the consumers (setmaxnreg: 24 + 2 x 240 a thread; the 64-row consumers spill a little at 240).
 // The consumers meet at one barrier a pair (s19c: 1.3-2.5% faster than a second one for the lazy
 // rescale's vote): P^T is written before the vote and again only if some row grows (write_p).
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
