@@ -19,8 +19,9 @@
 // Tiles come by TMA (pages of a power of two rows), issued by a producer warpgroup beside the two
 // consumers (s19), or, for other pages, gathered a row at a time by cp.async into the same layout
 // (v17): pair j + 1's rows go out after pair j's q.k, at the barrier that says both warpgroups
-// finished pair j - 1, warpgroup u's 128 threads copying tile u. The step's partials only, as the 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and
-// fixed splits alike. Shared memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
+// finished pair j - 1, warpgroup u's 128 threads copying tile u. The step's partials only, as the
+// 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and fixed splits alike. Shared
+// memory: 2 stages x 2 tiles x 40 KB + the 36 KB query + 16 KB P^T.
 // CTAs of 48 or 32 rows (N = 48 / 32, a warpgroup's q.k N = 24 / 16) where a request needs no more
 // of them than of 64-row ones (attend_rows_cta_rows; s15a, s15b: 12 heads x qlen 4 or 8 and 96
 // heads 10-12% faster than padded 64-row CTAs, 17-32 rows ~1.25x faster than the 16-row kernel).
