@@ -51,7 +51,12 @@ namespace {
 using namespace wgmma_attend;
 
 constexpr int kGroups = 2;                      // consumer warpgroups
-constexpr int kRowThreads = 128 * kGroups;
+constexpr int kRowThreads = 128 * kGroups;      // the consumers
+template <bool kTma>
+constexpr int kRowsCtaThreads = kTma ? kRowThreads + 128 : kRowThreads;  // TMA: + the producer warpgroup
+// Named barriers kPtBarrier + w (w = 0, 1): warpgroup w's p.v of the previous pair is done (it has
+// read the other's rows of P^T); after sync_consumers' kConsumerBarrier.
+constexpr int kPtBarrier = kConsumerBarrier + 1;
 constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
 constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
 constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
@@ -104,11 +109,11 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
 template <bool kTma, int kRowsN>
-__global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
+__global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
   constexpr bool kProducer = kTma;
-  constexpr int kCtaThreads = kProducer ? kRowThreads + 128 : kRowThreads;
+  constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
@@ -299,8 +304,8 @@ __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
         for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
       }
       // This warpgroup's p.v of pair j - 1 is done (it read the other's rows of P^T): named barrier
-      // 2 + wg, which the other waits on before it writes its rows of P^T for pair j.
-      ptx::named_arrive(2 + wg, kRowThreads);
+      // kPtBarrier + wg, which the other waits on before it writes its rows of P^T for pair j.
+      ptx::named_arrive(kPtBarrier + wg, kRowThreads);
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {
 #pragma unroll
@@ -370,7 +375,7 @@ __global__ void __launch_bounds__(kTma ? kRowThreads + 128 : kRowThreads, 1)
       float sums[kSlots];
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) sums[r] = 0.0f;
-      ptx::named_sync(3 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
+      ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
       write_p(sums);
       // Both tiles' P^T; both warpgroups are past pair j - 1's reads of red and alpha.
       if (!sync_consumers_or<kProducer, kRowThreads>(grows)) {
@@ -552,9 +557,8 @@ template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  // (TMA tiles: the producer warpgroup beside the consumers)
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowThreads + 128, smem, stream>>>(p, map);
-  else attend_rows_kernel<false, kRowsN><<<grid, kRowThreads, smem, stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace
 

@@ -363,16 +363,18 @@ struct OutRow {
   }
 };
 
-// The consumer threads' barrier (kConsumers of them): named barrier 1 where a producer warpgroup
-// runs beside them (it never joins), else the CTA barrier; _or also ORs `pred` over them.
+// The consumer threads' barrier (kConsumers of them): named barrier kConsumerBarrier where a
+// producer warpgroup runs beside them (it never joins), else the CTA barrier; _or also ORs `pred`
+// over them.
+constexpr int kConsumerBarrier = 1;
 template <bool kProducer, int kConsumers>
 __device__ __forceinline__ void sync_consumers() {
-  if constexpr (kProducer) ptx::named_sync(1, kConsumers);
+  if constexpr (kProducer) ptx::named_sync(kConsumerBarrier, kConsumers);
   else __syncthreads();
 }
 template <bool kProducer, int kConsumers>
 __device__ __forceinline__ bool sync_consumers_or(bool pred) {
-  if constexpr (kProducer) return ptx::named_sync_or(1, kConsumers, pred);
+  if constexpr (kProducer) return ptx::named_sync_or(kConsumerBarrier, kConsumers, pred);
   else return __syncthreads_or(pred) != 0;
 }
 
@@ -386,7 +388,7 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // prefetched: this one's first tile was issued so. (The many-rows kernel's producer warpgroup
 // walks the segments itself and needs neither.)
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
-// 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is named barrier 1 of the
+// 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is sync_consumers' of the
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
 // segments). One call site of serve (one copy of its code).
 template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, class Serve>
@@ -429,8 +431,7 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
     if constexpr (kSegmentInSmem) {
       if (tid == 0) *segment = keys;
       // the segments (the previous serve's reads of them are behind its barriers)
-      if constexpr (kSegmentSync > 0) ptx::named_sync(1, kSegmentSync);
-      else __syncthreads();
+      sync_consumers<(kSegmentSync > 0), kSegmentSync>();
       serve(*segment, cur, part, tok_base, nb >= 0, prefetched);
     } else {
       serve(keys, cur, part, tok_base, nb >= 0, prefetched);
