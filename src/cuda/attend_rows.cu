@@ -88,7 +88,7 @@ struct RowsSmem {
   uint64_t key_mask[2][kGroups][4];                     // its real keys, by the warp that issued them
   const uint8_t* rows[2][kGroups][kTileKeys];           // cp.async tiles: [pair & 1][tile]: row or null (masked)
   int32_t flat_start[kMaxFlatBatch + 1];
-  KeyStream segment, next_segment;
+  KeyStream segment;
 };
 template <int kRowsN>
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN>)) + 1024; }
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         done += n_pairs;
       };
       serve_segments<kCtaThreads, kRowsN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
-                                                 sm.next_segment, nullptr, produce);
+                                                 nullptr, nullptr, produce);
       return;
     }
     ptx::setmaxnreg_inc<240>();
@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   };  // serve
 
   serve_segments<kCtaThreads, kRowsN, true, kProducer ? kRowThreads : 0>(
-      p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, sm.next_segment, &sm.segment, serve);
+      p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr, &sm.segment, serve);
 }
 
 int rows_min_env() {

@@ -71,7 +71,7 @@ struct Bf16RowsSmem {
   alignas(8) uint64_t full[2][3];                        // [buffer][part]: warpgroup 0's, 1's slabs, the rope slab
   uint64_t key_mask[2][kGroups][4];                      // a tile's real keys, by each warpgroup's issuing warps
   int32_t flat_start[kMaxFlatBatch + 1];
-  KeyStream segment, next_segment;
+  KeyStream segment;
 };
 constexpr int bf16_rows_smem_bytes() { return int(sizeof(Bf16RowsSmem)) + 1024; }
 static_assert(bf16_rows_smem_bytes() <= 227 * 1024, "over the H200's shared memory a block");
@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     done += n_tiles;
   };  // serve
 
-  serve_segments<kThreadsB, kRowsM, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, sm.next_segment,
+  serve_segments<kThreadsB, kRowsM, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr,
                                           &sm.segment, serve);
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attend_keys.cuh"
 #include "cuda/flat_plan.hpp"
@@ -382,18 +383,19 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // on a page: chunks rounded up to whole tiles); with the flat plan (flat_plan.hpp) the requests
 // overlapping this key-CTA's tiles [begin, end). serve(keys, b, part, tok_base, has_next,
 // prefetched) serves one: request b's keys into partial `part` at token rows tok_base + i;
-// has_next: a next segment follows (next_segment, written by thread 0 and read by the 16-row
-// kernel's issuing warps after its prologue's CTA barrier; the previous segment's reads of it are
-// behind its epilogue's CTA barriers), whose first tile serve may issue during its last;
-// prefetched: this one's first tile was issued so. (The many-rows kernel's producer warpgroup
-// walks the segments itself and needs neither.)
+// has_next: a next segment follows, whose first tile serve may issue during its last (the 16-row
+// kernel: *next_segment, written by thread 0 and read by its issuing warps after its prologue's
+// CTA barrier; the previous segment's reads of it are behind its epilogue's CTA barriers; nullptr,
+// a std::nullptr_t, where no serve reads it); prefetched: this one's first tile was issued so. (The many-rows
+// kernels issue nothing across segments from serve: the fp8 one's producer warpgroup walks the
+// segments itself.)
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
 // 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is sync_consumers' of the
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
 // segments). One call site of serve (one copy of its code).
-template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, class Serve>
+template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
-                                               int tid, int32_t* flat_start, KeyStream& next_segment,
+                                               int tid, int32_t* flat_start, NextSegment next_segment,
                                                KeyStream* segment, Serve&& serve) {
   const int batch = p.batch;
   flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
@@ -425,7 +427,9 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
     }
     const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
                                 : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
-    if (nb >= 0 && tid == 0) next_segment = segment_keys(nb, false);
+    if constexpr (!std::is_null_pointer_v<NextSegment>) {
+      if (nb >= 0 && tid == 0) *next_segment = segment_keys(nb, false);
+    }
     const int64_t part = flat ? flat::partial(cta_key, cur) : cta.split;
     const int64_t tok_base = flat ? 0 : int64_t(cta.b) * p.qlen;
     if constexpr (kSegmentInSmem) {
