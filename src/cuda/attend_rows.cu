@@ -89,6 +89,7 @@ struct RowsSmem {
   const uint8_t* rows[2][kGroups][kTileKeys];           // cp.async tiles: [pair & 1][tile]: row or null (masked)
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment;
+  uint64_t empty_tile1[2];  // (s20a A/B: tile 1's own `empty`; empty[] is tile 0's)
 };
 template <int kRowsN>
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN>)) + 1024; }
@@ -108,7 +109,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN>
+template <bool kTma, int kRowsN, bool kTileEmpty = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -141,6 +142,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       }
     if (kProducer)  // a consumer warp's arrival when it is done with a pair
       for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
+    if (kProducer && kTileEmpty)
+      for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty_tile1[s]), kRowThreads / 32);
     tma::fence_barrier_init();  // published by the first segment's CTA barrier (the producer: below)
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
@@ -163,9 +166,12 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           // the consumers are done with the stage's previous pair (at - 2)
           if (at >= 2) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at - 2) >> 1) & 1);
 #pragma unroll
-          for (int u = 0; u < kGroups; ++u)
+          for (int u = 0; u < kGroups; ++u) {
+            if (kTileEmpty && u == 1 && at >= 2)
+              tma::wait_parity_forever(ptx::smem_addr(&sm.empty_tile1[stage]), ((at - 2) >> 1) & 1);
             tiles.issue<kSlabs, kRowsN == 48>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
                                               ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
+          }
 #pragma unroll
           for (int u = 0; u < kGroups; ++u) page[u] = next[u];
         }
@@ -265,7 +271,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
-        if (u == 1 && !both) continue;
+        if (u == 1 && (!both || kTileEmpty)) continue;
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
         key_mask[u] = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
       }
@@ -297,7 +303,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         wgmma::fence_operand(acc[u]);
       };
 #pragma unroll
-      for (int u = 0; u < kGroups; ++u) issue_group(u, 0);
+      for (int u = 0; u < kGroups; ++u) {
+        if (kTileEmpty && u == 1 && both) {  // (s20a: tile 1 may land after tile 0's first group went out)
+          tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][1]), parity);
+          key_mask[1] = (sm.key_mask[stage][1][0] | sm.key_mask[stage][1][1]) | (sm.key_mask[stage][1][2] | sm.key_mask[stage][1][3]);
+        }
+        issue_group(u, 0);
+      }
       if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
         wgmma::wait<0>();
 #pragma unroll
@@ -446,6 +458,11 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
                 v_load<Tiles::kBoxes>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
                                       vraw[jj]);
             }
+            if constexpr (kProducer && kTileEmpty)
+              if (t == kPvSteps - 1) {  // (s20a: tile 0's last V fragments are in registers)
+                __syncwarp();
+                if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));
+              }
             wgmma::fence();
             const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
 #pragma unroll
@@ -456,7 +473,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         }
         if constexpr (kProducer) {  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
           __syncwarp();
-          if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));
+          if (lane == 0) tma::arrive(ptx::smem_addr(kTileEmpty ? &sm.empty_tile1[stage] : &sm.empty[stage]));
         }
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
       }
@@ -551,13 +568,16 @@ void prepare_kernel() {
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  static const bool tile_empty = std::getenv("MLA_S20_TILE_EMPTY") != nullptr;  // (s20a A/B, measurement only)
+  if (tma && tile_empty) attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace
