@@ -84,12 +84,12 @@ struct RowsSmem {
   float alpha[kRowsN];                                  // a row's rescale factor (lazy rescale)
   float final_m[kRowsN], final_d[kRowsN];               // a row's softmax state at the end
   alignas(8) uint64_t full[2][kGroups];                 // a tile landed (mbarrier: an arrival a slot)
-  uint64_t empty[2];                                    // a stage's pair consumed (an arrival a consumer warp)
+  uint64_t empty[2];                                    // a stage's pair (kTileRelease: tile 0) consumed (an arrival a consumer warp)
   uint64_t key_mask[2][kGroups][4];                     // its real keys, by the warp that issued them
   const uint8_t* rows[2][kGroups][kTileKeys];           // cp.async tiles: [pair & 1][tile]: row or null (masked)
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment;
-  uint64_t empty_tile1[2];  // (s20a A/B: tile 1's own `empty`; empty[] is tile 0's)
+  uint64_t empty1[2];                                   // kTileRelease: a stage's tile 1 consumed
 };
 template <int kRowsN>
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN>)) + 1024; }
@@ -104,18 +104,24 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // waited on `empty` and issued them; with the producer, D 10%, F 12%, G 12%, 96 heads 13%, qlen 2
 // 15%, page 16 12-19%, small batches 8-9% faster (s19a, one run). The producer gives its registers
 // to the consumers (setmaxnreg: 24 + 2 x 240 a thread; the 64-row consumers spill a little at 240).
+// At 32 and 48 rows each tile of a stage is released on its own (kTileRelease, s20a): tile 0 once
+// the consumer warps have its last V fragments in registers, half a p.v before tile 1, and the
+// consumers wait for tile 1 only after tile 0's first q.k group went out; F, G, 96 heads, 48 rows
+// at B = 16 0.6-1.1% faster, 24 rows at B = 16 1.6%, u32768 at qlen 4 0.3% slower; at 64 rows
+// (D) 1.7% slower, so 64-row CTAs release the pair at once (one run, GPU-0bdf7e1c).
 // The consumers meet at one barrier a pair (s19c: 1.3-2.5% faster than a second one for the lazy
 // rescale's vote): P^T is written before the vote and again only if some row grows (write_p).
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kTileEmpty = false>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
+  constexpr bool kTileRelease = kProducer && kRowsN < 64;  // an `empty` mbarrier a tile (else a pair)
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
@@ -142,8 +148,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       }
     if (kProducer)  // a consumer warp's arrival when it is done with a pair
       for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
-    if (kProducer && kTileEmpty)
-      for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty_tile1[s]), kRowThreads / 32);
+    if (kTileRelease)
+      for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty1[s]), kRowThreads / 32);
     tma::fence_barrier_init();  // published by the first segment's CTA barrier (the producer: below)
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
@@ -167,8 +173,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           if (at >= 2) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at - 2) >> 1) & 1);
 #pragma unroll
           for (int u = 0; u < kGroups; ++u) {
-            if (kTileEmpty && u == 1 && at >= 2)
-              tma::wait_parity_forever(ptx::smem_addr(&sm.empty_tile1[stage]), ((at - 2) >> 1) & 1);
+            if (kTileRelease && u == 1 && at >= 2)  // (tile 0's boxes are out before tile 1 is free)
+              tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
             tiles.issue<kSlabs, kRowsN == 48>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
                                               ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
           }
@@ -267,13 +273,16 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
       uint64_t key_mask[kGroups];
       uint64_t kd[kGroups];
+      auto land = [&](int u) {  // tile u landed: its real keys (the issuing warps' masks)
+        tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
+        key_mask[u] = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
+      };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
-        if (u == 1 && (!both || kTileEmpty)) continue;
-        tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
-        key_mask[u] = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
+        if (u == 1 && (!both || kTileRelease)) continue;  // (kTileRelease: tile 1 below)
+        land(u);
       }
       // Gathered rows are generic-proxy writes, seen complete through the mbarrier: ordered before
       // the tensor cores' reads (async proxy) by each reading thread (TMA writes are async already).
@@ -304,10 +313,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
-        if (kTileEmpty && u == 1 && both) {  // (s20a: tile 1 may land after tile 0's first group went out)
-          tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][1]), parity);
-          key_mask[1] = (sm.key_mask[stage][1][0] | sm.key_mask[stage][1][1]) | (sm.key_mask[stage][1][2] | sm.key_mask[stage][1][3]);
-        }
+        if (kTileRelease && u == 1 && both) land(1);  // (released and issued after tile 0)
         issue_group(u, 0);
       }
       if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
@@ -458,8 +464,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
                 v_load<Tiles::kBoxes>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
                                       vraw[jj]);
             }
-            if constexpr (kProducer && kTileEmpty)
-              if (t == kPvSteps - 1) {  // (s20a: tile 0's last V fragments are in registers)
+            if constexpr (kTileRelease)
+              if (t == kPvSteps - 1) {  // tile 0's last V fragments are in registers
                 __syncwarp();
                 if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));
               }
@@ -473,7 +479,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         }
         if constexpr (kProducer) {  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
           __syncwarp();
-          if (lane == 0) tma::arrive(ptx::smem_addr(kTileEmpty ? &sm.empty_tile1[stage] : &sm.empty[stage]));
+          if (lane == 0) tma::arrive(ptx::smem_addr(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]));
         }
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
       }
@@ -568,16 +574,13 @@ void prepare_kernel() {
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  static const bool tile_empty = std::getenv("MLA_S20_TILE_EMPTY") != nullptr;  // (s20a A/B, measurement only)
-  if (tma && tile_empty) attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace
