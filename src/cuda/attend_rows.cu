@@ -91,9 +91,32 @@ struct RowsSmem {
   KeyStream segment;
   uint64_t empty1[2];                                   // kTileRelease: a stage's tile 1 consumed
 };
+// s20b (A/B, MLA_S20_RING): TMA tiles of 36 KB (kRingTileBytes: the rope dims in a 64-byte swizzled
+// half slab) in a ring of kRingTiles single-tile stages, each with its own full and empty
+// mbarrier: tile T of the CTA in stage T % kRingTiles, so 3 tiles are in flight while a pair is
+// computed (2 with the pair stages above). Fits at 32 and 48 rows only.
+constexpr int kRingTiles = 5;
 template <int kRowsN>
-constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN>)) + 1024; }
+struct RingSmem {
+  alignas(1024) uint8_t kv[kRingTiles][kRingTileBytes];  // tile T in kv[T % kRingTiles]
+  alignas(128) uint8_t q[kRowsN * kRow];
+  alignas(128) uint16_t p[kGroups][kRowsN * kTileKeys];
+  float red[kGroups * 4][kRowsN];
+  int32_t limit[kRowsN];
+  float alpha[kRowsN];
+  float final_m[kRowsN], final_d[kRowsN];
+  alignas(8) uint64_t full[kRingTiles];
+  uint64_t empty[kRingTiles];
+  uint64_t key_mask[kRingTiles][4];
+  int32_t flat_start[kMaxFlatBatch + 1];
+  KeyStream segment;
+};
+template <int kRowsN, bool kRing = false>
+constexpr int rows_smem_bytes() {
+  return int(kRing ? sizeof(RingSmem<kRowsN>) : sizeof(RowsSmem<kRowsN>)) + 1024;
+}
 static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memory a block");
+static_assert(rows_smem_bytes<48, true>() <= 227 * 1024, "over the H200's shared memory a block");
 
 // kTma: tiles as whole pages by TMA, issued by a third warpgroup, the producer (s19): it loads
 // the page ids and issues every pair's boxes once the consumer warps have arrived on the stage's
@@ -114,14 +137,19 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN>
+template <bool kTma, int kRowsN, bool kRing = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
-    attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
+    attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map,
+                       const __grid_constant__ CUtensorMap rope_map) {
+  static_assert(!kRing || (kTma && kRowsN < 64), "the ring: TMA tiles at 32 or 48 rows");
   using Shape = RowShape<kRowsN>;
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
   constexpr bool kTileRelease = kProducer && kRowsN < 64;  // an `empty` mbarrier a tile (else a pair)
+  // (s20b) the ring's tile 2 at + u: its stage and the parity of its round
+  auto ring_slot = [](int at, int u) { return (2 * at + u) % kRingTiles; };
+  auto ring_round = [](int at, int u) { return (2 * at + u) / kRingTiles; };
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
@@ -129,7 +157,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<RowsSmem<kRowsN>*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  using Smem = std::conditional_t<kRing, RingSmem<kRowsN>, RowsSmem<kRowsN>>;
+  auto& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
   // (warp_uniform: q.k's query descriptor and P^T's in uniform registers, 136-264 fewer
   // instructions a kernel; D 3.1%, 96 heads 2.5%, F, G, qlen 2 1.3% faster, F at page 16 and 48
   // rows at B = 16 1-2% slower; s17d, the same run)
@@ -139,7 +168,17 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kRowsN, tid);
   const int rows_total = cta.rows_total, m_base = cta.m_base;
-  if (tid == 0) {
+  if (tid == 0 && kRing) {
+    for (int s = 0; s < kRingTiles; ++s) {
+      if constexpr (kRing) {
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTiles::slots(p));
+        tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
+        for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
+      }
+    }
+    tma::fence_barrier_init();
+  } else if (tid == 0) {
+    if constexpr (!kRing) {
     for (int s = 0; s < 2; ++s)
       for (int u = 0; u < kGroups; ++u) {
         // TMA: an arrival an issuing warp; cp.async: one a thread of the warpgroup (arrive.noinc)
@@ -151,6 +190,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     if (kTileRelease)
       for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty1[s]), kRowThreads / 32);
     tma::fence_barrier_init();  // published by the first segment's CTA barrier (the producer: below)
+    }
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
   if constexpr (kProducer) {
@@ -169,6 +209,16 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         for (int j = 0; j < n_pairs; ++j) {
           const int at = done + j, stage = at & 1;
           const int32_t next[kGroups] = {tiles.page_of(keys, 2 * j + 2), tiles.page_of(keys, 2 * j + 3)};
+          if constexpr (kRing) {  // (s20b) tile 2 at + u once the consumers are done with its stage's last
+#pragma unroll
+            for (int u = 0; u < kGroups; ++u) {
+              const int slot = ring_slot(at, u), round = ring_round(at, u);
+              if (round > 0) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[slot]), (round - 1) & 1);
+              tiles.issue<4, kRowsN == 48, true>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[slot][0]),
+                                                 ptx::smem_addr(&sm.full[slot]), &sm.key_mask[slot][pwarp], 0,
+                                                 &rope_map);
+            }
+          } else {
           // the consumers are done with the stage's previous pair (at - 2)
           if (at >= 2) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at - 2) >> 1) & 1);
 #pragma unroll
@@ -177,6 +227,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
               tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
             tiles.issue<kSlabs, kRowsN == 48>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
                                               ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
+          }
           }
 #pragma unroll
           for (int u = 0; u < kGroups; ++u) page[u] = next[u];
@@ -199,6 +250,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     // mbarrier when done (a tile past the segment: none copied, the arrivals still come, so every
     // mbarrier completes one phase a pair and the parity is (at / 2) & 1 for both tiles).
     auto copy_pair = [&](int pair, int at) {
+      if constexpr (!kRing) {
       const int stage = at & 1;
       const uint32_t dst = ptx::smem_addr(&sm.kv[stage][wg][0]);
       const uint8_t* const* rows = sm.rows[pair & 1][wg];
@@ -211,6 +263,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
                          row ? row + 16 * chunk : static_cast<const uint8_t*>(p.cache), row != nullptr, p.l1_copies);
       }
       tma::cp_async_arrive_noinc(ptx::smem_addr(&sm.full[stage][wg]));
+      }
     };
     // cp.async: thread t < 64 of warpgroup u loads the page id of key t of tile 2 pair + u a pair
     // before it publishes the row (a whole pair hides the dependent load) and the tile's real keys
@@ -219,6 +272,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       return !kTma && pair < n_pairs && tid % 128 < kTileKeys ? keys.page_of(p, 2 * pair + wg, tid % 128) : KeyRow{};
     };
     auto publish_pair = [&](const KeyRow& k, int pair, int at) {
+      if constexpr (!kRing) {
       if (tid % 128 >= kTileKeys) return;
       const uint8_t* row;
       int32_t pos;
@@ -226,6 +280,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       sm.rows[pair & 1][wg][tid % 128] = row;
       const uint32_t real = __ballot_sync(0xffffffffu, row != nullptr);
       if (lane == 0) sm.key_mask[at & 1][wg][warp] = uint64_t(real) << (32 * warp);
+      }
     };
     // The query's loads first, then the page ids (cp.async): the round trips overlap.
     // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
@@ -273,14 +328,26 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
       uint64_t key_mask[kGroups];
       uint64_t kd[kGroups];
+      uint64_t kd4[kGroups];  // (s20b) the rope dims' half slab
       auto land = [&](int u) {  // tile u landed: its real keys (the issuing warps' masks)
+        if constexpr (kRing) {
+          const int slot = ring_slot(at, u);
+          tma::wait_parity_forever(ptx::smem_addr(&sm.full[slot]), ring_round(at, u) & 1);
+          key_mask[u] = (sm.key_mask[slot][0] | sm.key_mask[slot][1]) | (sm.key_mask[slot][2] | sm.key_mask[slot][3]);
+        } else {
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
         key_mask[u] = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
+        }
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
+        if constexpr (kRing) {
+          kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[ring_slot(at, u)][0]));
+          kd4[u] = wgmma::descriptor_sw64(ptx::smem_addr(&sm.kv[ring_slot(at, u)][4 * kSlabBytes]));
+        } else {
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
+        }
         if (u == 1 && (!both || kTileRelease)) continue;  // (kTileRelease: tile 1 below)
         land(u);
       }
@@ -303,7 +370,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           const int step = grp * kQkGroup + v;
           // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
           // a branch around a wgmma makes ptxas fence the accumulators)
-          wgmma::mma_qk_e4m3<kWgRows>(acc[u], kd[u], qd[u], v > 0);
+          if (kRing && step >= 16)  // (s20b) the rope dims: 64-byte rows, k32 steps 32 bytes apart
+            wgmma::mma_qk_e4m3<kWgRows>(acc[u], wgmma::advance(kd4[u], (step - 16) * 32), qd[u], v > 0);
+          else
+            wgmma::mma_qk_e4m3<kWgRows>(acc[u], kd[u], qd[u], v > 0);
           kd[u] = wgmma::advance(kd[u],
                                  key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
           qd[u] = wgmma::advance(qd[u], 2 * kRowChunkStride);
@@ -447,7 +517,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
         const int steps = (both ? 2 : 1) * kPvSteps;
         const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128);
-        auto kv_of = [&](int t) { return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]); };
+        auto kv_of = [&](int t) {
+          if constexpr (kRing) return ptx::smem_addr(&sm.kv[ring_slot(at, t / kPvSteps)][0]);
+          else return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]);
+        };
         uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
 #pragma unroll
         for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
@@ -467,7 +540,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             if constexpr (kTileRelease)
               if (t == kPvSteps - 1) {  // tile 0's last V fragments are in registers
                 __syncwarp();
-                if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));
+                if (lane == 0) {
+                  if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(at, 0)]));
+                  else tma::arrive(ptx::smem_addr(&sm.empty[stage]));
+                }
               }
             wgmma::fence();
             const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
@@ -479,7 +555,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         }
         if constexpr (kProducer) {  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
           __syncwarp();
-          if (lane == 0) tma::arrive(ptx::smem_addr(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]));
+          if (lane == 0) {
+            if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(at, 1)]));
+            else tma::arrive(ptx::smem_addr(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]));
+          }
         }
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
       }
@@ -567,21 +646,32 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
 }
 
 namespace {
-template <auto kKernel, int kRowsN>
+template <auto kKernel, int kRowsN, bool kRing = false>
 void prepare_kernel() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
+  MLA_CUDA_CHECK(
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN, kRing>()));
 }
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
+  if constexpr (kRowsN < 64) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN, true>();
 }
 template <int kRowsN>
-void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
+void launch_rows_height(const AttendParams& p, const CUtensorMap& map, const CUtensorMap& rope_map, bool tma,
+                        cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
+  static const bool ring = std::getenv("MLA_S20_RING") != nullptr;  // (s20b A/B, measurement only)
+  // (the rope box's 64-byte rows: TMA writes shared memory 128 bytes aligned, so pages of 2 rows up)
+  if constexpr (kRowsN < 64)
+    if (tma && ring && p.page_size >= 2) {
+      attend_rows_kernel<true, kRowsN, true>
+          <<<grid, kRowsCtaThreads<true>, rows_smem_bytes<kRowsN, true>(), stream>>>(p, map, rope_map);
+      return;
+    }
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
+  else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map, rope_map);
 }
 }  // namespace
 
@@ -605,11 +695,12 @@ int attend_rows_cta_rows(int rows) {
   return kAttendRowsPerCta;
 }
 
-void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
+void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, const CUtensorMap& rope_map, bool tma,
+                        cudaStream_t stream) {
   switch (attend_rows_cta_rows(p.heads * p.qlen)) {
-    case 32: launch_rows_height<32>(p, map, tma, stream); break;
-    case 48: launch_rows_height<48>(p, map, tma, stream); break;
-    default: launch_rows_height<64>(p, map, tma, stream);
+    case 32: launch_rows_height<32>(p, map, rope_map, tma, stream); break;
+    case 48: launch_rows_height<48>(p, map, rope_map, tma, stream); break;
+    default: launch_rows_height<64>(p, map, rope_map, tma, stream);
   }
   MLA_CUDA_CHECK_LAUNCH();
 }

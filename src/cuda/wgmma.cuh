@@ -35,6 +35,12 @@ __device__ __forceinline__ uint64_t descriptor_sw128(uint32_t smem_addr) {
   return uint64_t((smem_addr >> 4) & 0x3FFF) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
 }
 
+// The same for K-major tiles in the 64-byte swizzle (atoms of 8 rows x 64 bytes, 512 bytes apart):
+// stride offset 512, layout type 2; a k32 step inside a row advances the start address by 32 bytes.
+__device__ __forceinline__ uint64_t descriptor_sw64(uint32_t smem_addr) {
+  return uint64_t((smem_addr >> 4) & 0x3FFF) | uint64_t(1) << 16 | uint64_t(512 >> 4) << 32 | uint64_t(2) << 62;
+}
+
 // The descriptor of the same layout `bytes` further on: the start address is the low 14 bits (>> 4)
 // and shared memory ends below 2^18 bytes, so the add never carries out of the field.
 __device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) {
