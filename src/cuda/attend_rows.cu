@@ -137,11 +137,12 @@ static_assert(rows_smem_bytes<48, true>() <= 227 * 1024, "over the H200's shared
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kRing = false>
+template <bool kTma, int kRowsN, bool kRing = false, bool kInterleave = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map,
                        const __grid_constant__ CUtensorMap rope_map) {
   static_assert(!kRing || (kTma && kRowsN < 64), "the ring: TMA tiles at 32 or 48 rows");
+  static_assert(!kInterleave || (kTma && kRowsN < 64), "the interleave: TMA tiles at 32 or 48 rows");
   using Shape = RowShape<kRowsN>;
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
@@ -320,6 +321,55 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     for (int u = 0; u < kGroups; ++u)
 #pragma unroll
       for (int i = 0; i < kQkAcc; ++i) acc[u][i] = 0.0f;
+    // (s20c, kInterleave) pair j - 1's p.v runs a k16 step at a time between pair j's q.k groups:
+    // its key masks, pair index, tiles, V bytes of the next step and the fragments in flight.
+    uint64_t pv_mask[kGroups] = {0, 0};
+    int pv_at = 0;
+    bool pv_both = false, pv_have = false;
+    // (one buffer of fragments at 48 rows, registers: step t + 1 is converted once step t is done)
+    constexpr int kPvBufs = kRowsN == 48 ? 1 : 2;
+    uint32_t pv_raw[kGroupDimBlocks / 2][4], pv_frag[kPvBufs][kGroupDimBlocks][4];
+    auto pv_kv = [&](int t) {
+      if constexpr (kRing) return ptx::smem_addr(&sm.kv[ring_slot(pv_at, t / kPvSteps)][0]);
+      else return ptx::smem_addr(&sm.kv[pv_at & 1][t / kPvSteps][0]);
+    };
+    auto pv_release = [&](int u) {  // the warp's last read of pair pv_at's tile u
+      __syncwarp();
+      if (lane == 0) {
+        if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(pv_at, u)]));
+        else tma::arrive(ptx::smem_addr(u == 0 ? &sm.empty[pv_at & 1] : &sm.empty1[pv_at & 1]));
+      }
+    };
+    // Step t of p.v(pv_at) (if there is one), always committed as a group of its own (an empty one
+    // when not), so the waits between q.k groups count the same every pair.
+    auto pv_step = [&](int t) {
+      if constexpr (kInterleave) {
+        const int steps = (pv_both ? 2 : 1) * kPvSteps;
+        if (pv_have && t < steps) {
+          const int u = t / kPvSteps, ks = t % kPvSteps;
+#pragma unroll
+          for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
+            if (pv_mask[u] != ~0ull) v_mask(pv_raw[jj], pv_mask[u], ks, c);  // 0 x NaN is NaN
+            v_convert(pv_raw[jj], pv_frag[t % kPvBufs][2 * jj], pv_frag[t % kPvBufs][2 * jj + 1]);
+            if (t + 1 < steps)
+              v_load<Tiles::kBoxes>(pv_kv(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
+                                    pv_raw[jj]);
+          }
+          if (t == kPvSteps - 1) {
+            pv_release(0);
+            if (!pv_both) pv_release(1);
+          }
+          if (t == 2 * kPvSteps - 1) pv_release(1);
+          wgmma::fence();
+          const uint64_t bp = wgmma::advance(wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128),
+                                             u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
+#pragma unroll
+          for (int blk = 0; blk < kGroupDimBlocks; ++blk)
+            wgmma::mma_pv_f16_rs<kRowsN>(o[blk], pv_frag[t % kPvBufs][blk], bp);
+        }
+        wgmma::commit();
+      }
+    };
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
@@ -386,6 +436,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         if (kTileRelease && u == 1 && both) land(1);  // (released and issued after tile 0)
         issue_group(u, 0);
       }
+      if constexpr (kInterleave) {
+        pv_step(0);  // (s20c) commits: q.k group 0 of both tiles, p.v step 0, then a triple a group
+      } else {
       if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
         wgmma::wait<0>();
 #pragma unroll
@@ -394,17 +447,28 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // This warpgroup's p.v of pair j - 1 is done (it read the other's rows of P^T): named barrier
       // kPtBarrier + wg, which the other waits on before it writes its rows of P^T for pair j.
       ptx::named_arrive(kPtBarrier + wg, kRowThreads);
+      }
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {
 #pragma unroll
         for (int u = 0; u < kGroups; ++u) {
-          if (grp + 1 == kQkGroups && u + 1 == kGroups) wgmma::wait<0>();
+          if (kInterleave) {  // (s20c) behind tile u's group grp: the other's, p.v step grp, (u = 1) tile 0's next
+            if (grp + 1 < kQkGroups && (u == 0 || kPvBufs == 2)) wgmma::wait<2>();
+            else if (grp + 1 < kQkGroups || u == 0) wgmma::wait<1>();  // (one buffer: p.v step grp too)
+            else wgmma::wait<0>();
+          } else if (grp + 1 == kQkGroups && u + 1 == kGroups) wgmma::wait<0>();
           else wgmma::wait<1>();  // tile u's group grp (the other tile's may still run)
           wgmma::fence_operand(acc[u]);
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) x[u][i] = grp == 0 ? acc[u][i] : x[u][i] + acc[u][i];
           if (grp + 1 < kQkGroups) issue_group(u, grp + 1);
         }
+        if (kInterleave && grp + 1 < 2 * kPvSteps) pv_step(grp + 1);
+      }
+      if constexpr (kInterleave) {  // p.v of pair j - 1 is done (the last wait<0>)
+#pragma unroll
+        for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+        ptx::named_arrive(kPtBarrier + wg, kRowThreads);
       }
       // Scores masked by a select (a NaN of a masked key goes too). The thread's two keys of tile u:
       // 16 warp + g (+ 8); its rows: kWgRows wg + acc_col(i, c). Positions grow with the local index, so
@@ -512,7 +576,14 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
-      {
+      if constexpr (kInterleave) {  // (s20c) under pair j + 1's q.k, or after the segment's last pair
+        pv_at = at, pv_both = both, pv_have = true;
+#pragma unroll
+        for (int u = 0; u < kGroups; ++u) pv_mask[u] = key_mask[u];
+#pragma unroll
+        for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
+          v_load<Tiles::kBoxes>(pv_kv(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, pv_raw[jj]);
+      } else {
         // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
         // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
         const int steps = (both ? 2 : 1) * kPvSteps;
@@ -562,6 +633,15 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         }
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
       }
+    }
+    if constexpr (kInterleave) {  // (s20c) the segment's last pair's p.v, on its own
+#pragma unroll
+      for (int t = 0; t < 2 * kPvSteps; ++t) {
+        pv_step(t);
+        if (kPvBufs == 1) wgmma::wait<0>();
+        else if (t > 0) wgmma::wait<1>();
+      }
+      pv_have = false;
     }
     wgmma::wait<0>();
 #pragma unroll
@@ -655,7 +735,11 @@ template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
-  if constexpr (kRowsN < 64) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN, true>();
+  if constexpr (kRowsN < 64) {
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN, true>();
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true, true>, kRowsN, true>();
+    prepare_kernel<attend_rows_kernel<true, kRowsN, false, true>, kRowsN>();
+  }
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, const CUtensorMap& rope_map, bool tma,
@@ -664,10 +748,16 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, const CUt
   const int smem = rows_smem_bytes<kRowsN>();
   static const bool ring = std::getenv("MLA_S20_RING") != nullptr;  // (s20b A/B, measurement only)
   // (the rope box's 64-byte rows: TMA writes shared memory 128 bytes aligned, so pages of 2 rows up)
+  static const bool interleave = std::getenv("MLA_S20_INTERLEAVE") != nullptr;  // (s20c A/B, measurement only)
   if constexpr (kRowsN < 64)
-    if (tma && ring && p.page_size >= 2) {
-      attend_rows_kernel<true, kRowsN, true>
-          <<<grid, kRowsCtaThreads<true>, rows_smem_bytes<kRowsN, true>(), stream>>>(p, map, rope_map);
+    if (tma && (ring || interleave)) {
+      const int ring_smem = rows_smem_bytes<kRowsN, true>();
+      if (ring && interleave)
+        attend_rows_kernel<true, kRowsN, true, true><<<grid, kRowsCtaThreads<true>, ring_smem, stream>>>(p, map, rope_map);
+      else if (ring)
+        attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, ring_smem, stream>>>(p, map, rope_map);
+      else
+        attend_rows_kernel<true, kRowsN, false, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
       return;
     }
   if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
