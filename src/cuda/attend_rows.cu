@@ -137,12 +137,12 @@ static_assert(rows_smem_bytes<48, true>() <= 227 * 1024, "over the H200's shared
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kRing = false, bool kInterleave = false>
+template <bool kTma, int kRowsN, bool kRing = false, int kSplit = 0>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map,
                        const __grid_constant__ CUtensorMap rope_map) {
   static_assert(!kRing || (kTma && kRowsN < 64), "the ring: TMA tiles at 32 or 48 rows");
-  static_assert(!kInterleave || (kTma && kRowsN < 64), "the interleave: TMA tiles at 32 or 48 rows");
+  static_assert(!kSplit || kTma, "own rows: TMA tiles");
   using Shape = RowShape<kRowsN>;
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
@@ -155,6 +155,16 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
+  // (s20d A/B) kSplit 1: each warpgroup owns its rows for p.v too (o^T [512 x kWgRows], all of V
+  // widened by both), so the warpgroups share no P^T and meet at no barrier in the pair loop;
+  // kSplit 2: and their q.k phases alternate (FA3's ping-pong): warpgroup 1 starts q.k(j) once
+  // warpgroup 0's is done (named barrier kQkDone), warpgroup 0 q.k(j + 1) once warpgroup 1's q.k(j)
+  // is, so one's softmax and p.v run beside the other's q.k.
+  constexpr bool kOwnRows = kSplit > 0, kPingPong = kSplit == 2;
+  constexpr int kOBlocks = kOwnRows ? kDimBlocks : kGroupDimBlocks;  // o's dim blocks of 64 a warpgroup
+  constexpr int kOAcc = kOwnRows ? kWgRows / 2 : kPvAcc;             // a thread's o of one of them
+  constexpr int kWgBarrier = kPtBarrier;   // + wg: the warpgroup's own 128 threads (kOwnRows)
+  constexpr int kQkDone = kPtBarrier + 2;  // + w: warpgroup w finished a pair's q.k (kPingPong)
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
@@ -165,6 +175,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // rows at B = 16 1-2% slower; s17d, the same run)
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = warp_uniform(tid / 128), warp = warp_uniform((tid / 32) % 4);
+  auto sync_wg = [&] { ptx::named_sync(kWgBarrier + wg, 128); };  // (kOwnRows)
   const int cwarp = 4 * wg + warp;
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kRowsN, tid);
@@ -308,11 +319,11 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
     for (int r = 0; r < kSlots; ++r) m_run[r] = -INFINITY, d_run[r] = 0.0f;
     const float scale_log2 = p.score_scale * 1.4426950408889634f, inv_scale_log2 = 1.0f / scale_log2;
-    float o[kGroupDimBlocks][kPvAcc];
+    float o[kOBlocks][kOAcc];
 #pragma unroll
-    for (int blk = 0; blk < kGroupDimBlocks; ++blk)
+    for (int blk = 0; blk < kOBlocks; ++blk)
 #pragma unroll
-      for (int i = 0; i < kPvAcc; ++i) o[blk][i] = 0.0f;
+      for (int i = 0; i < kOAcc; ++i) o[blk][i] = 0.0f;
     // q.k's B operand: this warpgroup's kWgRows query rows (8-row core-matrix groups, 128 bytes apart).
     const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + kWgRows * wg / 8 * 128, kRowChunkStride, 128);
 
@@ -321,58 +332,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     for (int u = 0; u < kGroups; ++u)
 #pragma unroll
       for (int i = 0; i < kQkAcc; ++i) acc[u][i] = 0.0f;
-    // (s20c, kInterleave) pair j - 1's p.v runs a k16 step at a time between pair j's q.k groups:
-    // its key masks, pair index, tiles, V bytes of the next step and the fragments in flight.
-    uint64_t pv_mask[kGroups] = {0, 0};
-    int pv_at = 0;
-    bool pv_both = false, pv_have = false;
-    // (one buffer of fragments at 48 rows, registers: step t + 1 is converted once step t is done)
-    constexpr int kPvBufs = kRowsN == 48 ? 1 : 2;
-    uint32_t pv_raw[kGroupDimBlocks / 2][4], pv_frag[kPvBufs][kGroupDimBlocks][4];
-    auto pv_kv = [&](int t) {
-      if constexpr (kRing) return ptx::smem_addr(&sm.kv[ring_slot(pv_at, t / kPvSteps)][0]);
-      else return ptx::smem_addr(&sm.kv[pv_at & 1][t / kPvSteps][0]);
-    };
-    auto pv_release = [&](int u) {  // the warp's last read of pair pv_at's tile u
-      __syncwarp();
-      if (lane == 0) {
-        if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(pv_at, u)]));
-        else tma::arrive(ptx::smem_addr(u == 0 ? &sm.empty[pv_at & 1] : &sm.empty1[pv_at & 1]));
-      }
-    };
-    // Step t of p.v(pv_at) (if there is one), always committed as a group of its own (an empty one
-    // when not), so the waits between q.k groups count the same every pair.
-    auto pv_step = [&](int t) {
-      if constexpr (kInterleave) {
-        const int steps = (pv_both ? 2 : 1) * kPvSteps;
-        if (pv_have && t < steps) {
-          const int u = t / kPvSteps, ks = t % kPvSteps;
-#pragma unroll
-          for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
-            if (pv_mask[u] != ~0ull) v_mask(pv_raw[jj], pv_mask[u], ks, c);  // 0 x NaN is NaN
-            v_convert(pv_raw[jj], pv_frag[t % kPvBufs][2 * jj], pv_frag[t % kPvBufs][2 * jj + 1]);
-            if (t + 1 < steps)
-              v_load<Tiles::kBoxes>(pv_kv(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
-                                    pv_raw[jj]);
-          }
-          if (t == kPvSteps - 1) {
-            pv_release(0);
-            if (!pv_both) pv_release(1);
-          }
-          if (t == 2 * kPvSteps - 1) pv_release(1);
-          wgmma::fence();
-          const uint64_t bp = wgmma::advance(wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128),
-                                             u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
-#pragma unroll
-          for (int blk = 0; blk < kGroupDimBlocks; ++blk)
-            wgmma::mma_pv_f16_rs<kRowsN>(o[blk], pv_frag[t % kPvBufs][blk], bp);
-        }
-        wgmma::commit();
-      }
-    };
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
+      if constexpr (kPingPong) ptx::named_sync(kQkDone + 1 - wg, kRowThreads);  // the other's q.k before mine
       // q.k of both tiles for this warpgroup's rows (kWgRows wg ..): S^T [64 keys x kWgRows rows].
       const bool both = 2 * j + 1 < n_tiles;
       float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
@@ -436,40 +399,27 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         if (kTileRelease && u == 1 && both) land(1);  // (released and issued after tile 0)
         issue_group(u, 0);
       }
-      if constexpr (kInterleave) {
-        pv_step(0);  // (s20c) commits: q.k group 0 of both tiles, p.v step 0, then a triple a group
-      } else {
       if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
         wgmma::wait<0>();
 #pragma unroll
-        for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+        for (int blk = 0; blk < kOBlocks; ++blk) wgmma::fence_operand(o[blk]);
       }
       // This warpgroup's p.v of pair j - 1 is done (it read the other's rows of P^T): named barrier
       // kPtBarrier + wg, which the other waits on before it writes its rows of P^T for pair j.
-      ptx::named_arrive(kPtBarrier + wg, kRowThreads);
-      }
+      if constexpr (!kOwnRows) ptx::named_arrive(kPtBarrier + wg, kRowThreads);
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {
 #pragma unroll
         for (int u = 0; u < kGroups; ++u) {
-          if (kInterleave) {  // (s20c) behind tile u's group grp: the other's, p.v step grp, (u = 1) tile 0's next
-            if (grp + 1 < kQkGroups && (u == 0 || kPvBufs == 2)) wgmma::wait<2>();
-            else if (grp + 1 < kQkGroups || u == 0) wgmma::wait<1>();  // (one buffer: p.v step grp too)
-            else wgmma::wait<0>();
-          } else if (grp + 1 == kQkGroups && u + 1 == kGroups) wgmma::wait<0>();
+          if (grp + 1 == kQkGroups && u + 1 == kGroups) wgmma::wait<0>();
           else wgmma::wait<1>();  // tile u's group grp (the other tile's may still run)
           wgmma::fence_operand(acc[u]);
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) x[u][i] = grp == 0 ? acc[u][i] : x[u][i] + acc[u][i];
           if (grp + 1 < kQkGroups) issue_group(u, grp + 1);
         }
-        if (kInterleave && grp + 1 < 2 * kPvSteps) pv_step(grp + 1);
       }
-      if constexpr (kInterleave) {  // p.v of pair j - 1 is done (the last wait<0>)
-#pragma unroll
-        for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
-        ptx::named_arrive(kPtBarrier + wg, kRowThreads);
-      }
+      if constexpr (kPingPong) ptx::named_arrive(kQkDone + wg, kRowThreads);  // my q.k is done
       // Scores masked by a select (a NaN of a masked key goes too). The thread's two keys of tile u:
       // 16 warp + g (+ 8); its rows: kWgRows wg + acc_col(i, c). Positions grow with the local index, so
       // the warp's last key decides whether every row sees all 16. The scale (> 0: its factors are
@@ -527,10 +477,11 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       float sums[kSlots];
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) sums[r] = 0.0f;
-      ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
+      if constexpr (!kOwnRows) ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other's p.v of pair j - 1 is done
       write_p(sums);
       // Both tiles' P^T; both warpgroups are past pair j - 1's reads of red and alpha.
-      if (!sync_consumers_or<kProducer, kRowThreads>(grows)) {
+      if (!(kOwnRows ? ptx::named_sync_or(kWgBarrier + wg, 128, grows)
+                     : sync_consumers_or<kProducer, kRowThreads>(grows))) {
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
       } else {
@@ -550,7 +501,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
           if (g == 0) sm.red[cwarp][slot_col(r, c)] = mx[r];
         }
-        sync_rows();  // every warp's row maxima
+        if constexpr (kOwnRows) sync_wg();
+        else sync_rows();  // every warp's row maxima
+        float alpha_r[kSlots];
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           const int n = slot_col(r, c);
@@ -561,8 +514,17 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           const float alpha = exp2_ftz(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
           m_run[r] = m_new;
           d_run[r] *= alpha;
-          if (warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
+          alpha_r[r] = alpha;
+          if (!kOwnRows && warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
         }
+        if constexpr (kOwnRows) {  // o holds this thread's own rows: their alphas are in registers
+#pragma unroll
+          for (int blk = 0; blk < kOBlocks; ++blk) {
+#pragma unroll
+            for (int i = 0; i < kOAcc; ++i) o[blk][i] *= alpha_r[row_slot(i)];
+            wgmma::fence_operand(o[blk]);
+          }
+        } else {
         sync_rows();  // every row's alpha
 #pragma unroll
         for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
@@ -570,19 +532,58 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
           wgmma::fence_operand(o[blk]);
         }
+        }
         write_p(d_run);
-        sync_rows();  // both tiles' P^T again; every warp has read red and alpha
+        if constexpr (kOwnRows) sync_wg();
+        else sync_rows();  // both tiles' P^T again; every warp has read red and alpha
       }
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
-      if constexpr (kInterleave) {  // (s20c) under pair j + 1's q.k, or after the segment's last pair
-        pv_at = at, pv_both = both, pv_have = true;
+      if constexpr (kOwnRows) {
+        // (s20d) o^T [512 x kWgRows] += V^T . P^T of this warpgroup's rows, in half steps of 4 dim
+        // blocks (256 dims): half step hs is k16 step hs / 2 (tile hs / 8), dims 256 (hs % 2) ..
+        const int halves = (both ? 2 : 1) * kPvSteps * 2;
+        const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]) + kWgRows / 8 * wg * 128, kRowChunkStride, 128);
+        auto kv_of = [&](int t) {
+          if constexpr (kRing) return ptx::smem_addr(&sm.kv[ring_slot(at, t / kPvSteps)][0]);
+          else return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]);
+        };
+        uint32_t vraw[2][4], frag[2][4][4];
 #pragma unroll
-        for (int u = 0; u < kGroups; ++u) pv_mask[u] = key_mask[u];
+        for (int jj = 0; jj < 2; ++jj) v_load<Tiles::kBoxes>(kv_of(0), 0, jj, warp, lane, vraw[jj]);
 #pragma unroll
-        for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
-          v_load<Tiles::kBoxes>(pv_kv(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, pv_raw[jj]);
+        for (int hs = 0; hs < 4 * kPvSteps; ++hs) {
+          if (hs < halves) {
+            const int t = hs / 2, h = hs % 2, u = t / kPvSteps, ks = t % kPvSteps;
+            const int tn = (hs + 1) / 2, hn = (hs + 1) % 2;
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
+              v_convert(vraw[jj], frag[hs & 1][2 * jj], frag[hs & 1][2 * jj + 1]);
+              if (hs + 1 < halves) v_load<Tiles::kBoxes>(kv_of(tn), tn % kPvSteps, 2 * hn + jj, warp, lane, vraw[jj]);
+            }
+            if constexpr (kTileRelease)
+              if (hs == 2 * kPvSteps - 1) {  // tile 0's last V fragments are in registers
+                __syncwarp();
+                if (lane == 0) {
+                  if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(at, 0)]));
+                  else tma::arrive(ptx::smem_addr(&sm.empty[stage]));
+                }
+              }
+            wgmma::fence();
+            const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
+#pragma unroll
+            for (int b4 = 0; b4 < 4; ++b4) wgmma::mma_pv_f16_rs<kWgRows>(o[4 * h + b4], frag[hs & 1][b4], bp);
+            wgmma::commit();
+            if (hs > 0) wgmma::wait<1>();
+          }
+        }
+        __syncwarp();  // the warp's last read of the pair's stage
+        if (lane == 0) {
+          if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(at, 1)]));
+          else tma::arrive(ptx::smem_addr(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]));
+        }
       } else {
         // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
         // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
@@ -634,18 +635,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
       }
     }
-    if constexpr (kInterleave) {  // (s20c) the segment's last pair's p.v, on its own
-#pragma unroll
-      for (int t = 0; t < 2 * kPvSteps; ++t) {
-        pv_step(t);
-        if (kPvBufs == 1) wgmma::wait<0>();
-        else if (t > 0) wgmma::wait<1>();
-      }
-      pv_have = false;
-    }
     wgmma::wait<0>();
 #pragma unroll
-    for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+    for (int blk = 0; blk < kOBlocks; ++blk) wgmma::fence_operand(o[blk]);
 
     // Row sums of this warpgroup's rows: over the 8 lanes of a column, then its 4 warps; the rows'
     // final state goes through shared memory to both warpgroups (each writes its dims of all rows).
@@ -672,8 +664,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     sync_rows();
 
 #pragma unroll
-    for (int r = 0; r < 2 * kSlots; ++r) {  // the p.v accumulator's 16 columns of this thread
-      const int n = slot_col(r, c), m = m_base + n;
+    for (int r = 0; r < (kOwnRows ? 1 : 2) * kSlots; ++r) {  // the p.v accumulator's columns of this thread
+      const int n = (kOwnRows ? kWgRows * wg : 0) + slot_col(r, c), m = m_base + n;
       if (m >= rows_total) continue;
       // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
       SoftmaxState f;
@@ -683,15 +675,22 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       const OutRow out(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
-      for (int blk = 0; blk < kGroupDimBlocks; ++blk)
-        out.store_pair(p, 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
-      if (cwarp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
+      for (int blk = 0; blk < kOBlocks; ++blk)
+        out.store_pair(p, 64 * ((kOwnRows ? 0 : kGroupDimBlocks * wg) + blk) + 16 * warp + 2 * g, o[blk][i0] * scale,
+                       o[blk][i0 + 2] * scale);
+      if ((kOwnRows ? warp : cwarp) == 0 && g == 0) p.lse[out.lse_index] = f.lse();
     }
     done += n_pairs;
   };  // serve
 
+  // (kPingPong) warpgroup 0's first q.k waits for nothing: warpgroup 1's ticket; its last arrival
+  // is taken at the end, so every arrival meets a wait.
+  if constexpr (kPingPong)
+    if (wg == 1) ptx::named_arrive(kQkDone + 1, kRowThreads);
   serve_segments<kCtaThreads, kRowsN, true, kProducer ? kRowThreads : 0>(
       p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr, &sm.segment, serve);
+  if constexpr (kPingPong)
+    if (wg == 0) ptx::named_sync(kQkDone + 1, kRowThreads);
 }
 
 int rows_min_env() {
@@ -735,10 +734,12 @@ template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<true, kRowsN, false, 1>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<true, kRowsN, false, 2>, kRowsN>();
   if constexpr (kRowsN < 64) {
     prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN, true>();
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true, true>, kRowsN, true>();
-    prepare_kernel<attend_rows_kernel<true, kRowsN, false, true>, kRowsN>();
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 1>, kRowsN, true>();
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 2>, kRowsN, true>();
   }
 }
 template <int kRowsN>
@@ -747,17 +748,31 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, const CUt
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
   static const bool ring = std::getenv("MLA_S20_RING") != nullptr;  // (s20b A/B, measurement only)
+  static const int split = [] {  // (s20d A/B, measurement only): 1 own rows, 2 and ping-pong
+    const char* env = std::getenv("MLA_S20_SPLIT");
+    return env ? std::atoi(env) : 0;
+  }();
+  if (tma && split > 0) {
+    if (ring && kRowsN < 64) {
+      if constexpr (kRowsN < 64) {
+        const int ring_smem = rows_smem_bytes<kRowsN, true>();
+        if (split == 1)
+          attend_rows_kernel<true, kRowsN, true, 1><<<grid, kRowsCtaThreads<true>, ring_smem, stream>>>(p, map, rope_map);
+        else
+          attend_rows_kernel<true, kRowsN, true, 2><<<grid, kRowsCtaThreads<true>, ring_smem, stream>>>(p, map, rope_map);
+      }
+    } else if (split == 1) {
+      attend_rows_kernel<true, kRowsN, false, 1><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
+    } else {
+      attend_rows_kernel<true, kRowsN, false, 2><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
+    }
+    return;
+  }
   // (the rope box's 64-byte rows: TMA writes shared memory 128 bytes aligned, so pages of 2 rows up)
-  static const bool interleave = std::getenv("MLA_S20_INTERLEAVE") != nullptr;  // (s20c A/B, measurement only)
   if constexpr (kRowsN < 64)
-    if (tma && (ring || interleave)) {
-      const int ring_smem = rows_smem_bytes<kRowsN, true>();
-      if (ring && interleave)
-        attend_rows_kernel<true, kRowsN, true, true><<<grid, kRowsCtaThreads<true>, ring_smem, stream>>>(p, map, rope_map);
-      else if (ring)
-        attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, ring_smem, stream>>>(p, map, rope_map);
-      else
-        attend_rows_kernel<true, kRowsN, false, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
+    if (tma && ring && p.page_size >= 2) {
+      attend_rows_kernel<true, kRowsN, true>
+          <<<grid, kRowsCtaThreads<true>, rows_smem_bytes<kRowsN, true>(), stream>>>(p, map, rope_map);
       return;
     }
   if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
