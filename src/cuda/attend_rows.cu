@@ -91,32 +91,9 @@ struct RowsSmem {
   KeyStream segment;
   uint64_t empty1[2];                                   // kTileRelease: a stage's tile 1 consumed
 };
-// s20b (A/B, MLA_S20_RING): TMA tiles of 36 KB (kRingTileBytes: the rope dims in a 64-byte swizzled
-// half slab) in a ring of kRingTiles single-tile stages, each with its own full and empty
-// mbarrier: tile T of the CTA in stage T % kRingTiles, so 3 tiles are in flight while a pair is
-// computed (2 with the pair stages above). Fits at 32 and 48 rows only.
-constexpr int kRingTiles = 5;
 template <int kRowsN>
-struct RingSmem {
-  alignas(1024) uint8_t kv[kRingTiles][kRingTileBytes];  // tile T in kv[T % kRingTiles]
-  alignas(128) uint8_t q[kRowsN * kRow];
-  alignas(128) uint16_t p[kGroups][kRowsN * kTileKeys];
-  float red[kGroups * 4][kRowsN];
-  int32_t limit[kRowsN];
-  float alpha[kRowsN];
-  float final_m[kRowsN], final_d[kRowsN];
-  alignas(8) uint64_t full[kRingTiles];
-  uint64_t empty[kRingTiles];
-  uint64_t key_mask[kRingTiles][4];
-  int32_t flat_start[kMaxFlatBatch + 1];
-  KeyStream segment;
-};
-template <int kRowsN, bool kRing = false>
-constexpr int rows_smem_bytes() {
-  return int(kRing ? sizeof(RingSmem<kRowsN>) : sizeof(RowsSmem<kRowsN>)) + 1024;
-}
+constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN>)) + 1024; }
 static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memory a block");
-static_assert(rows_smem_bytes<48, true>() <= 227 * 1024, "over the H200's shared memory a block");
 
 // kTma: tiles as whole pages by TMA, issued by a third warpgroup, the producer (s19): it loads
 // the page ids and issues every pair's boxes once the consumer warps have arrived on the stage's
@@ -137,60 +114,32 @@ static_assert(rows_smem_bytes<48, true>() <= 227 * 1024, "over the H200's shared
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kRing = false, int kSplit = 0>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
-    attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map,
-                       const __grid_constant__ CUtensorMap rope_map) {
-  static_assert(!kRing || (kTma && kRowsN < 64), "the ring: TMA tiles at 32 or 48 rows");
-  static_assert(!kSplit || kTma, "own rows: TMA tiles");
+    attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
   constexpr bool kTileRelease = kProducer && kRowsN < 64;  // an `empty` mbarrier a tile (else a pair)
-  // (s20b) the ring's tile 2 at + u: its stage and the parity of its round
-  auto ring_slot = [](int at, int u) { return (2 * at + u) % kRingTiles; };
-  auto ring_round = [](int at, int u) { return (2 * at + u) / kRingTiles; };
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
-  // (s20d A/B) kSplit 1: each warpgroup owns its rows for p.v too (o^T [512 x kWgRows], all of V
-  // widened by both), so the warpgroups share no P^T and meet at no barrier in the pair loop;
-  // kSplit 2: and their q.k phases alternate (FA3's ping-pong): warpgroup 1 starts q.k(j) once
-  // warpgroup 0's is done (named barrier kQkDone), warpgroup 0 q.k(j + 1) once warpgroup 1's q.k(j)
-  // is, so one's softmax and p.v run beside the other's q.k.
-  constexpr bool kOwnRows = kSplit > 0, kPingPong = kSplit == 2;
-  constexpr int kOBlocks = kOwnRows ? kDimBlocks : kGroupDimBlocks;  // o's dim blocks of 64 a warpgroup
-  constexpr int kOAcc = kOwnRows ? kWgRows / 2 : kPvAcc;             // a thread's o of one of them
-  constexpr int kWgBarrier = kPtBarrier;   // + wg: the warpgroup's own 128 threads (kOwnRows)
-  constexpr int kQkDone = kPtBarrier + 2;  // + w: warpgroup w finished a pair's q.k (kPingPong)
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
-  using Smem = std::conditional_t<kRing, RingSmem<kRowsN>, RowsSmem<kRowsN>>;
-  auto& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  auto& sm = *reinterpret_cast<RowsSmem<kRowsN>*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
   // (warp_uniform: q.k's query descriptor and P^T's in uniform registers, 136-264 fewer
   // instructions a kernel; D 3.1%, 96 heads 2.5%, F, G, qlen 2 1.3% faster, F at page 16 and 48
   // rows at B = 16 1-2% slower; s17d, the same run)
   const int tid = threadIdx.x, lane = tid % 32;
   const int wg = warp_uniform(tid / 128), warp = warp_uniform((tid / 32) % 4);
-  auto sync_wg = [&] { ptx::named_sync(kWgBarrier + wg, 128); };  // (kOwnRows)
   const int cwarp = 4 * wg + warp;
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kRowsN, tid);
   const int rows_total = cta.rows_total, m_base = cta.m_base;
-  if (tid == 0 && kRing) {
-    for (int s = 0; s < kRingTiles; ++s) {
-      if constexpr (kRing) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), TmaTiles::slots(p));
-        tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
-        for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
-      }
-    }
-    tma::fence_barrier_init();
-  } else if (tid == 0) {
-    if constexpr (!kRing) {
+  if (tid == 0) {
     for (int s = 0; s < 2; ++s)
       for (int u = 0; u < kGroups; ++u) {
         // TMA: an arrival an issuing warp; cp.async: one a thread of the warpgroup (arrive.noinc)
@@ -202,7 +151,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     if (kTileRelease)
       for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty1[s]), kRowThreads / 32);
     tma::fence_barrier_init();  // published by the first segment's CTA barrier (the producer: below)
-    }
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
   if constexpr (kProducer) {
@@ -221,16 +169,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         for (int j = 0; j < n_pairs; ++j) {
           const int at = done + j, stage = at & 1;
           const int32_t next[kGroups] = {tiles.page_of(keys, 2 * j + 2), tiles.page_of(keys, 2 * j + 3)};
-          if constexpr (kRing) {  // (s20b) tile 2 at + u once the consumers are done with its stage's last
-#pragma unroll
-            for (int u = 0; u < kGroups; ++u) {
-              const int slot = ring_slot(at, u), round = ring_round(at, u);
-              if (round > 0) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[slot]), (round - 1) & 1);
-              tiles.issue<4, kRowsN == 48, true>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[slot][0]),
-                                                 ptx::smem_addr(&sm.full[slot]), &sm.key_mask[slot][pwarp], 0,
-                                                 &rope_map);
-            }
-          } else {
           // the consumers are done with the stage's previous pair (at - 2)
           if (at >= 2) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at - 2) >> 1) & 1);
 #pragma unroll
@@ -239,7 +177,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
               tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
             tiles.issue<kSlabs, kRowsN == 48>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
                                               ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
-          }
           }
 #pragma unroll
           for (int u = 0; u < kGroups; ++u) page[u] = next[u];
@@ -262,7 +199,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     // mbarrier when done (a tile past the segment: none copied, the arrivals still come, so every
     // mbarrier completes one phase a pair and the parity is (at / 2) & 1 for both tiles).
     auto copy_pair = [&](int pair, int at) {
-      if constexpr (!kRing) {
       const int stage = at & 1;
       const uint32_t dst = ptx::smem_addr(&sm.kv[stage][wg][0]);
       const uint8_t* const* rows = sm.rows[pair & 1][wg];
@@ -275,7 +211,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
                          row ? row + 16 * chunk : static_cast<const uint8_t*>(p.cache), row != nullptr, p.l1_copies);
       }
       tma::cp_async_arrive_noinc(ptx::smem_addr(&sm.full[stage][wg]));
-      }
     };
     // cp.async: thread t < 64 of warpgroup u loads the page id of key t of tile 2 pair + u a pair
     // before it publishes the row (a whole pair hides the dependent load) and the tile's real keys
@@ -284,7 +219,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       return !kTma && pair < n_pairs && tid % 128 < kTileKeys ? keys.page_of(p, 2 * pair + wg, tid % 128) : KeyRow{};
     };
     auto publish_pair = [&](const KeyRow& k, int pair, int at) {
-      if constexpr (!kRing) {
       if (tid % 128 >= kTileKeys) return;
       const uint8_t* row;
       int32_t pos;
@@ -292,7 +226,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       sm.rows[pair & 1][wg][tid % 128] = row;
       const uint32_t real = __ballot_sync(0xffffffffu, row != nullptr);
       if (lane == 0) sm.key_mask[at & 1][wg][warp] = uint64_t(real) << (32 * warp);
-      }
     };
     // The query's loads first, then the page ids (cp.async): the round trips overlap.
     // (tid made opaque: the loads' offsets would be hoisted out of the segment loop and held)
@@ -319,11 +252,11 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
     for (int r = 0; r < kSlots; ++r) m_run[r] = -INFINITY, d_run[r] = 0.0f;
     const float scale_log2 = p.score_scale * 1.4426950408889634f, inv_scale_log2 = 1.0f / scale_log2;
-    float o[kOBlocks][kOAcc];
+    float o[kGroupDimBlocks][kPvAcc];
 #pragma unroll
-    for (int blk = 0; blk < kOBlocks; ++blk)
+    for (int blk = 0; blk < kGroupDimBlocks; ++blk)
 #pragma unroll
-      for (int i = 0; i < kOAcc; ++i) o[blk][i] = 0.0f;
+      for (int i = 0; i < kPvAcc; ++i) o[blk][i] = 0.0f;
     // q.k's B operand: this warpgroup's kWgRows query rows (8-row core-matrix groups, 128 bytes apart).
     const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + kWgRows * wg / 8 * 128, kRowChunkStride, 128);
 
@@ -335,32 +268,19 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     for (int j = 0; j < n_pairs; ++j) {
       const int at = done + j, stage = at & 1;
       const uint32_t parity = (at >> 1) & 1;
-      if constexpr (kPingPong) ptx::named_sync(kQkDone + 1 - wg, kRowThreads);  // the other's q.k before mine
       // q.k of both tiles for this warpgroup's rows (kWgRows wg ..): S^T [64 keys x kWgRows rows].
       const bool both = 2 * j + 1 < n_tiles;
       float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
       uint64_t key_mask[kGroups];
       uint64_t kd[kGroups];
-      uint64_t kd4[kGroups];  // (s20b) the rope dims' half slab
       auto land = [&](int u) {  // tile u landed: its real keys (the issuing warps' masks)
-        if constexpr (kRing) {
-          const int slot = ring_slot(at, u);
-          tma::wait_parity_forever(ptx::smem_addr(&sm.full[slot]), ring_round(at, u) & 1);
-          key_mask[u] = (sm.key_mask[slot][0] | sm.key_mask[slot][1]) | (sm.key_mask[slot][2] | sm.key_mask[slot][3]);
-        } else {
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
         key_mask[u] = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
-        }
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
-        if constexpr (kRing) {
-          kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[ring_slot(at, u)][0]));
-          kd4[u] = wgmma::descriptor_sw64(ptx::smem_addr(&sm.kv[ring_slot(at, u)][4 * kSlabBytes]));
-        } else {
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
-        }
         if (u == 1 && (!both || kTileRelease)) continue;  // (kTileRelease: tile 1 below)
         land(u);
       }
@@ -383,10 +303,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           const int step = grp * kQkGroup + v;
           // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
           // a branch around a wgmma makes ptxas fence the accumulators)
-          if (kRing && step >= 16)  // (s20b) the rope dims: 64-byte rows, k32 steps 32 bytes apart
-            wgmma::mma_qk_e4m3<kWgRows>(acc[u], wgmma::advance(kd4[u], (step - 16) * 32), qd[u], v > 0);
-          else
-            wgmma::mma_qk_e4m3<kWgRows>(acc[u], kd[u], qd[u], v > 0);
+          wgmma::mma_qk_e4m3<kWgRows>(acc[u], kd[u], qd[u], v > 0);
           kd[u] = wgmma::advance(kd[u],
                                  key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
           qd[u] = wgmma::advance(qd[u], 2 * kRowChunkStride);
@@ -402,11 +319,11 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
         wgmma::wait<0>();
 #pragma unroll
-        for (int blk = 0; blk < kOBlocks; ++blk) wgmma::fence_operand(o[blk]);
+        for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
       }
       // This warpgroup's p.v of pair j - 1 is done (it read the other's rows of P^T): named barrier
       // kPtBarrier + wg, which the other waits on before it writes its rows of P^T for pair j.
-      if constexpr (!kOwnRows) ptx::named_arrive(kPtBarrier + wg, kRowThreads);
+      ptx::named_arrive(kPtBarrier + wg, kRowThreads);
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {
 #pragma unroll
@@ -419,7 +336,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           if (grp + 1 < kQkGroups) issue_group(u, grp + 1);
         }
       }
-      if constexpr (kPingPong) ptx::named_arrive(kQkDone + wg, kRowThreads);  // my q.k is done
       // Scores masked by a select (a NaN of a masked key goes too). The thread's two keys of tile u:
       // 16 warp + g (+ 8); its rows: kWgRows wg + acc_col(i, c). Positions grow with the local index, so
       // the warp's last key decides whether every row sees all 16. The scale (> 0: its factors are
@@ -477,11 +393,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       float sums[kSlots];
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) sums[r] = 0.0f;
-      if constexpr (!kOwnRows) ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other's p.v of pair j - 1 is done
+      ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
       write_p(sums);
       // Both tiles' P^T; both warpgroups are past pair j - 1's reads of red and alpha.
-      if (!(kOwnRows ? ptx::named_sync_or(kWgBarrier + wg, 128, grows)
-                     : sync_consumers_or<kProducer, kRowThreads>(grows))) {
+      if (!sync_consumers_or<kProducer, kRowThreads>(grows)) {
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
       } else {
@@ -501,9 +416,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
           if (g == 0) sm.red[cwarp][slot_col(r, c)] = mx[r];
         }
-        if constexpr (kOwnRows) sync_wg();
-        else sync_rows();  // every warp's row maxima
-        float alpha_r[kSlots];
+        sync_rows();  // every warp's row maxima
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           const int n = slot_col(r, c);
@@ -514,17 +427,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           const float alpha = exp2_ftz(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
           m_run[r] = m_new;
           d_run[r] *= alpha;
-          alpha_r[r] = alpha;
-          if (!kOwnRows && warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
+          if (warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
         }
-        if constexpr (kOwnRows) {  // o holds this thread's own rows: their alphas are in registers
-#pragma unroll
-          for (int blk = 0; blk < kOBlocks; ++blk) {
-#pragma unroll
-            for (int i = 0; i < kOAcc; ++i) o[blk][i] *= alpha_r[row_slot(i)];
-            wgmma::fence_operand(o[blk]);
-          }
-        } else {
         sync_rows();  // every row's alpha
 #pragma unroll
         for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
@@ -532,67 +436,18 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
           wgmma::fence_operand(o[blk]);
         }
-        }
         write_p(d_run);
-        if constexpr (kOwnRows) sync_wg();
-        else sync_rows();  // both tiles' P^T again; every warp has read red and alpha
+        sync_rows();  // both tiles' P^T again; every warp has read red and alpha
       }
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
       // (ldmatrix.trans, zeroed where masked, widened), P^T from shared memory.
-      if constexpr (kOwnRows) {
-        // (s20d) o^T [512 x kWgRows] += V^T . P^T of this warpgroup's rows, in half steps of 4 dim
-        // blocks (256 dims): half step hs is k16 step hs / 2 (tile hs / 8), dims 256 (hs % 2) ..
-        const int halves = (both ? 2 : 1) * kPvSteps * 2;
-        const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]) + kWgRows / 8 * wg * 128, kRowChunkStride, 128);
-        auto kv_of = [&](int t) {
-          if constexpr (kRing) return ptx::smem_addr(&sm.kv[ring_slot(at, t / kPvSteps)][0]);
-          else return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]);
-        };
-        uint32_t vraw[2][4], frag[2][4][4];
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) v_load<Tiles::kBoxes>(kv_of(0), 0, jj, warp, lane, vraw[jj]);
-#pragma unroll
-        for (int hs = 0; hs < 4 * kPvSteps; ++hs) {
-          if (hs < halves) {
-            const int t = hs / 2, h = hs % 2, u = t / kPvSteps, ks = t % kPvSteps;
-            const int tn = (hs + 1) / 2, hn = (hs + 1) % 2;
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
-              v_convert(vraw[jj], frag[hs & 1][2 * jj], frag[hs & 1][2 * jj + 1]);
-              if (hs + 1 < halves) v_load<Tiles::kBoxes>(kv_of(tn), tn % kPvSteps, 2 * hn + jj, warp, lane, vraw[jj]);
-            }
-            if constexpr (kTileRelease)
-              if (hs == 2 * kPvSteps - 1) {  // tile 0's last V fragments are in registers
-                __syncwarp();
-                if (lane == 0) {
-                  if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(at, 0)]));
-                  else tma::arrive(ptx::smem_addr(&sm.empty[stage]));
-                }
-              }
-            wgmma::fence();
-            const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
-#pragma unroll
-            for (int b4 = 0; b4 < 4; ++b4) wgmma::mma_pv_f16_rs<kWgRows>(o[4 * h + b4], frag[hs & 1][b4], bp);
-            wgmma::commit();
-            if (hs > 0) wgmma::wait<1>();
-          }
-        }
-        __syncwarp();  // the warp's last read of the pair's stage
-        if (lane == 0) {
-          if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(at, 1)]));
-          else tma::arrive(ptx::smem_addr(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]));
-        }
-      } else {
+      {
         // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
         // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
         const int steps = (both ? 2 : 1) * kPvSteps;
         const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128);
-        auto kv_of = [&](int t) {
-          if constexpr (kRing) return ptx::smem_addr(&sm.kv[ring_slot(at, t / kPvSteps)][0]);
-          else return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]);
-        };
+        auto kv_of = [&](int t) { return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]); };
         uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
 #pragma unroll
         for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
@@ -612,10 +467,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             if constexpr (kTileRelease)
               if (t == kPvSteps - 1) {  // tile 0's last V fragments are in registers
                 __syncwarp();
-                if (lane == 0) {
-                  if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(at, 0)]));
-                  else tma::arrive(ptx::smem_addr(&sm.empty[stage]));
-                }
+                if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));
               }
             wgmma::fence();
             const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
@@ -627,17 +479,14 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         }
         if constexpr (kProducer) {  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
           __syncwarp();
-          if (lane == 0) {
-            if constexpr (kRing) tma::arrive(ptx::smem_addr(&sm.empty[ring_slot(at, 1)]));
-            else tma::arrive(ptx::smem_addr(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]));
-          }
+          if (lane == 0) tma::arrive(ptx::smem_addr(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]));
         }
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
       }
     }
     wgmma::wait<0>();
 #pragma unroll
-    for (int blk = 0; blk < kOBlocks; ++blk) wgmma::fence_operand(o[blk]);
+    for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
 
     // Row sums of this warpgroup's rows: over the 8 lanes of a column, then its 4 warps; the rows'
     // final state goes through shared memory to both warpgroups (each writes its dims of all rows).
@@ -664,8 +513,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     sync_rows();
 
 #pragma unroll
-    for (int r = 0; r < (kOwnRows ? 1 : 2) * kSlots; ++r) {  // the p.v accumulator's columns of this thread
-      const int n = (kOwnRows ? kWgRows * wg : 0) + slot_col(r, c), m = m_base + n;
+    for (int r = 0; r < 2 * kSlots; ++r) {  // the p.v accumulator's 16 columns of this thread
+      const int n = slot_col(r, c), m = m_base + n;
       if (m >= rows_total) continue;
       // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
       SoftmaxState f;
@@ -675,22 +524,15 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       const OutRow out(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
-      for (int blk = 0; blk < kOBlocks; ++blk)
-        out.store_pair(p, 64 * ((kOwnRows ? 0 : kGroupDimBlocks * wg) + blk) + 16 * warp + 2 * g, o[blk][i0] * scale,
-                       o[blk][i0 + 2] * scale);
-      if ((kOwnRows ? warp : cwarp) == 0 && g == 0) p.lse[out.lse_index] = f.lse();
+      for (int blk = 0; blk < kGroupDimBlocks; ++blk)
+        out.store_pair(p, 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
+      if (cwarp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
     }
     done += n_pairs;
   };  // serve
 
-  // (kPingPong) warpgroup 0's first q.k waits for nothing: warpgroup 1's ticket; its last arrival
-  // is taken at the end, so every arrival meets a wait.
-  if constexpr (kPingPong)
-    if (wg == 1) ptx::named_arrive(kQkDone + 1, kRowThreads);
   serve_segments<kCtaThreads, kRowsN, true, kProducer ? kRowThreads : 0>(
       p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr, &sm.segment, serve);
-  if constexpr (kPingPong)
-    if (wg == 0) ptx::named_sync(kQkDone + 1, kRowThreads);
 }
 
 int rows_min_env() {
@@ -725,58 +567,21 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
 }
 
 namespace {
-template <auto kKernel, int kRowsN, bool kRing = false>
+template <auto kKernel, int kRowsN>
 void prepare_kernel() {
-  MLA_CUDA_CHECK(
-      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN, kRing>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, false, 1>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, false, 2>, kRowsN>();
-  if constexpr (kRowsN < 64) {
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN, true>();
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 1>, kRowsN, true>();
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 2>, kRowsN, true>();
-  }
 }
 template <int kRowsN>
-void launch_rows_height(const AttendParams& p, const CUtensorMap& map, const CUtensorMap& rope_map, bool tma,
-                        cudaStream_t stream) {
+void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  static const bool ring = std::getenv("MLA_S20_RING") != nullptr;  // (s20b A/B, measurement only)
-  static const int split = [] {  // (s20d A/B, measurement only): 1 own rows, 2 and ping-pong
-    const char* env = std::getenv("MLA_S20_SPLIT");
-    return env ? std::atoi(env) : 0;
-  }();
-  if (tma && split > 0) {
-    if (ring && kRowsN < 64) {
-      if constexpr (kRowsN < 64) {
-        const int ring_smem = rows_smem_bytes<kRowsN, true>();
-        if (split == 1)
-          attend_rows_kernel<true, kRowsN, true, 1><<<grid, kRowsCtaThreads<true>, ring_smem, stream>>>(p, map, rope_map);
-        else
-          attend_rows_kernel<true, kRowsN, true, 2><<<grid, kRowsCtaThreads<true>, ring_smem, stream>>>(p, map, rope_map);
-      }
-    } else if (split == 1) {
-      attend_rows_kernel<true, kRowsN, false, 1><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
-    } else {
-      attend_rows_kernel<true, kRowsN, false, 2><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
-    }
-    return;
-  }
-  // (the rope box's 64-byte rows: TMA writes shared memory 128 bytes aligned, so pages of 2 rows up)
-  if constexpr (kRowsN < 64)
-    if (tma && ring && p.page_size >= 2) {
-      attend_rows_kernel<true, kRowsN, true>
-          <<<grid, kRowsCtaThreads<true>, rows_smem_bytes<kRowsN, true>(), stream>>>(p, map, rope_map);
-      return;
-    }
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map, rope_map);
-  else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map, rope_map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace
 
@@ -800,12 +605,11 @@ int attend_rows_cta_rows(int rows) {
   return kAttendRowsPerCta;
 }
 
-void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, const CUtensorMap& rope_map, bool tma,
-                        cudaStream_t stream) {
+void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   switch (attend_rows_cta_rows(p.heads * p.qlen)) {
-    case 32: launch_rows_height<32>(p, map, rope_map, tma, stream); break;
-    case 48: launch_rows_height<48>(p, map, rope_map, tma, stream); break;
-    default: launch_rows_height<64>(p, map, rope_map, tma, stream);
+    case 32: launch_rows_height<32>(p, map, tma, stream); break;
+    case 48: launch_rows_height<48>(p, map, tma, stream); break;
+    default: launch_rows_height<64>(p, map, tma, stream);
   }
   MLA_CUDA_CHECK_LAUNCH();
 }

@@ -530,24 +530,22 @@ int qk_group_steps() {
 
 // The cache's tensor map for TMA boxes of box_rows rows, encoded once per (cache, shape) and reused
 // (a host call of a few µs; a graph captures the map by value with the launch).
-// box_bytes: 128 (the 128-byte swizzle) or 64 (the 64-byte swizzle: the many-rows kernel's rope dims).
-const CUtensorMap& cache_map(const AttendParams& p, int box_rows, int box_bytes = 128) {
+const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
   struct Key {
     const void* base;
     int64_t rows, stride;
     int box_rows;
     bool operator==(const Key&) const = default;
   };
-  thread_local Key key[2]{};
-  thread_local CUtensorMap map[2]{};
-  const int k = box_bytes == 128 ? 0 : 1;
+  thread_local Key key{};
+  thread_local CUtensorMap map{};
   const int64_t elem = p.cache_fp8 ? 1 : 2;  // the map is over bytes: a bf16 row is 1152 of them
   const Key want{p.cache, p.num_pages * p.page_size, p.row_stride * elem, box_rows};
-  if (!(key[k] == want)) {
-    map[k] = make_tensor_map_bytes(p.cache, want.rows, kRow * elem, want.stride, box_rows, box_bytes);
-    key[k] = want;
+  if (!(key == want)) {
+    map = make_tensor_map_bytes_sw128(p.cache, want.rows, kRow * elem, want.stride, box_rows);
+    key = want;
   }
-  return map[k];
+  return map;
 }
 
 // MLA_ATTEND_TIMELINE=FILE (measurement: scripts/device-check timeline): the TMA kernel (2-step
@@ -628,8 +626,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
     return;
   }
   if (p.many_rows && (tma || attend_rows_gathers(p))) {
-    const CUtensorMap rope_map = tma ? cache_map(p, std::min(p.page_size, kTileKeys), 64) : CUtensorMap{};
-    launch_attend_rows(p, map, rope_map, tma, stream);
+    launch_attend_rows(p, map, tma, stream);
     return;
   }
   MLA_REQUIRE(p.q_fp8 && p.cache_fp8, "attend: the 16-row wgmma kernel takes an fp8 query and cache");

@@ -31,11 +31,6 @@ static_assert(kTileKeys == wgmma::kTileRows);
 constexpr int kSlabBytes = kTileKeys * 128;
 constexpr int kSlabs = (kRow + 127) / 128;
 constexpr int kTmaTileBytes = kSlabs * kSlabBytes;
-// The many-rows kernel's ring tiles (s20b): dims 0..511 in four such slabs, the rope dims 512..575
-// in 64 keys x 64 bytes in the 64-byte swizzle (atoms of 8 rows x 64 bytes, chunk c of row r at
-// c ^ (r / 2 % 4)): 36 KB a tile.
-constexpr int kRopeSlabBytes = kTileKeys * 64;
-constexpr int kRingTileBytes = 4 * kSlabBytes + kRopeSlabBytes;
 
 // How key tiles reach shared memory, and in which layout:
 //  - kCopies: cp.async 16-byte chunks from every thread into K-major core matrices (q.k's A from
@@ -247,13 +242,9 @@ struct TmaTiles {
   // for every slab (ELECT, R2UR, UTMALDG, a branch). Uniform measured faster in the 16-row kernel
   // (B64 0.5-2.2%) and the 48-row many-rows CTAs (F, G 0.7-3.8%), slower in the 32- and 64-row ones
   // (qlen 2 3.3%, D 2.2%; s18d, s18e in docs/attention.md), which keep each lane's own issue.
-  // kRope (the many-rows kernel's ring, s20b): the rope dims 512..575 as a sixth box of 64 bytes a
-  // row from rope_map (the 64-byte swizzle) into kRopeSlabBytes after the four slabs of dims 0..511
-  // (kSlabsN = 4), so a tile takes 36 KB instead of 40.
-  template <int kSlabsN = kSlabs, bool kUniform = true, bool kRope = false>
+  template <int kSlabsN = kSlabs, bool kUniform = true>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
-                        int first_slab = 0, const CUtensorMap* rope_map = nullptr) const {
-    static_assert(!kRope || kSlabsN == 4, "kRope: four 128-byte slabs, then the rope box");
+                        int first_slab = 0) const {
     int64_t j0;
     const bool have = box_index(ks, tile, j0) >= 0;
     const bool ok = have && page >= 0 && page < p.num_pages;
@@ -264,7 +255,7 @@ struct TmaTiles {
     const int64_t left = ks.k_end - (ks.k_begin + int64_t(tile) * kTileKeys);
     if (lane == 0) {
       if (key_mask) *key_mask = loaded & (left >= 64 ? ~0ull : (1ull << left) - 1);
-      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * (128u * kSlabsN + (kRope ? 64u : 0u)));
+      tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabsN);
     }
     __syncwarp();
     if constexpr (!kUniform) {
@@ -274,7 +265,6 @@ struct TmaTiles {
 #pragma unroll
         for (int s = 0; s < kSlabsN; ++s)
           tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), y, bar);
-        if constexpr (kRope) tma::load_2d(dst + 4 * kSlabBytes + box * box_rows * 64, rope_map, 512, y, bar);
       }
     } else {
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
@@ -287,8 +277,6 @@ struct TmaTiles {
 #pragma unroll
           for (int s = 0; s < kSlabsN; ++s)
             tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar);
-          if constexpr (kRope)
-            tma::load_2d(dst + 4 * kSlabBytes + (k * slots(p) + slot) * box_rows * 64, rope_map, 512, yk, bar);
         }
         __syncwarp();
       }

@@ -12,16 +12,11 @@ namespace mla::cuda {
 // against libcuda).
 CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride,
                                         int box_rows);
-// The same with boxes of box_bytes (128: the 128-byte swizzle; 64: the 64-byte swizzle) x box_rows.
-CUtensorMap make_tensor_map_bytes(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride, int box_rows,
-                                  int box_bytes);
 
 struct AttendParams;
 // The many-rows attend kernel's launch (attend_rows.cu), with the cache's tensor map.
 // tma: the cache's tiles as TMA boxes (map); else gathered by cp.async (pages not a power of two).
-// rope_map: the same cache in boxes of 64 bytes (the 64-byte swizzle) for the rope dims 512..575.
-void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, const CUtensorMap& rope_map, bool tma,
-                        cudaStream_t stream);
+void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream);
 // The same for a bf16 query and cache (attend_rows_bf16.cu).
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
 

@@ -35,12 +35,6 @@ __device__ __forceinline__ uint64_t descriptor_sw128(uint32_t smem_addr) {
   return uint64_t((smem_addr >> 4) & 0x3FFF) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
 }
 
-// The same for K-major tiles in the 64-byte swizzle (atoms of 8 rows x 64 bytes, 512 bytes apart):
-// stride offset 512, layout type 2; a k32 step inside a row advances the start address by 32 bytes.
-__device__ __forceinline__ uint64_t descriptor_sw64(uint32_t smem_addr) {
-  return uint64_t((smem_addr >> 4) & 0x3FFF) | uint64_t(1) << 16 | uint64_t(512 >> 4) << 32 | uint64_t(2) << 62;
-}
-
 // The descriptor of the same layout `bytes` further on: the start address is the low 14 bits (>> 4)
 // and shared memory ends below 2^18 bytes, so the add never carries out of the field.
 __device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) {
@@ -224,20 +218,6 @@ __device__ __forceinline__ void mma_m64n32k16_f16_rs(float (&d)[16], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-// The same at N = 24 (12 a thread): a 48-row CTA's warpgroup owning its rows for p.v (s20d).
-__device__ __forceinline__ void mma_m64n24k16_f16_rs(float (&d)[12], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "
-      "{%12, %13, %14, %15}, %16, p, 1, 1, 0;\n"
-      "}\n"
-      : MLA_WGMMA_D12(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
 // q.k of a many-rows warpgroup's kN rows (attend_rows.cu: half of a 64-, 48- or 32-row CTA).
 template <int kN>
 __device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate) {
@@ -250,12 +230,10 @@ __device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint
 // p.v of a many-rows CTA's kN rows (attend_rows.cu: 64, 48 or 32), K-major P^T.
 template <int kN>
 __device__ __forceinline__ void mma_pv_f16_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b) {
-  static_assert(kN == 64 || kN == 48 || kN == 32 || kN == 24 || kN == 16, "p.v: N = 64, 48, 32, 24 or 16");
+  static_assert(kN == 64 || kN == 48 || kN == 32, "p.v: N = 64, 48 or 32");
   if constexpr (kN == 64) mma_m64n64k16_f16_rs(d, a, b);
   else if constexpr (kN == 48) mma_m64n48k16_f16_rs(d, a, b);
-  else if constexpr (kN == 32) mma_m64n32k16_f16_rs(d, a, b);
-  else if constexpr (kN == 24) mma_m64n24k16_f16_rs(d, a, b);
-  else mma_m64n16k16_f16_rs(d, a, b);
+  else mma_m64n32k16_f16_rs(d, a, b);
 }
 
 }  // namespace mla::cuda::wgmma
