@@ -114,7 +114,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kS20eLaneIssue = false>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           for (int u = 0; u < kGroups; ++u) {
             if (kTileRelease && u == 1 && at >= 2)  // (tile 0's boxes are out before tile 1 is free)
               tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
-            tiles.issue<kSlabs, kRowsN == 48 && !kS20eLaneIssue>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
+            tiles.issue<kSlabs, kRowsN == 48>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
                                               ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
           }
 #pragma unroll
@@ -574,16 +574,13 @@ void prepare_kernel() {
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  static const bool lane_issue = std::getenv("MLA_S20E_LANE_ISSUE") != nullptr;  // (s20e A/B, measurement only)
-  if (tma && lane_issue) attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace
