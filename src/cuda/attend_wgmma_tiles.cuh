@@ -241,7 +241,9 @@ struct TmaTiles {
   // registers; else each lane issues its own box from its registers, and ptxas loops over the lanes
   // for every slab (ELECT, R2UR, UTMALDG, a branch). Uniform measured faster in the 16-row kernel
   // (B64 0.5-2.2%) and the 48-row many-rows CTAs (F, G 0.7-3.8%), slower in the 32- and 64-row ones
-  // (qlen 2 3.3%, D 2.2%; s18d, s18e in docs/attention.md), which keep each lane's own issue.
+  // (qlen 2 3.3%, D 2.2%; s18d, s18e in docs/attention.md), which keep each lane's own issue. With
+  // the many-rows kernel's producer warpgroup issuing (s19), uniform stayed 1-2% slower at 32 and
+  // 64 rows (s19b) and each lane's own issue was within noise at 48 (s20e).
   template <int kSlabsN = kSlabs, bool kUniform = true>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0) const {

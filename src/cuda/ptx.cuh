@@ -13,9 +13,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared, bypassing L1 (.cg); src_bytes = 0 zero-fills without reading src.
-// through_l1 (.ca): the same through L1, for measurement (AttendParams.l1_copies).
-// A 16-bit store to a shared-memory address (32-bit): a base register plus an immediate, where
+// A 32-bit store to a shared-memory address (32-bit): a base register plus an immediate, where
 // generic pointers would cost a 64-bit address per store.
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -52,6 +50,8 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// 16 bytes global -> shared, bypassing L1 (.cg); src_bytes = 0 zero-fills without reading src.
+// through_l1 (.ca): the same through L1, for measurement (AttendParams.l1_copies).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid, bool through_l1 = false) {
   const int src_bytes = valid ? 16 : 0;
   if (through_l1) asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
