@@ -53,23 +53,6 @@ struct CtaWork {
   __device__ int last_row(int rows_per_cta) const { return min(rows_total, m_base + rows_per_cta) - 1; }
 };
 
-// The plan's inputs into L1 at a launch's first instruction: every request's length and page-list
-// bounds (flat::scan_tiles reads the lengths, KeyStream a request's length and kv_indptr pair). One
-// round trip then serves both, where the scan's loads and then KeyStream's waited one each, in
-// turn, before the first tile's page ids could be loaded (s14's timeline: 2.8 us from the
-// mbarriers to the first serve at B64). Lines of 128 bytes, a thread a line.
-__device__ __forceinline__ void prefetch_plan_inputs(const AttendParams& p, int tid, int threads) {
-  auto lines = [&](const int32_t* a, int n) {
-    if (n <= 0) return;
-    const uintptr_t first = reinterpret_cast<uintptr_t>(a) & ~uintptr_t(127);
-    const uintptr_t last = (reinterpret_cast<uintptr_t>(a + n) - 1) & ~uintptr_t(127);
-    for (uintptr_t at = first + uintptr_t(tid) * 128; at <= last; at += uintptr_t(threads) * 128)
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(at));
-  };
-  lines(p.seq_lens, p.batch);
-  lines(p.kv_indptr, p.batch + 1);
-}
-
 // A key of a tile as page_of found it: local index, page id as loaded, global position.
 struct KeyRow {
   int32_t j = -1;     // local key index, -1: none

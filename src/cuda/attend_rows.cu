@@ -114,7 +114,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kS21Early = false>
+template <bool kTma, int kRowsN>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -137,10 +137,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   const int wg = warp_uniform(tid / 128), warp = warp_uniform((tid / 32) % 4);
   const int cwarp = 4 * wg + warp;
   const int g = lane / 4, c = lane % 4;
-  if constexpr (kS21Early) {  // (s21a A/B, measurement only)
-    prefetch_plan_inputs(p, tid, kCtaThreads);
-    if (tid == 0) tma::prefetch_map(&cache_map);
-  }
   const CtaWork cta(p, kRowsN, tid);
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   if (tid == 0) {
@@ -578,16 +574,13 @@ void prepare_kernel() {
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  static const bool early = std::getenv("MLA_S21_EARLY") != nullptr;  // (s21a A/B, measurement only)
-  if (tma && early) attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace

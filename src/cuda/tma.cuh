@@ -48,12 +48,6 @@ __device__ __forceinline__ void wait_parity_forever(uint32_t bar, uint32_t parit
       : "memory");
 }
 
-// Fetches the tensor map into the TMA unit's descriptor cache ahead of the first box (else that
-// box waits a round trip for it). map: a __grid_constant__ kernel parameter.
-__device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
 // The box of `map` at (x = byte column, y = row) into shared memory at dst (1024-byte aligned for
 // the 128-byte swizzle), completing on bar.
 __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
