@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         done += n_tiles;
       };
       serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
-                                             &sm.next_segment, nullptr, produce);
+                                             &sm.next_segment, nullptr, p.flat_lead, produce);
       return;
     }
     ptx::setmaxnreg_inc<256 - kProducerRegs>();
@@ -500,7 +500,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   };  // serve
 
   serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
-                                        &sm.next_segment, nullptr, serve);
+                                        &sm.next_segment, nullptr, p.flat_lead, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));

@@ -95,6 +95,40 @@ TEST(CudaDecode, RealDimensionsMatchCpu) {
   }
 }
 
+// A batch long enough that the 16-row kernel's flat plan skews its key-CTAs (flat::cta_range: at
+// least kSkewMinTiles tiles a key-CTA on average; 12 requests of 20000-32768 keys are over 3700
+// tiles, 14 a key-CTA on the H200's 264), uneven, at pages 64, 16 and 1 (TMA boxes, boxes of 16
+// rows, bulk row copies): the whole step against the CPU backend. The skewed ranges' arithmetic is
+// checked on the host (FlatPlan.*); this checks the kernels serve them.
+TEST(CudaDecode, LongUnevenBatchMatchesCpu) {
+  MLA_REQUIRE_GPU();
+  const LayerConfig cfg = LayerConfig::preset("kimi-k3");
+  uint64_t seed = 760;
+  for (const int page : {64, 16, 1}) {
+    ++seed;
+    SCOPED_TRACE("page " + std::to_string(page));
+    const PreparedWeights w = prepare_weights(cfg, random_checkpoint_weights(cfg, seed));
+    synth::ScenarioSpec spec = decode_spec(cfg, 12, 1, 32768, seed);
+    spec.page_size = page;
+    std::mt19937_64 rng(seed);
+    for (int32_t& len : spec.seq_lens) len = std::uniform_int_distribution<int32_t>(20000, 32768)(rng);
+    const synth::Scenario host = synth::make_scenario(spec, w.k_scale);
+    const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
+    auto options = [&](Backend b) { return LayerOptions{.backend = b, .max_tokens = int(s)}; };
+    Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
+    synth::Scenario dev = synth::to_device(host);
+    synth::Scenario cpu_host = synth::make_scenario(spec, w.k_scale);
+    Tensor cpu_out = Tensor::empty(DType::bf16, {s, nv});
+    Tensor gpu_out = Tensor::empty(DType::bf16, {s, nv}, Device::cuda);
+    testing::poison(gpu_out);
+    cpu.step(cpu_host.hidden, cpu_host.meta(), cpu_host.kv(), cpu_out);
+    gpu.step(dev.hidden, dev.meta(), dev.kv(), gpu_out);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cuda::take_device_errors(detail::backend_of(gpu)), 0u);
+    expect_close(gpu_out.to_host(), cpu_out, 1e-2, "step out");
+  }
+}
+
 // Bad slots at decode sizes (pre_norm's own check, S <= 64) and just above (meta_check_kernel):
 // reported, and the cache is left as it was; the error is sticky (a good step after it writes
 // nothing either until the host takes the error); after that a good step writes its rows.
