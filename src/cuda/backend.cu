@@ -45,11 +45,13 @@ bool flat_plan_enabled() {
 
 // The flat plan's key-CTAs placed first on their SMs, which take more tiles (flat::cta_range): where
 // the launch is one wave of two CTAs an SM (the 16-row kernel), the blocks below the SM count,
-// which the block scheduler places first, one an SM. MLA_ATTEND_FLAT_SKEW=0: all take the same.
+// which the block scheduler places first, one an SM. Off unless MLA_ATTEND_FLAT_SKEW=1 (s21b: the
+// skewed ranges no longer end on request boundaries, and each segment switch they add costs more
+// than the skew saves: B64 95 vs 86 us, A 55.4 vs 49.2; docs/attention.md).
 int flat_skew_lead(int ctas, int m_tiles, int slots, int sms, bool many_rows) {
   static const bool on = [] {
     const char* env = std::getenv("MLA_ATTEND_FLAT_SKEW");
-    return !(env && std::string_view(env) == "0");
+    return env && std::string_view(env) == "1";
   }();
   const int64_t grid = int64_t(ctas) * m_tiles;
   return on && !many_rows && slots == 2 * sms && grid > sms && grid <= slots ? sms / m_tiles : 0;
