@@ -95,11 +95,11 @@ TEST(CudaDecode, RealDimensionsMatchCpu) {
   }
 }
 
-// A batch long enough that the 16-row kernel's flat plan skews its key-CTAs (flat::cta_range: at
-// least kSkewMinTiles tiles a key-CTA on average; 12 requests of 20000-32768 keys are over 3700
-// tiles, 14 a key-CTA on the H200's 264), uneven, at pages 64, 16 and 1 (TMA boxes, boxes of 16
-// rows, bulk row copies): the whole step against the CPU backend. The skewed ranges' arithmetic is
-// checked on the host (FlatPlan.*); this checks the kernels serve them.
+// A long uneven batch under the 16-row kernel's flat plan (12 requests of 20000-32768 keys: over
+// 3700 tiles, 14 a key-CTA on the H200's 264, most CTAs serving two requests), at pages 64, 16
+// and 1 (TMA boxes, boxes of 16 rows, bulk row copies): the whole step against the CPU backend.
+// (Written for session 21's skewed plan, s21b, not kept; it checks the segment switches of long
+// segments, which the random cases' short contexts do not reach.)
 TEST(CudaDecode, LongUnevenBatchMatchesCpu) {
   MLA_REQUIRE_GPU();
   const LayerConfig cfg = LayerConfig::preset("kimi-k3");
