@@ -67,7 +67,10 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // at its phases into p.timeline[kTimelineWords * CTA + k] (k: 0 start, 1 prologue done, 2 first
 // tile landed, 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments; the prologue's steps: 8
 // mbarriers initialized, 9 plan and key range known (the first serve begins), 10 the first tile's
-// boxes issued (thread 0 issues box 0: after its page id load), 11 thread 0's query rows loaded).
+// boxes issued (thread 0 issues box 0: after its page id load), 11 thread 0's query rows loaded;
+// a segment switch (session 21: each costs ~6-9 us, not located by s21c): 15 the first segment's
+// last tile done, 12 the second segment's serve begins, 13 its prologue barrier, 14 its first tile
+// landed).
 template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   if constexpr (kTimeline) {
     const uint64_t start_time = now();
     for (int k = 0; k < 4; ++k) stamp(k, start_time);  // a CTA with nothing to serve: all phases 0
-    for (int k = 8; k < 12; ++k) stamp(k, start_time);
+    for (int k = 8; k < 16; ++k) stamp(k, start_time);
   }
   int segments = 0;
   const CtaWork cta(p, kN, tid);
@@ -172,6 +175,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
 
     const int n_tiles = keys.n_tiles();
     if (done == 0) stamp(9, now());
+    if (segments == 1) stamp(12, now());
 
     // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
@@ -241,6 +245,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     wgmma::fence_proxy_async();  // the query tile (st.shared) before the tensor cores read it
     sync_consumers<kProducer, kThreads>();  // the query tile, the first tiles' rows, the initialized mbarriers
     if (done == 0) stamp(1, now());
+    if (segments == 1) stamp(13, now());
     // The next segment's first page ids (thread 0 wrote its keys before this segment's barrier
     // above; the issuing warps other than 0 read them only after it).
     if (kBoxes && tiles.issues() && n_tiles > 0 && has_next) next_segment_page = box_page_of(next, 0);
@@ -279,6 +284,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         }
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
         if (done + t == 0) stamp(2, now());
+        if (segments == 1 && t == 0) stamp(14, now());
         key_mask = (sm.key_mask[buf][0] | sm.key_mask[buf][1]) | (sm.key_mask[buf][2] | sm.key_mask[buf][3]);
       } else {
         ptx::cp_async_wait_group<kStages - 2>();
@@ -464,6 +470,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
 
     stamp(3, now());
+    if (segments == 0) stamp(15, now());
     ++segments;
     // Row sums: over the 8 lanes of a column, then over the warps.
     float d[4];
@@ -551,7 +558,9 @@ const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
 // MLA_ATTEND_TIMELINE=FILE (measurement: scripts/device-check timeline): the TMA kernel (2-step
 // q.k groups) with per-CTA phase stamps; a launch outside a graph capture waits for the kernel and
 // rewrites FILE as CSV (cta, smid, start, prologue, first_tile, last_tile, end in ns, tiles,
-// segments, then the prologue's steps: init, plan, issued, query in ns), so the last eager launch
+// segments, then the prologue's steps: init, plan, issued, query in ns, then the first segment
+// switch: the first segment's last tile, the second's start, prologue, first tile in ns; a CTA of
+// one segment repeats its start there), so the last eager launch
 // of a run is what FILE holds.
 const char* timeline_path() {
   static const char* path = std::getenv("MLA_ATTEND_TIMELINE");
@@ -583,12 +592,12 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
   MLA_REQUIRE(f != nullptr, "MLA_ATTEND_TIMELINE: cannot write ", timeline_path());
   std::fprintf(f,
                "cta,smid,start_ns,prologue_ns,first_tile_ns,last_tile_ns,end_ns,tiles,segments,init_ns,plan_ns,"
-               "issued_ns,query_ns\n");
+               "issued_ns,query_ns,seg0_last_tile_ns,seg1_start_ns,seg1_prologue_ns,seg1_first_tile_ns\n");
   for (size_t c = 0; c < grid.x; ++c) {
     const uint64_t* r = &host[kTimelineWords * c];
     auto u = [&](int k) { return (unsigned long long)r[k]; };
-    std::fprintf(f, "%zu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", c, u(5), u(0), u(1), u(2),
-                 u(3), u(4), u(6), u(7), u(8), u(9), u(10), u(11));
+    std::fprintf(f, "%zu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", c, u(5),
+                 u(0), u(1), u(2), u(3), u(4), u(6), u(7), u(8), u(9), u(10), u(11), u(15), u(12), u(13), u(14));
   }
   std::fclose(f);
 }
