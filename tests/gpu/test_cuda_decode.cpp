@@ -82,16 +82,7 @@ TEST(CudaDecode, RealDimensionsMatchCpu) {
     if (cfg.gate_dim() > 0) expect_close(gpu_gate.to_host(), cpu_gate, 1e-2, "gate");
 
     // the whole step, on fresh copies
-    synth::Scenario dev_step = synth::to_device(host);
-    synth::Scenario cpu_step = synth::make_scenario(host.spec, w.k_scale);
-    Tensor cpu_out = Tensor::empty(DType::bf16, {s, nv});
-    Tensor gpu_out = Tensor::empty(DType::bf16, {s, nv}, Device::cuda);
-    testing::poison(gpu_out);
-    cpu.step(cpu_step.hidden, cpu_step.meta(), cpu_step.kv(), cpu_out);
-    gpu.step(dev_step.hidden, dev_step.meta(), dev_step.kv(), gpu_out);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cuda::take_device_errors(detail::backend_of(gpu)), 0u);
-    expect_close(gpu_out.to_host(), cpu_out, 1e-2, "step out");
+    testing::expect_step_matches(cpu, gpu, host, w.k_scale, nv, false);
   }
 }
 
@@ -116,16 +107,7 @@ TEST(CudaDecode, LongUnevenBatchMatchesCpu) {
     const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
     auto options = [&](Backend b) { return LayerOptions{.backend = b, .max_tokens = int(s)}; };
     Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
-    synth::Scenario dev = synth::to_device(host);
-    synth::Scenario cpu_host = synth::make_scenario(spec, w.k_scale);
-    Tensor cpu_out = Tensor::empty(DType::bf16, {s, nv});
-    Tensor gpu_out = Tensor::empty(DType::bf16, {s, nv}, Device::cuda);
-    testing::poison(gpu_out);
-    cpu.step(cpu_host.hidden, cpu_host.meta(), cpu_host.kv(), cpu_out);
-    gpu.step(dev.hidden, dev.meta(), dev.kv(), gpu_out);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cuda::take_device_errors(detail::backend_of(gpu)), 0u);
-    expect_close(gpu_out.to_host(), cpu_out, 1e-2, "step out");
+    testing::expect_step_matches(cpu, gpu, host, w.k_scale, nv, false);
   }
 }
 

@@ -74,17 +74,7 @@ void steps_match_cpu(const std::vector<Shape>& shapes, DType dtype, uint64_t see
       return LayerOptions{.backend = backend, .q_dtype = dtype, .max_tokens = int(s), .num_threads = 2};
     };
     Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
-    synth::Scenario dev = synth::to_device(host);
-    synth::Scenario cpu_host = synth::make_scenario(spec, w.k_scale);
-    Tensor cpu_out = Tensor::empty(DType::bf16, {s, nv});
-    Tensor gpu_out = Tensor::empty(DType::bf16, {s, nv}, Device::cuda);
-    testing::poison(gpu_out);
-    cpu.step(cpu_host.hidden, cpu_host.meta(), cpu_host.kv(), cpu_out);
-    gpu.step(dev.hidden, dev.meta(), dev.kv(), gpu_out);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cuda::take_device_errors(detail::backend_of(gpu)), 0u);
-    expect_close(gpu_out.to_host(), cpu_out, 1e-2, "step out");
-    expect_close(dev.cache.to_host(), cpu_host.cache, 1e-2, "cache after step");
+    testing::expect_step_matches(cpu, gpu, host, w.k_scale, nv, true);
   }
 }
 
