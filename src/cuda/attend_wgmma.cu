@@ -68,9 +68,9 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // tile landed, 3 last tile done, 4 end, 5 SM id, 6 tiles, 7 segments; the prologue's steps: 8
 // mbarriers initialized, 9 plan and key range known (the first serve begins), 10 the first tile's
 // boxes issued (thread 0 issues box 0: after its page id load), 11 thread 0's query rows loaded;
-// a segment switch (session 21: each costs ~6-9 us, not located by s21c): 15 the first segment's
-// last tile done, 12 the second segment's serve begins, 13 its prologue barrier, 14 its first tile
-// landed).
+// the CTA's first segment switch (8.2-8.6 us on average in session 21, docs/attention.md): 15 the
+// first segment's last tile done, 12 the second segment's serve begins, 13 its prologue barrier,
+// 14 its first tile landed).
 template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {

@@ -32,7 +32,8 @@ inline void expect_close(const TensorView& gpu_host, const TensorView& cpu_host,
 
 // The whole step of the host scenario on a CPU and a CUDA layer, each on its own fresh copy of it
 // (the CUDA output poisoned first, out_width = heads x v_head_dim): the outputs within SPEC's 1e-2,
-// no device error, and with check_cache the cache rows the step wrote.
+// no device error, and with check_cache the cache rows the step wrote. A failed device sync is
+// fatal here: call it under ASSERT_NO_FATAL_FAILURE.
 inline void expect_step_matches(Layer& cpu, Layer& gpu, const synth::Scenario& host, float k_scale, int64_t out_width,
                                 bool check_cache) {
   const int64_t s = host.tokens();

@@ -74,7 +74,7 @@ void steps_match_cpu(const std::vector<Shape>& shapes, DType dtype, uint64_t see
       return LayerOptions{.backend = backend, .q_dtype = dtype, .max_tokens = int(s), .num_threads = 2};
     };
     Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
-    testing::expect_step_matches(cpu, gpu, host, w.k_scale, nv, true);
+    ASSERT_NO_FATAL_FAILURE(testing::expect_step_matches(cpu, gpu, host, w.k_scale, nv, true));
   }
 }
 
