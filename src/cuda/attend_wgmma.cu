@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         done += n_tiles;
       };
       serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
-                                             sm.next_segment, nullptr, false, p.flat_lead, produce);
+                                             sm.next_segment, nullptr, false, produce);
       return;
     }
     ptx::setmaxnreg_inc<256 - kProducerRegs>();
@@ -543,7 +543,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   };  // serve
 
   serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
-                                        sm.next_segment, nullptr, kS21Switch, p.flat_lead, serve);
+                                        sm.next_segment, nullptr, kS21Switch, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));

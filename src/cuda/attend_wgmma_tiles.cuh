@@ -419,13 +419,11 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
 // 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is sync_consumers' of the
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
-// segments). One call site of serve (one copy of its code). lead: the flat plan's AttendParams.flat_lead
-// (the 16-row kernel, two CTAs an SM) or 0 (the many-rows kernels, one an SM: a constant 0 leaves
-// the skewed plan's arithmetic out of their code, whose producer warpgroup spilled with it).
+// segments). One call site of serve (one copy of its code).
 template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, NextSegment next_segment,
-                                               KeyStream* segment, bool reuse_next, int lead, Serve&& serve) {
+                                               KeyStream* segment, bool reuse_next, Serve&& serve) {
   const int batch = p.batch;
   flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
   int cta_key = 0, b = cta.b;
@@ -433,7 +431,7 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
     flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid);
     const int m_tiles = (cta.rows_total + kRowsPerCta - 1) / kRowsPerCta;
     cta_key = blockIdx.x / m_tiles;
-    range = flat::cta_range(flat_start, batch, p.flat_ctas, cta_key, lead);
+    range = flat::cta_range(flat_start, batch, p.flat_ctas, cta_key);
     if (blockIdx.x == 0)  // post merges nothing for an empty request
       for (int i = tid; i < batch; i += kThreadsN)
         if (flat_start[i + 1] == flat_start[i]) p.part_count[i] = 0;
@@ -452,7 +450,7 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
     const bool opens = flat && flat::opens(flat_start, cur, range);  // serves the request's first tile
     if (opens && cta.m_tile == 0 && tid == 0) {
       p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
-      p.part_count[cur] = flat::partial_count(flat_start, batch, p.flat_ctas, lead, cur, range, cta_key);
+      p.part_count[cur] = flat::partial_count(flat_start, cur, range, cta_key);
     }
     auto own_keys = [&] {
       return flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)

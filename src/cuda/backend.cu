@@ -43,19 +43,6 @@ bool flat_plan_enabled() {
   return on;
 }
 
-// The flat plan's key-CTAs placed first on their SMs, which take more tiles (flat::cta_range): where
-// the launch is one wave of two CTAs an SM (the 16-row kernel), the blocks below the SM count,
-// which the block scheduler places first, one an SM. A/B only (s21b lost 6-12% with the switch
-// of session 20): MLA_ATTEND_FLAT_SKEW=1 turns it on; by default all take the same.
-int flat_skew_lead(int ctas, int m_tiles, int slots, int sms, bool many_rows) {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_FLAT_SKEW");
-    return env && std::string_view(env) == "1";
-  }();
-  const int64_t grid = int64_t(ctas) * m_tiles;
-  return on && !many_rows && slots == 2 * sms && grid > sms && grid <= slots ? sms / m_tiles : 0;
-}
-
 // The flat plan's partials in the o / lse workspace: partial i is [Q, G, L] f32 (lse [Q, G]) at
 // i * Q * G * L, whatever splits the workspace views say (attend writes them, post reads them).
 struct FlatStrides {
@@ -369,8 +356,6 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   if (flat) {
     const FlatStrides st = flat_strides(query_heads(), meta.qlen);
     p.flat_ctas = ctas;
-    const AttendShape shape = attend_shape(p.batch, meta.qlen);
-    p.flat_lead = flat_skew_lead(ctas, shape.m_tiles, shape.slots, sms_, shape.many_rows);
     p.part_first = part_first_.get<int32_t>();
     p.part_count = part_count_.get<int32_t>();
     p.o_split_stride = st.o_split, p.o_s_stride = st.o_s, p.o_h_stride = st.o_h;

@@ -20,65 +20,17 @@ MLA_HD int32_t request_tiles(int32_t len, int qlen, int tile_keys) {
   return len > 0 && len >= qlen ? (len + tile_keys - 1) / tile_keys : 0;
 }
 
-// Where two key-CTAs share an SM (the 16-row kernel, one wave of 2 CTAs an SM), the one placed
-// first streams its tiles ~8% faster (H200, session 21's timeline: 2.20 vs 2.40 us a tile at B64,
-// 2.30 vs 2.48 at A, 2.13 vs 2.29 at B, the CTAs of blockIdx < SMs against the rest, equal work),
-// and the SMs' second CTAs then finish alone at half the copy rate. The first `lead` key-CTAs
-// (AttendParams.flat_lead; 0: all equal) therefore take kLeadWeight / kRestWeight times the tiles of
-// the rest, where every key-CTA has at least kSkewMinTiles on average (fewer: the rounding to whole
-// tiles is coarser than the skew).
-inline constexpr int kLeadWeight = 27, kRestWeight = 25;
-inline constexpr int32_t kSkewMinTiles = 8;
-static_assert(uint64_t(kLeadWeight * kMaxPostPartials) * uint64_t(kLeadWeight * kMaxPostPartials) < (uint64_t(1) << 32),
-              "cta_begin's 32-bit products");
-
 // Key-CTA `cta`'s tiles [begin, end) of the T in all (begin == end: nothing to serve).
 struct Cta {
-  int32_t per_cta, begin, end;  // per_cta: the uniform plan's K (the skewed plan's average, rounded up)
+  int32_t per_cta, begin, end;
 };
-MLA_HD int32_t uniform_tiles(int32_t total, int ctas) {
-  const int32_t ceil = (total + ctas - 1) / ctas;
-  return ceil > kMinFlatTiles ? ceil : kMinFlatTiles;
-}
-// The lead the plan of T tiles takes (0: the uniform plan).
-MLA_HD int plan_lead(int32_t total, int ctas, int lead) {
-  return lead < ctas && (total + ctas - 1) / ctas >= kSkewMinTiles ? lead : 0;
-}
-MLA_HD uint32_t weight_before(int c, int lead) {
-  return uint32_t(kLeadWeight) * uint32_t(c < lead ? c : lead) + uint32_t(kRestWeight) * uint32_t(c > lead ? c - lead : 0);
-}
-// Key-CTA c's first tile of the T in all (c = ctas: T); lead as plan_lead gives it. The skewed plan:
-// floor(T W(c) / W(ctas)) in 32-bit arithmetic (T = q W + r, and r W(c) < W(ctas)^2 < 2^31 for
-// up to kMaxPostPartials CTAs), a handful of instructions where a 64-bit division is a subroutine.
-MLA_HD int32_t cta_begin(int32_t total, int ctas, int lead, int c) {
-  if (lead > 0) {
-    const uint32_t all = weight_before(ctas, lead), w = weight_before(c, lead);
-    const uint32_t q = uint32_t(total) / all, r = uint32_t(total) % all;
-    return int32_t(q * w + r * w / all);
-  }
-  const int64_t b = int64_t(c) * uniform_tiles(total, ctas);
-  return b < total ? int32_t(b) : total;
-}
-MLA_HD Cta cta_range(const int32_t* starts, int batch, int ctas, int cta, int lead = 0) {
+MLA_HD Cta cta_range(const int32_t* starts, int batch, int ctas, int cta) {
   const int32_t total = starts[batch];
-  const int32_t per = uniform_tiles(total, ctas);
-  lead = plan_lead(total, ctas, lead);
-  if (lead > 0) return {per, cta_begin(total, ctas, lead, cta), cta_begin(total, ctas, lead, cta + 1)};
-  const int32_t begin = cta_begin(total, ctas, 0, cta);
+  const int32_t ceil = (total + ctas - 1) / ctas;
+  const int32_t per = ceil > kMinFlatTiles ? ceil : kMinFlatTiles;
+  const int64_t b = int64_t(cta) * per;
+  const int32_t begin = b < total ? int32_t(b) : total;
   return {per, begin, begin + per < total ? begin + per : total};
-}
-// The key-CTA serving tile t (< T). (From the plan's inputs, not a Cta: the kernels keep a Cta in
-// registers through their segment loop, and three more values there made ptxas spill.)
-MLA_HD int cta_of_tile(int32_t total, int ctas, int lead, int32_t t) {
-  lead = plan_lead(total, ctas, lead);
-  if (lead == 0) return t / uniform_tiles(total, ctas);
-  int lo = 0, hi = ctas - 1;  // the last key-CTA whose first tile is <= t
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cta_begin(total, ctas, lead, mid) <= t) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
 }
 
 // The request holding tile c.begin: the last b with starts[b] <= begin (empty ones skipped after).
@@ -110,11 +62,8 @@ MLA_HD int32_t segment_last(const int32_t* starts, int b, const Cta& c) {
 // partial a segment writes, and the number of partials of request b (recorded by that CTA).
 MLA_HD bool opens(const int32_t* starts, int b, const Cta& c) { return starts[b] >= c.begin; }
 MLA_HD int64_t partial(int cta, int b) { return int64_t(cta) + b; }
-MLA_HD int32_t partial_count(const int32_t* starts, int batch, int ctas, int lead, int b, const Cta& c, int cta) {
-  const int32_t last = starts[b + 1] - 1;
-  const int serving = plan_lead(starts[batch], ctas, lead) > 0 ? cta_of_tile(starts[batch], ctas, lead, last)
-                                                                : last / c.per_cta;
-  return serving - cta + 1;
+MLA_HD int32_t partial_count(const int32_t* starts, int b, const Cta& c, int cta) {
+  return (starts[b + 1] - 1) / c.per_cta - cta + 1;
 }
 
 // Whether host-known lengths are even enough that fixed splits balance as well as the flat plan:

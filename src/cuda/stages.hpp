@@ -137,7 +137,6 @@ struct AttendParams {
   // (o_split_stride = qlen * o_s_stride), and request b's partials are part_first[b] ..
   // + part_count[b] - 1 (written by the kernel for post). 0: splits as above.
   int flat_ctas = 0;
-  int flat_lead = 0;  // the first flat_lead key-CTAs take more tiles (flat::cta_range; 0: all equal)
   int32_t* part_first = nullptr;
   int32_t* part_count = nullptr;
   uint64_t* timeline = nullptr;  // MLA_ATTEND_TIMELINE (attend_wgmma.cu): per-CTA phase stamps
@@ -201,7 +200,7 @@ void prepare_attend_kernels();
 // --- post -----------------------------------------------------------------------------------------
 
 // Partials (splits x DCP ranks) post's merge weights hold in shared memory: the split planner's bound.
-constexpr int kMaxPostPartials = 512;  // (flat::cta_begin's 32-bit arithmetic holds to ~1600)
+constexpr int kMaxPostPartials = 512;
 
 // Merge of split partials (softmax_state.hpp), out = (o @ W_UV^T) * gate, bf16.
 struct PostParams {

@@ -6,7 +6,6 @@
 // bound). The kernel itself is checked against the CPU backend by the GPU tests.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
 #include <random>
 #include <set>
@@ -29,8 +28,8 @@ struct Recorded {
 };
 
 // Enumerates every key-CTA's segments exactly as the kernel's loop does and checks the invariants.
-void check_plan(const std::vector<int32_t>& lens, int qlen, int ctas, int lead = 0) {
-  SCOPED_TRACE(::testing::Message() << "B " << lens.size() << ", qlen " << qlen << ", CTAs " << ctas << ", lead " << lead);
+void check_plan(const std::vector<int32_t>& lens, int qlen, int ctas) {
+  SCOPED_TRACE(::testing::Message() << "B " << lens.size() << ", qlen " << qlen << ", CTAs " << ctas);
   const int batch = int(lens.size());
   std::vector<int32_t> starts(size_t(batch) + 1, 0);
   for (int b = 0; b < batch; ++b)
@@ -38,11 +37,8 @@ void check_plan(const std::vector<int32_t>& lens, int qlen, int ctas, int lead =
   std::vector<Recorded> rec(static_cast<size_t>(batch));
   std::set<int64_t> used;
   for (int c = 0; c < ctas; ++c) {
-    const flat::Cta range = flat::cta_range(starts.data(), batch, ctas, c, lead);
+    const flat::Cta range = flat::cta_range(starts.data(), batch, ctas, c);
     ASSERT_GE(range.per_cta, cuda::kMinFlatTiles);
-    ASSERT_LE(range.begin, range.end) << "CTA " << c;
-    if (c > 0) ASSERT_EQ(range.begin, flat::cta_range(starts.data(), batch, ctas, c - 1, lead).end) << "CTA " << c;
-    for (int32_t t = range.begin; t < range.end; ++t) ASSERT_EQ(flat::cta_of_tile(starts[size_t(batch)], ctas, lead, t), c) << "tile " << t;
     for (int b = flat::next_request(starts.data(), batch, flat::first_request(starts.data(), batch, range), range);
          b >= 0; b = flat::next_request(starts.data(), batch, b + 1, range)) {
       Recorded& r = rec[size_t(b)];
@@ -58,7 +54,7 @@ void check_plan(const std::vector<int32_t>& lens, int qlen, int ctas, int lead =
       if (flat::opens(starts.data(), b, range)) {
         ++r.opens;
         r.first = part;
-        r.count = flat::partial_count(starts.data(), batch, ctas, lead, b, range, c);
+        r.count = flat::partial_count(starts.data(), b, range, c);
       }
     }
   }
@@ -86,9 +82,6 @@ TEST(FlatPlan, EveryTileOnceAndPartialsConsecutive) {
   check_plan({3, 1, 2}, 4, 88);                   // lengths under qlen: invalid, no tiles
   check_plan({65, 64, 63, 1}, 1, 1);              // one CTA serves everything
   check_plan(std::vector<int32_t>(1000, 100), 1, 264);  // more requests than CTAs
-  check_plan(std::vector<int32_t>(64, 8192), 1, 264, 132);   // B64 with its first-placed CTAs skewed
-  check_plan(std::vector<int32_t>(64, 16384), 1, 264, 132);  // segments cross requests
-  check_plan(std::vector<int32_t>(128, 4096), 1, 132, 66);   // two row tiles a request (16 heads, 2 x 16 rows)
   std::mt19937 rng(7);
   for (int k = 0; k < 300; ++k) {
     const int batch = 1 + int(rng() % 300), qlen = 1 + int(rng() % 8), ctas = 1 + int(rng() % 511);
@@ -96,7 +89,6 @@ TEST(FlatPlan, EveryTileOnceAndPartialsConsecutive) {
     std::vector<int32_t> lens(static_cast<size_t>(batch));
     for (int32_t& len : lens) len = rng() % 10 == 0 ? 0 : int32_t(rng() % uint32_t(longest));
     check_plan(lens, qlen, ctas);
-    check_plan(lens, qlen, ctas, int(rng() % uint32_t(ctas + 1)));  // the skewed plan, any lead
     if (HasFatalFailure()) return;
   }
 }
@@ -114,32 +106,6 @@ TEST(FlatPlan, NoCtaServesMoreThanItsShare) {
   for (int c = 0; c < ctas; ++c) {
     const flat::Cta range = flat::cta_range(starts.data(), int(lens.size()), ctas, c);
     EXPECT_LE(range.end - range.begin, std::max(share, cuda::kMinFlatTiles)) << "CTA " << c;
-  }
-}
-
-// The skewed plan (AttendParams.flat_lead): the first `lead` key-CTAs take kLeadWeight / kRestWeight
-// times the tiles of the rest, up to one tile of rounding; too few tiles a CTA: the uniform plan.
-TEST(FlatPlan, LeadingCtasTakeTheirWeight) {
-  const int ctas = 264, lead = 132;
-  for (const int32_t len : {4096, 8192, 16384}) {
-    SCOPED_TRACE(::testing::Message() << "B64 x " << len);
-    const std::vector<int32_t> lens(64, len);
-    std::vector<int32_t> starts(lens.size() + 1, 0);
-    for (size_t b = 0; b < lens.size(); ++b) starts[b + 1] = starts[b] + flat::request_tiles(lens[b], 1, kTile);
-    const double total = starts.back(), unit = total / double(flat::kLeadWeight * lead + flat::kRestWeight * (ctas - lead));
-    for (int c = 0; c < ctas; ++c) {
-      const flat::Cta range = flat::cta_range(starts.data(), int(lens.size()), ctas, c, lead);
-      const double want = unit * double(c < lead ? flat::kLeadWeight : flat::kRestWeight);
-      EXPECT_LE(std::abs(double(range.end - range.begin) - want), 1.0) << "CTA " << c;
-    }
-  }
-  // 3 tiles a CTA on average: under kSkewMinTiles, every CTA the uniform share.
-  const std::vector<int32_t> small(ctas, 3 * kTile);
-  std::vector<int32_t> starts(small.size() + 1, 0);
-  for (size_t b = 0; b < small.size(); ++b) starts[b + 1] = starts[b] + flat::request_tiles(small[b], 1, kTile);
-  for (int c = 0; c < ctas; ++c) {
-    const flat::Cta range = flat::cta_range(starts.data(), int(small.size()), ctas, c, lead);
-    EXPECT_EQ(range.end - range.begin, 3) << "CTA " << c;
   }
 }
 
