@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         done += n_pairs;
       };
       serve_segments<kCtaThreads, kRowsN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
-                                                 nullptr, nullptr, false, produce);
+                                                 nullptr, nullptr, produce);
       return;
     }
     ptx::setmaxnreg_inc<240>();
@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   };  // serve
 
   serve_segments<kCtaThreads, kRowsN, true, kProducer ? kRowThreads : 0>(
-      p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr, &sm.segment, false, serve);
+      p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr, &sm.segment, serve);
 }
 
 int rows_min_env() {

@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   };  // serve
 
   serve_segments<kThreadsB, kRowsM, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr,
-                                          &sm.segment, false, serve);
+                                          &sm.segment, serve);
 }
 
 }  // namespace

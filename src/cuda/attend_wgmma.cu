@@ -71,7 +71,7 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // the CTA's first segment switch (8.2-8.6 us on average in session 21, docs/attention.md): 15 the
 // first segment's last tile done, 12 the second segment's serve begins, 13 its prologue barrier,
 // 14 its first tile landed).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS21Switch = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -97,12 +97,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   // The dynamic window is not guaranteed 1024-byte aligned (the 128-byte swizzle needs it): by hand.
   extern __shared__ uint8_t smem_raw[];
   auto& sm =
-      *reinterpret_cast<WgSmem<kStages, kTiles, kS21Switch ? 2 : 1>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                                    ~uintptr_t(1023));
-  // kS21Switch (s21c A/B, measurement only): a segment switch keeps the pipeline full: the next
-  // segment's query is copied into a second buffer while this one runs, and its second tile is
-  // issued as soon as this one's last is consumed (its first, as before, at the top of that tile).
-  static_assert(!kS21Switch || kTiles == Tiles::kBoxes);
+      *reinterpret_cast<WgSmem<kStages, kTiles>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   constexpr int kSlots = kStages + 1;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -161,7 +156,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         done += n_tiles;
       };
       serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
-                                             sm.next_segment, nullptr, false, produce);
+                                             &sm.next_segment, nullptr, produce);
       return;
     }
     ptx::setmaxnreg_inc<256 - kProducerRegs>();
@@ -173,10 +168,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   // issued during this one's last, so a segment boundary does not drain the pipeline; `prefetched`:
   // this one's first tile was issued so.
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
-    // (kS21Switch: serve_segments keeps two slots, the next segment's in slot segments + 1)
-    const NextSegmentKeys& next_seg = sm.next_segment[kS21Switch ? (segments + 1) & 1 : 0];
-    const KeyStream& next = next_seg.keys;  // in shared memory: read only at the ends of the segment
-    uint8_t* const q_smem = sm.q[kS21Switch ? segments & 1 : 0];
+    const KeyStream& next = sm.next_segment;  // in shared memory: read only at the ends of the segment
     int32_t limit[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
@@ -198,9 +190,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
     int32_t next_segment_page = -1;  // issuing warps: the lane's page id for the next segment's first tile
     int32_t next_page = -1;  // issuing warps, TMA: the lane's page id for the next tile to issue
-    int32_t next_segment_page1 = -1;  // kS21Switch: the next segment's second tile
-    // kS21Switch: this segment's tiles issued so far (two where the previous segment issued them)
-    int issued = prefetched && n_tiles > 1 ? 2 : 1;
     // The first tile's boxes go out before the query's loads (the issuing warps wait on their page
     // ids first).
     // The other order (v14, query first) moved 0.5 us from the prologue into the first tile's wait
@@ -211,20 +200,13 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         __syncwarp();
         if (!prefetched) issue_tma(0, box_page(0));
         if (done == 0) stamp(10, now());
-        if constexpr (kS21Switch) next_page = issued < n_tiles ? box_page(issued) : -1;
-        else next_page = n_tiles > 1 ? box_page(1) : -1;
+        next_page = n_tiles > 1 ? box_page(1) : -1;
       }
     }
 
-    // kS21Switch: a segment after the first finds its query copied (cp.async) during the last.
-    const bool query_ahead = kS21Switch && prefetched && QueryTile<kN, kThreads>::vec(p);
-    if (query_ahead) {
-      ptx::cp_async_wait_all();
-    } else {
-      QueryTile<kN, kThreads> query;
-      query.load(p, b, m_base, rows_total, tid);
-      query.store(q_smem, tid);
-    }
+    QueryTile<kN, kThreads> query;
+    query.load(p, b, m_base, rows_total, tid);
+    query.store(sm.q, tid);
     if (done == 0) stamp(11, now());
 
     // --- cp.async: thread `key` of a tile turns its page id into a row address and position
@@ -267,13 +249,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     // The next segment's first page ids (thread 0 wrote its keys before this segment's barrier
     // above; the issuing warps other than 0 read them only after it).
     if (kBoxes && tiles.issues() && n_tiles > 0 && has_next) next_segment_page = box_page_of(next, 0);
-    if constexpr (kS21Switch) {
-      if (tiles.issues() && n_tiles > 0 && has_next && next.n_tiles() > 1) next_segment_page1 = box_page_of(next, 1);
-      // The other buffer held the previous segment's query, whose q.k completed before its epilogue.
-      if (has_next && QueryTile<kN, kThreads>::vec(p))
-        QueryTile<kN, kThreads>::copy_async(p, next_seg.request, m_base, rows_total, tid,
-                                            sm.q[(segments & 1) ^ 1]);
-    }
     if constexpr (!kTma) {
       for (int t = 0; t < kStages - 1; ++t) {
         if (t < n_tiles) issue_tile(t, t);
@@ -291,7 +266,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[blk][i] = 0.0f;
     // Descriptors advance from a base by their byte offsets (one add, not a rebuild per MMA).
-    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(q_smem), kBChunkStride, 128);
+    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q), kBChunkStride, 128);
     const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p), kBChunkStride, 128);
 
     for (int t = 0; t < n_tiles; ++t) {
@@ -302,15 +277,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         // for all four warps at once), so its stage takes tile t+1 now.
         // (kRows: the producer warpgroup issues every tile)
         if (kBoxes && tiles.issues() && t + 1 < n_tiles) {
-          if (!kS21Switch || issued == t + 1) {
-            issue_tma(t + 1, next_page);
-            if constexpr (kS21Switch) {
-              ++issued;
-              next_page = issued < n_tiles ? box_page(issued) : -1;
-            } else {
-              next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
-            }
-          }
+          issue_tma(t + 1, next_page);
+          next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
         } else if (kBoxes && tiles.issues() && has_next) {
           issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
         }
@@ -500,10 +468,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     wgmma::wait<0>();
 #pragma unroll
     for (int blk = 0; blk < kDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
-    if constexpr (kS21Switch) {  // the last tile's stage is free: the next segment's second tile
-      if (tiles.issues() && n_tiles > 0 && has_next && next.n_tiles() > 1)
-        issue_tma_of(next, 1, done + n_tiles + 1, next_segment_page1);
-    }
 
     stamp(3, now());
     if (segments == 0) stamp(15, now());
@@ -543,7 +507,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   };  // serve
 
   serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
-                                        sm.next_segment, nullptr, kS21Switch, serve);
+                                        &sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
@@ -554,11 +518,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS21Switch = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kS21Switch>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      smem_bytes<kStages, kTiles, kS21Switch ? 2 : 1>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
 // q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
@@ -619,10 +582,7 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
   MLA_REQUIRE(words <= capacity, "MLA_ATTEND_TIMELINE: the first launch of a shape must be outside a graph capture");
   AttendParams p = in;
   p.timeline = buffer;
-  if (std::getenv("MLA_S21_SWITCH"))  // (s21c A/B, measurement only)
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes, 2>(), stream>>>(p, map);
-  else
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capture != cudaStreamCaptureStatusNone) return;
   std::vector<uint64_t> host(words);
@@ -652,8 +612,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -684,10 +642,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
-    static const bool s21_switch = std::getenv("MLA_S21_SWITCH") != nullptr;  // (s21c A/B, measurement only)
-    if (qk_group_steps() == 2 && s21_switch)
-      go(attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>, smem_bytes<2, Tiles::kBoxes, 2>());
-    else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)

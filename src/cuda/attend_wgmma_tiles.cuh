@@ -73,20 +73,14 @@ template <int kRowsN>
 __host__ __device__ constexpr int b_offset_n(int n, int chunk) { return chunk * (kRowsN / 8 * 128) + (n / 8) * 128 + (n % 8) * 16; }
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
 
-// The 16-row kernel's next segment (the flat plan): its keys and request.
-struct NextSegmentKeys {
-  KeyStream keys;
-  int request;
-};
-
-template <int kStages, Tiles kTiles, int kQueries = 1>
+template <int kStages, Tiles kTiles>
 struct WgSmem {
   static constexpr bool kTma = kTiles != Tiles::kCopies;
   // key tiles, tile_offset<kTiles>
   alignas(1024) uint8_t kv[kStages][kTiles == Tiles::kBoxes ? kTmaTileBytes
                                     : kTiles == Tiles::kRows ? kRowTileBytes
                                                              : kTileBytes];
-  alignas(128) uint8_t q[kQueries][kN * kRow];  // e4m3 query rows, b_offset_n<kN>(n, chunk); 2: a segment's and the next's
+  alignas(128) uint8_t q[kN * kRow];        // e4m3 query rows, b_offset_n<kN>(n, chunk)
   alignas(128) uint16_t p[kN * kTileKeys];  // f16 P^T: byte b_offset_n<kN>(n, key / 8) + 2 (key % 8)
   // cp.async: tiles t .. t+kStages: row address (null: masked) and global position (INT_MAX: masked)
   const uint8_t* rows[kTma ? 1 : kStages + 1][kTileKeys];
@@ -98,10 +92,10 @@ struct WgSmem {
   uint64_t empty[kStages];  // kRows: the consumer warps are done with a stage (4 arrivals)
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
-  NextSegmentKeys next_segment[kQueries];  // the flat plan: the CTA's next segment (the issuing warps); 2: by parity
+  KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
 };
-template <int kStages, Tiles kTiles, int kQueries = 1>
-constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles, kQueries>)) + 1024; }  // + alignment slack
+template <int kStages, Tiles kTiles>
+constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles>)) + 1024; }  // + alignment slack
 
 // This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
 // N column col(i, c).
@@ -141,28 +135,9 @@ struct QueryTile {
   static constexpr int kUnits = kRowsN * kChunks, kPerThread = (kUnits + kThreadsN - 1) / kThreadsN;
   uint4 raw[kPerThread];
 
-  // 16-byte aligned rows (else the loads go a byte at a time, and copy_async does not apply).
-  __device__ __forceinline__ static bool vec(const AttendParams& p) {
-    return (reinterpret_cast<uintptr_t>(p.q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 16 == 0;
-  }
-  // The tile straight into shared memory by cp.async (one commit group; rows past rows_total zero),
-  // for vec(p) queries: the next segment's, copied while this one runs.
-  __device__ __forceinline__ static void copy_async(const AttendParams& p, int b, int m_base, int rows_total, int tid,
-                                                    uint8_t* q_smem) {
-    const uint8_t* q = static_cast<const uint8_t*>(p.q);
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int u = tid + k * kThreadsN, n = u / kChunks, chunk = u % kChunks;
-      if (u >= kUnits) continue;
-      const bool real = m_base + n < rows_total;
-      ptx::cp_async_16(ptx::smem_addr(&q_smem[b_offset_n<kRowsN>(n, chunk)]),
-                       real ? q + query_offset(p, b, m_base + n, chunk * 16) : q, real);
-    }
-    ptx::cp_async_commit();
-  }
   __device__ __forceinline__ void load(const AttendParams& p, int b, int m_base, int rows_total, int tid) {
     const uint8_t* q = static_cast<const uint8_t*>(p.q);
-    const bool vec = QueryTile::vec(p);
+    const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 16 == 0;
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       raw[k] = make_uint4(0, 0, 0, 0);
@@ -423,7 +398,7 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, NextSegment next_segment,
-                                               KeyStream* segment, bool reuse_next, Serve&& serve) {
+                                               KeyStream* segment, Serve&& serve) {
   const int batch = p.batch;
   flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
   int cta_key = 0, b = cta.b;
@@ -445,30 +420,17 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
   };
   auto next_request = [&](int i) { return flat::next_request(flat_start, batch, i, range); };
   bool prefetched = false;
-  for (int cur = flat ? next_request(b) : cta.b, k = 0; cur >= 0; ++k) {
+  for (int cur = flat ? next_request(b) : cta.b; cur >= 0;) {
     const int nb = flat ? next_request(cur + 1) : -1;
     const bool opens = flat && flat::opens(flat_start, cur, range);  // serves the request's first tile
     if (opens && cta.m_tile == 0 && tid == 0) {
       p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
       p.part_count[cur] = flat::partial_count(flat_start, cur, range, cta_key);
     }
-    auto own_keys = [&] {
-      return flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
-                  : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
-    };
-    // reuse_next: next_segment holds two slots; iteration k reads slot k & 1 (written by thread 0
-    // in iteration k - 1, which built it as its reporter where this CTA opens the request) and
-    // writes slot (k + 1) & 1 (last read in iteration k - 1, behind that serve's barriers).
-    const KeyStream keys = [&] {
-      if constexpr (!std::is_null_pointer_v<NextSegment>) {
-        if (reuse_next && prefetched) return next_segment[k & 1].keys;
-      }
-      return own_keys();
-    }();
+    const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
+                                : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
     if constexpr (!std::is_null_pointer_v<NextSegment>) {
-      if (nb >= 0 && tid == 0)
-        next_segment[reuse_next ? (k + 1) & 1 : 0] = {
-            segment_keys(nb, reuse_next && flat::opens(flat_start, nb, range) && cta.m_tile == 0), nb};
+      if (nb >= 0 && tid == 0) *next_segment = segment_keys(nb, false);
     }
     const int64_t part = flat ? flat::partial(cta_key, cur) : cta.split;
     const int64_t tok_base = flat ? 0 : int64_t(cta.b) * p.qlen;
