@@ -84,13 +84,8 @@ struct KeyStream {
     check_pages(p, n_local, reporter);
   }
   // Local keys [begin, end) of request b (the flat plan's segments; end is clipped to the length).
-  __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, int last_row, bool reporter)
-      : KeyStream(p, p.seq_lens[b], p.kv_indptr[b], p.kv_indptr[b + 1], begin, end, last_row, reporter) {}
-  // The same from request b's length and kv_indptr[b], kv_indptr[b + 1] as the caller has them
-  // (s22a: the flat plan's copies in shared memory, loaded with the lengths by its scan).
-  __device__ KeyStream(const AttendParams& p, int32_t len, int32_t indptr_b, int32_t indptr_next, int64_t begin,
-                       int64_t end, int last_row, bool reporter) {
-    const int64_t n_local = init(p, len, indptr_b, indptr_next, last_row, reporter);
+  __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, int last_row, bool reporter) {
+    const int64_t n_local = init(p, b, last_row, reporter);
     k_begin = min(n_local, begin);
     k_end = min(n_local, end);
     check_pages(p, n_local, reporter);
@@ -99,15 +94,11 @@ struct KeyStream {
  private:
   // Everything but the key range; returns the request's local length.
   __device__ int64_t init(const AttendParams& p, int b, int last_row, bool reporter) {
-    return init(p, p.seq_lens[b], p.kv_indptr[b], p.kv_indptr[b + 1], last_row, reporter);
-  }
-  __device__ int64_t init(const AttendParams& p, int32_t len, int32_t indptr_b, int32_t indptr_next, int last_row,
-                          bool reporter) {
-    seq_len = len;
+    seq_len = p.seq_lens[b];
     len_ok = seq_len == 0 || seq_len >= p.qlen;
     if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
-    page_begin = indptr_b;
-    pages_avail = int64_t(indptr_next) - page_begin;
+    page_begin = p.kv_indptr[b];
+    pages_avail = int64_t(p.kv_indptr[b + 1]) - page_begin;
     tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
     page_shift = __popc(p.page_size) == 1 ? __ffs(p.page_size) - 1 : -1;
     plain_positions = p.dcp_size == 1;

@@ -34,7 +34,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -72,10 +71,7 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // the CTA's first segment switch (8.2-8.6 us on average in session 21, docs/attention.md): 15 the
 // first segment's last tile done, 12 the second segment's serve begins, 13 its prologue barrier,
 // 14 its first tile landed).
-// kS22 (s22a A/B, measurement only): the flat plan's scan keeps the lengths and kv_indptr in shared
-// memory (the KeyStreams without a dependent global load), and every warp loads its query rows
-// before the first tile's page ids.
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS22 = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -101,9 +97,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   // The dynamic window is not guaranteed 1024-byte aligned (the 128-byte swizzle needs it): by hand.
   extern __shared__ uint8_t smem_raw[];
   auto& sm =
-      *reinterpret_cast<WgSmem<kStages, kTiles, kS22>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                         ~uintptr_t(1023));
-  static_assert(!kS22 || kTiles == Tiles::kBoxes);
+      *reinterpret_cast<WgSmem<kStages, kTiles>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   constexpr int kSlots = kStages + 1;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -200,8 +194,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     // ids first).
     // The other order (v14, query first) moved 0.5 us from the prologue into the first tile's wait
     // and was no faster (H200, 949867f: B64 kernel 90.0 vs 88.9 us; timeline in bench/results).
-    QueryTile<kN, kThreads> query;
-    if constexpr (kS22) query.load(p, b, m_base, rows_total, tid);
     if constexpr (kBoxes) {
       // (the issuing warps: TmaTiles; the mbarriers were published by the CTA barrier at the start)
       if (tiles.issues() && n_tiles > 0) {
@@ -212,7 +204,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       }
     }
 
-    if constexpr (!kS22) query.load(p, b, m_base, rows_total, tid);
+    QueryTile<kN, kThreads> query;
+    query.load(p, b, m_base, rows_total, tid);
     query.store(sm.q, tid);
     if (done == 0) stamp(11, now());
 
@@ -513,13 +506,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     done += n_tiles;
   };  // serve
 
-  if constexpr (kS22) {
-    serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, &sm.next_segment,
-                                          nullptr, serve, &sm.plan);
-  } else {
-    serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
-                                          &sm.next_segment, nullptr, serve);
-  }
+  serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
+                                        &sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
@@ -530,24 +518,15 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS22 = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kS22>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles, kS22>()));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
 // q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
 // one a step, and 94.4 vs 96.2 µs at B64, 566 vs 601 µs with 128 heads, 286 vs 301 at qlen 4 (H200,
 // f27c94a); the step's bf16 output does not see the difference. MLA_ATTEND_QK_GROUP=1: one a step.
-// s22a A/B (measurement only): MLA_S22_PLAN=1.
-bool s22_plan() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_S22_PLAN");
-    return env && std::string_view(env) == "1";
-  }();
-  return on;
-}
-
 int qk_group_steps() {
   static const int steps = [] {
     const char* env = std::getenv("MLA_ATTEND_QK_GROUP");
@@ -603,10 +582,7 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
   MLA_REQUIRE(words <= capacity, "MLA_ATTEND_TIMELINE: the first launch of a shape must be outside a graph capture");
   AttendParams p = in;
   p.timeline = buffer;
-  if (s22_plan())  // (s22a A/B, measurement only)
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes, true>(), stream>>>(p, map);
-  else
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capture != cudaStreamCaptureStatusNone) return;
   std::vector<uint64_t> host(words);
@@ -636,8 +612,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -668,9 +642,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
-    if (qk_group_steps() == 2 && s22_plan())  // (s22a A/B, measurement only)
-      go(attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>, smem_bytes<2, Tiles::kBoxes, true>());
-    else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)

@@ -73,13 +73,7 @@ template <int kRowsN>
 __host__ __device__ constexpr int b_offset_n(int n, int chunk) { return chunk * (kRowsN / 8 * 128) + (n / 8) * 128 + (n % 8) * 16; }
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
 
-// s22a: the flat plan's lengths and kv_indptr, copied by its scan (flat::scan_tiles).
-struct PlanArrays {
-  int32_t lens[kMaxFlatBatch];
-  int32_t indptr[kMaxFlatBatch + 1];
-};
-
-template <int kStages, Tiles kTiles, bool kPlanSmem = false>
+template <int kStages, Tiles kTiles>
 struct WgSmem {
   static constexpr bool kTma = kTiles != Tiles::kCopies;
   // key tiles, tile_offset<kTiles>
@@ -99,10 +93,9 @@ struct WgSmem {
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
-  std::conditional_t<kPlanSmem, PlanArrays, char> plan;  // s22a
 };
-template <int kStages, Tiles kTiles, bool kPlanSmem = false>
-constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles, kPlanSmem>)) + 1024; }  // + alignment slack
+template <int kStages, Tiles kTiles>
+constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles>)) + 1024; }  // + alignment slack
 
 // This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
 // N column col(i, c).
@@ -402,20 +395,15 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is sync_consumers' of the
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
 // segments). One call site of serve (one copy of its code).
-// plan (s22a; nullptr: none): the flat plan's lengths and kv_indptr kept in shared memory by the
-// scan (PlanArrays), from which the segments' KeyStreams are built.
-template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, class NextSegment, class Serve,
-          class Plan = std::nullptr_t>
+template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, NextSegment next_segment,
-                                               KeyStream* segment, Serve&& serve, Plan plan = nullptr) {
-  constexpr bool kPlan = !std::is_null_pointer_v<Plan>;
+                                               KeyStream* segment, Serve&& serve) {
   const int batch = p.batch;
   flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
   int cta_key = 0, b = cta.b;
   if (flat) {
-    if constexpr (kPlan) flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid, plan->lens, plan->indptr);
-    else flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid);
+    flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid);
     const int m_tiles = (cta.rows_total + kRowsPerCta - 1) / kRowsPerCta;
     cta_key = blockIdx.x / m_tiles;
     range = flat::cta_range(flat_start, batch, p.flat_ctas, cta_key);
@@ -426,14 +414,9 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
   }
   // The flat plan's segment of request i (which must hold a tile of [begin, end)).
   auto segment_keys = [&](int i, bool reporter) {
-    const int64_t first = int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys;
-    const int64_t last = int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys;
-    if constexpr (kPlan) {
-      return KeyStream(p, plan->lens[i], plan->indptr[i], plan->indptr[i + 1], first, last, cta.last_row(kRowsPerCta),
-                       reporter);
-    } else {
-      return KeyStream(p, i, first, last, cta.last_row(kRowsPerCta), reporter);
-    }
+    return KeyStream(p, i, int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys,
+                     int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys, cta.last_row(kRowsPerCta),
+                     reporter);
   };
   auto next_request = [&](int i) { return flat::next_request(flat_start, batch, i, range); };
   bool prefetched = false;

@@ -80,17 +80,12 @@ inline bool lengths_even(const int32_t* lens, int64_t n) {
 // Every key-CTA computes the plan itself: starts[i] = request i's first tile (an exclusive scan of
 // the requests' tile counts by warp 0: a lane sums a run of requests, then the runs), starts[batch]
 // = T; CTA 0 reports invalid lengths. Every thread of the CTA calls it (two CTA barriers).
-// lens / indptr (s22a, optional): the lengths and kv_indptr [batch + 1] kept in shared memory too,
-// loaded in the same round trip, so the segments' KeyStreams need no dependent global load.
 template <int kThreads>
-__device__ void scan_tiles(int32_t* starts, const AttendParams& p, int tile_keys, int tid, int32_t* lens = nullptr,
-                           int32_t* indptr = nullptr) {
+__device__ void scan_tiles(int32_t* starts, const AttendParams& p, int tile_keys, int tid) {
   const int batch = p.batch, lane = tid % 32;
-  if (indptr != nullptr && tid == kThreads - 1) indptr[batch] = p.kv_indptr[batch];
   for (int i = tid; i < batch; i += kThreads) {
     starts[i] = request_tiles(p.seq_lens[i], p.qlen, tile_keys);  // the count, made the prefix below
     const int32_t len = p.seq_lens[i];
-    if (lens != nullptr) lens[i] = len, indptr[i] = p.kv_indptr[i];
     if (blockIdx.x == 0 && len != 0 && len < p.qlen) atomicOr(p.error, kBadSeqLen);
   }
   __syncthreads();
