@@ -24,20 +24,34 @@ constexpr int kLsePerLane = kMaxPartials / 32;
 constexpr int kWarpRows = kPostRows / (kPostThreads / 32);
 static_assert(kPostGroupThreads * 4 == kLatent, "post: a group covers the latent row, 4 dims a thread");
 
-// 4 consecutive elements of a partial o row as floats; vec: 16-byte (f32) or 8-byte (bf16) aligned.
-__device__ __forceinline__ float4 load_partial(const PostParams& p, int64_t off, bool vec) {
-  if (p.o_bf16) {
+// 4 consecutive elements of a partial o row as loaded (kBf16: 4 bf16 in .x, .y; else 4 f32 bits),
+// and as floats. Separate, so that a batch of loads goes out before any is used: with the widening
+// right after its load, the bf16 rows were fetched one round trip at a time (the step 2-4% slower
+// with bf16 partials than f32 ones at D, F, G and C; H200, session 22). vec: 16-byte (f32) or
+// 8-byte (bf16) aligned.
+template <bool kBf16>
+__device__ __forceinline__ uint4 load_partial(const PostParams& p, int64_t off, bool vec) {
+  if constexpr (kBf16) {
     const uint16_t* src = static_cast<const uint16_t*>(p.o) + off;
     if (vec) {
       const uint2 v = *reinterpret_cast<const uint2*>(src);
-      return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xFFFF0000u), __uint_as_float(v.y << 16),
-                         __uint_as_float(v.y & 0xFFFF0000u));
+      return make_uint4(v.x, v.y, 0, 0);
     }
-    return make_float4(bf16_to_float(src[0]), bf16_to_float(src[1]), bf16_to_float(src[2]), bf16_to_float(src[3]));
+    return make_uint4(uint32_t(src[0]) | uint32_t(src[1]) << 16, uint32_t(src[2]) | uint32_t(src[3]) << 16, 0, 0);
+  } else {
+    const float* src = static_cast<const float*>(p.o) + off;
+    if (vec) return *reinterpret_cast<const uint4*>(src);
+    return make_uint4(__float_as_uint(src[0]), __float_as_uint(src[1]), __float_as_uint(src[2]), __float_as_uint(src[3]));
   }
-  const float* src = static_cast<const float*>(p.o) + off;
-  if (vec) return *reinterpret_cast<const float4*>(src);
-  return make_float4(src[0], src[1], src[2], src[3]);
+}
+template <bool kBf16>
+__device__ __forceinline__ float4 partial_floats(const uint4& v) {
+  if constexpr (kBf16) {
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xFFFF0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xFFFF0000u));
+  } else {
+    return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+  }
 }
 
 // grid (N, ceil(V/32), ceil(S/8)). At small S the kernel is latency-bound (B = 1 with 64 splits:
@@ -45,6 +59,8 @@ __device__ __forceinline__ float4 load_partial(const PostParams& p, int64_t off,
 // possible: step 3's W_UV rows first (constant: loaded before waiting for attend, cuda/pdl.cuh),
 // then the gate values, the first batch of partial o rows and the partials' lse; then the merge
 // with the partials split over 4 thread groups, 8 rows in flight a thread.
+// kBf16: the partial o rows are bf16 (PostParams.o_bf16), else f32.
+template <bool kBf16>
 __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constant__ PostParams p) {
   __shared__ __align__(16) float o[kPostTokens][kLatent];
   __shared__ float weight[kPostTokens][kMaxPartials];
@@ -110,12 +126,12 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
   };
   const bool vec = reinterpret_cast<uintptr_t>(p.o) % (p.o_bf16 ? 8 : 16) == 0 && p.o_split_stride % 4 == 0 &&
                    p.o_s_stride % 4 == 0 && p.o_h_stride % 4 == 0;
-  float4 x[kPostBatch];
+  uint4 x[kPostBatch];  // as loaded (load_partial)
   auto load_batch = [&](int t, int c) {
     const int64_t base = tok_o[t] + 4 * q;
 #pragma unroll
     for (int i = 0; i < kPostBatch; ++i)
-      if (c + i < c_end) x[i] = load_partial(p, base + (c + i) * p.o_split_stride, vec);
+      if (c + i < c_end) x[i] = load_partial<kBf16>(p, base + (c + i) * p.o_split_stride, vec);
   };
   group_range(0);
   load_batch(0, c_begin);
@@ -159,10 +175,11 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
         if (c + i >= c_end) break;
         const float w = weight[t][c + i];
         if (w != 0.0f) {
-          merged.x += w * x[i].x;
-          merged.y += w * x[i].y;
-          merged.z += w * x[i].z;
-          merged.w += w * x[i].w;
+          const float4 xi = partial_floats<kBf16>(x[i]);
+          merged.x += w * xi.x;
+          merged.y += w * xi.y;
+          merged.z += w * xi.z;
+          merged.w += w * xi.w;
         }
       }
     }
@@ -228,7 +245,8 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
               p.splits);
   const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + kPostRows - 1) / kPostRows),
                   unsigned((p.tokens + kPostTokens - 1) / kPostTokens));
-  launch_dependent(post_kernel, grid, dim3(kPostThreads), 0, stream, p);
+  if (p.o_bf16) launch_dependent(post_kernel<true>, grid, dim3(kPostThreads), 0, stream, p);
+  else launch_dependent(post_kernel<false>, grid, dim3(kPostThreads), 0, stream, p);
   MLA_CUDA_CHECK_LAUNCH();
 }
 
