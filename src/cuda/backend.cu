@@ -43,19 +43,7 @@ bool flat_plan_enabled() {
   return on;
 }
 
-// The step's partial o in the workspace: bf16 (s22c A/B: MLA_PARTIALS=f32 for f32). Each partial is
-// normalized (o_c = sum_j p_j v_j / sum_j p_j), so bf16 rounds it by at most 2^-9 relative, below
-// the W_UV product's MXFP4 weights and the step's bf16 output; attend's partial stores and post's
-// reads halve (at 12 heads 32 KB a CTA and segment: 8.4 MB a launch beside A's 151 MB of cache).
-DType partials_dtype() {
-  static const DType dtype = [] {
-    const char* env = std::getenv("MLA_PARTIALS");
-    return env && std::string_view(env) == "f32" ? DType::f32 : DType::bf16;
-  }();
-  return dtype;
-}
-
-// The flat plan's partials in the o / lse workspace: partial i is [Q, G, L] (lse [Q, G] f32) at
+// The flat plan's partials in the o / lse workspace: partial i is [Q, G, L] f32 (lse [Q, G]) at
 // i * Q * G * L, whatever splits the workspace views say (attend writes them, post reads them).
 struct FlatStrides {
   int64_t o_split, o_s, o_h, lse_split, lse_s, lse_h;
@@ -198,12 +186,11 @@ detail::StepWorkspace CudaBackend::workspace(const StepMeta& meta) {
   ws.pre.q = TensorView::contiguous(q_.get(), opts.q_dtype, {s, q_heads_, kRow}, Device::cuda, opts.cuda_device);
   if (gate_.get())
     ws.pre.gate = TensorView::contiguous(gate_.get(), DType::bf16, {s, cfg.gate_dim()}, Device::cuda, opts.cuda_device);
-  const DType o_dtype = partials_dtype();
   if (splits == 1) {
-    ws.attend.o = TensorView::contiguous(o_.get(), o_dtype, {s, g, kLatent}, Device::cuda, opts.cuda_device);
+    ws.attend.o = TensorView::contiguous(o_.get(), DType::f32, {s, g, kLatent}, Device::cuda, opts.cuda_device);
     ws.attend.lse = TensorView::contiguous(lse_.get(), DType::f32, {s, g}, Device::cuda, opts.cuda_device);
   } else {
-    ws.attend.o = TensorView::contiguous(o_.get(), o_dtype, {splits, s, g, kLatent}, Device::cuda, opts.cuda_device);
+    ws.attend.o = TensorView::contiguous(o_.get(), DType::f32, {splits, s, g, kLatent}, Device::cuda, opts.cuda_device);
     ws.attend.lse = TensorView::contiguous(lse_.get(), DType::f32, {splits, s, g}, Device::cuda, opts.cuda_device);
   }
   return ws;
