@@ -26,8 +26,8 @@ static_assert(kPostGroupThreads * 4 == kLatent, "post: a group covers the latent
 
 // 4 consecutive elements of a partial o row as loaded (kBf16: 4 bf16 in .x, .y; else 4 f32 bits),
 // and as floats. Separate, so that a batch of loads goes out before any is used: with the widening
-// right after its load, the bf16 rows were fetched one round trip at a time (the step 2-4% slower
-// with bf16 partials than f32 ones at D, F, G and C; H200, session 22). vec: 16-byte (f32) or
+// right after its load, the bf16 rows were fetched one round trip at a time (the step 1.5-4.5% slower
+// with bf16 partials than f32 ones at D, F, G, C and B1; H200, session 22). vec: 16-byte (f32) or
 // 8-byte (bf16) aligned.
 template <bool kBf16>
 __device__ __forceinline__ uint4 load_partial(const PostParams& p, int64_t off, bool vec) {
