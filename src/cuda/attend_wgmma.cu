@@ -34,6 +34,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -71,7 +72,11 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // the CTA's first segment switch (8.2-8.6 us on average in session 21, docs/attention.md): 15 the
 // first segment's last tile done, 12 the second segment's serve begins, 13 its prologue barrier,
 // 14 its first tile landed).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
+// kS22 (s22e A/B, measurement only): the path to the first boxes without divisions: the causal
+// limits after the boxes go out, the query rows' token and head and the epilogue's by
+// AttendParams.heads_magic, and `sm` reached from the shared window itself (its plan reads LDS, not
+// generic loads).
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS22 = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -96,8 +101,12 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   static_assert(kQkSteps % kGroupSteps == 0 && kAccs % kWave == 0);
   // The dynamic window is not guaranteed 1024-byte aligned (the 128-byte swizzle needs it): by hand.
   extern __shared__ uint8_t smem_raw[];
-  auto& sm =
-      *reinterpret_cast<WgSmem<kStages, kTiles>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  static_assert(!kS22 || kTiles == Tiles::kBoxes);
+  // (kS22: the same address as an offset from smem_raw, which keeps the shared address space)
+  auto& sm = kS22 ? *reinterpret_cast<WgSmem<kStages, kTiles>*>(
+                        smem_raw + ((1024u - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u))
+                  : *reinterpret_cast<WgSmem<kStages, kTiles>*>(
+                        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   constexpr int kSlots = kStages + 1;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -170,8 +179,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
     const KeyStream& next = sm.next_segment;  // in shared memory: read only at the ends of the segment
     int32_t limit[4];
+    if constexpr (!kS22) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
+      for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
+    }
 
     const int n_tiles = keys.n_tiles();
     if (done == 0) stamp(9, now());
@@ -204,8 +215,15 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       }
     }
 
+    if constexpr (kS22) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int m = m_base + slot_col(r, c);
+        limit[r] = m < rows_total && keys.len_ok ? keys.seq_len - p.qlen + fast_div(m, p.heads_magic) : -1;
+      }
+    }
     QueryTile<kN, kThreads> query;
-    query.load(p, b, m_base, rows_total, tid);
+    query.load<kS22>(p, b, m_base, rows_total, tid);
     query.store(sm.q, tid);
     if (done == 0) stamp(11, now());
 
@@ -496,7 +514,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
       f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
       const float scale = f.inv_sum() * p.v_scale;
-      const OutRow out(p, part, tok_base, m);
+      const int t = kS22 ? fast_div(m, p.heads_magic) : 0;
+      const OutRow out = kS22 ? OutRow(p, part, tok_base, t, m - t * p.heads) : OutRow(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
       for (int blk = 0; blk < kDimBlocks; ++blk)
@@ -518,15 +537,30 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS22 = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kS22>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
 // q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
 // one a step, and 94.4 vs 96.2 µs at B64, 566 vs 601 µs with 128 heads, 286 vs 301 at qlen 4 (H200,
 // f27c94a); the step's bf16 output does not see the difference. MLA_ATTEND_QK_GROUP=1: one a step.
+// s22e A/B (measurement only): MLA_S22E=1; the params with heads_magic set.
+bool s22e() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_S22E");
+    return env && std::string_view(env) == "1";
+  }();
+  return on;
+}
+AttendParams with_heads_magic(const AttendParams& in) {
+  MLA_REQUIRE(in.heads >= 1 && in.heads <= 65536 && int64_t(in.heads) * in.qlen < 65536, "s22e: heads ", in.heads);
+  AttendParams p = in;
+  p.heads_magic = ((uint64_t(1) << 32) + uint64_t(in.heads) - 1) / uint64_t(in.heads);
+  return p;
+}
+
 int qk_group_steps() {
   static const int steps = [] {
     const char* env = std::getenv("MLA_ATTEND_QK_GROUP");
@@ -580,9 +614,12 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
     capacity = words;
   }
   MLA_REQUIRE(words <= capacity, "MLA_ATTEND_TIMELINE: the first launch of a shape must be outside a graph capture");
-  AttendParams p = in;
+  AttendParams p = s22e() ? with_heads_magic(in) : in;
   p.timeline = buffer;
-  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+  if (s22e())  // (s22e A/B, measurement only)
+    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+  else
+    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capture != cudaStreamCaptureStatusNone) return;
   std::vector<uint64_t> host(words);
@@ -612,6 +649,8 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
+  set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
+  set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -642,7 +681,10 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
-    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
+    if (qk_group_steps() == 2 && s22e()) {  // (s22e A/B, measurement only)
+      const AttendParams q = with_heads_magic(p);
+      attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
+    } else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)

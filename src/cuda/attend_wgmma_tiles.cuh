@@ -135,6 +135,7 @@ struct QueryTile {
   static constexpr int kUnits = kRowsN * kChunks, kPerThread = (kUnits + kThreadsN - 1) / kThreadsN;
   uint4 raw[kPerThread];
 
+  template <bool kFastDiv = false>  // s22e: the rows' token and head by AttendParams.heads_magic
   __device__ __forceinline__ void load(const AttendParams& p, int b, int m_base, int rows_total, int tid) {
     const uint8_t* q = static_cast<const uint8_t*>(p.q);
     const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 16 == 0;
@@ -143,7 +144,8 @@ struct QueryTile {
       raw[k] = make_uint4(0, 0, 0, 0);
       const int u = tid + k * kThreadsN, n = u / kChunks, chunk = u % kChunks;
       if (u >= kUnits || m_base + n >= rows_total) continue;
-      const uint8_t* src = q + query_offset(p, b, m_base + n, chunk * 16);
+      const uint8_t* src =
+          q + (kFastDiv ? query_offset_fast(p, b, m_base + n, chunk * 16) : query_offset(p, b, m_base + n, chunk * 16));
       if (vec) {
         raw[k] = *reinterpret_cast<const uint4*>(src);
       } else {
@@ -352,9 +354,11 @@ struct RowCopies {
 // partial `part` (both wgmma kernels' epilogues).
 struct OutRow {
   int64_t o_base, lse_index;
-  __device__ __forceinline__ OutRow(const AttendParams& p, int64_t part, int64_t tok_base, int m) {
-    const int64_t s_idx = tok_base + m / p.heads;
-    const int h = m % p.heads;
+  __device__ __forceinline__ OutRow(const AttendParams& p, int64_t part, int64_t tok_base, int m)
+      : OutRow(p, part, tok_base, m / p.heads, m % p.heads) {}
+  // s22e: query t, head h of row m given
+  __device__ __forceinline__ OutRow(const AttendParams& p, int64_t part, int64_t tok_base, int t, int h) {
+    const int64_t s_idx = tok_base + t;
     o_base = part * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;
     lse_index = part * p.lse_split_stride + s_idx * p.lse_s_stride + int64_t(h) * p.lse_h_stride;
   }
