@@ -246,9 +246,10 @@ struct TmaTiles {
   // (qlen 2 3.3%, D 2.2%; s18d, s18e in docs/attention.md), which keep each lane's own issue. With
   // the many-rows kernel's producer warpgroup issuing (s19), uniform stayed 1-2% slower at 32 and
   // 64 rows (s19b) and each lane's own issue was within noise at 48 (s20e).
-  template <int kSlabsN = kSlabs, bool kUniform = true>
+  // kHint (s22f A/B, measurement only): the boxes carry the L2 policy `policy` (tma::evict_first_policy).
+  template <int kSlabsN = kSlabs, bool kUniform = true, bool kHint = false>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
-                        int first_slab = 0) const {
+                        int first_slab = 0, uint64_t policy = 0) const {
     int64_t j0;
     const bool have = box_index(ks, tile, j0) >= 0;
     const bool ok = have && page >= 0 && page < p.num_pages;
@@ -279,8 +280,10 @@ struct TmaTiles {
         if (((oks >> k) & 1) && ptx::elect_one()) {
           const uint32_t at = dst + (k * slots(p) + slot) * box_rows * 128;
 #pragma unroll
-          for (int s = 0; s < kSlabsN; ++s)
-            tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar);
+          for (int s = 0; s < kSlabsN; ++s) {
+            if constexpr (kHint) tma::load_2d_hint(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar, policy);
+            else tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar);
+          }
         }
         __syncwarp();
       }
