@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/fast_div.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/stages.hpp"
 
@@ -19,8 +20,7 @@ inline constexpr int kTileKeys = 64;
 __device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, int m, int d) {
   return (int64_t(b) * p.qlen + m / p.heads) * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
 }
-// s22e: m / heads by AttendParams.heads_magic (exact for m * heads < 2^32: m < 2^16, heads <= 2^16).
-__device__ __forceinline__ int fast_div(int m, uint64_t magic) { return int((uint64_t(uint32_t(m)) * magic) >> 32); }
+// s22e: m / heads by AttendParams.heads_magic (fast_div.hpp: exact for m * heads < 2^32).
 __device__ __forceinline__ int64_t query_offset_fast(const AttendParams& p, int b, int m, int d) {
   const int t = fast_div(m, p.heads_magic);
   return (int64_t(b) * p.qlen + t) * p.q_s_stride + int64_t(m - t * p.heads) * p.q_h_stride + d;

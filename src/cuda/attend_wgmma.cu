@@ -566,7 +566,7 @@ int s22e() {
 AttendParams with_heads_magic(const AttendParams& in) {
   MLA_REQUIRE(in.heads >= 1 && in.heads <= 65536 && int64_t(in.heads) * in.qlen < 65536, "s22e: heads ", in.heads);
   AttendParams p = in;
-  p.heads_magic = ((uint64_t(1) << 32) + uint64_t(in.heads) - 1) / uint64_t(in.heads);
+  p.heads_magic = div_magic(uint32_t(in.heads));
   return p;
 }
 
