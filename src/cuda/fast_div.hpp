@@ -4,11 +4,7 @@
 // MUFU.RCP, corrections). The host computes the magic once; host-tested (tests/gpu/test_fast_div.cpp).
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define MLA_HD __host__ __device__ __forceinline__
-#else
-#define MLA_HD inline
-#endif
+#include "mla/host_device.hpp"
 
 namespace mla::cuda {
 
@@ -19,4 +15,3 @@ MLA_HD int fast_div(int m, uint64_t magic) { return int((uint64_t(uint32_t(m)) *
 
 }  // namespace mla::cuda
 
-#undef MLA_HD

@@ -6,12 +6,7 @@
 #include <cstdint>
 
 #include "cuda/stages.hpp"
-
-#ifdef __CUDACC__
-#define MLA_HD __host__ __device__ __forceinline__
-#else
-#define MLA_HD inline
-#endif
+#include "mla/host_device.hpp"
 
 namespace mla::cuda::flat {
 
@@ -113,4 +108,3 @@ __device__ void scan_tiles(int32_t* starts, const AttendParams& p, int tile_keys
 
 }  // namespace mla::cuda::flat
 
-#undef MLA_HD
