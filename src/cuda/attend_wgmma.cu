@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int m = m_base + slot_col(r, c);
-        limit[r] = m < rows_total && keys.len_ok ? keys.seq_len - p.qlen + fast_div(m, p.heads_magic) : -1;
+        limit[r] = keys.limit_of_query(p, m, rows_total, fast_div(m, p.heads_magic));
       }
     }
     QueryTile<kN, kThreads> query;
@@ -551,11 +551,7 @@ void set_smem_limit() {
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
-// q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
-// one a step, and 94.4 vs 96.2 µs at B64, 566 vs 601 µs with 128 heads, 286 vs 301 at qlen 4 (H200,
-// f27c94a); the step's bf16 output does not see the difference. MLA_ATTEND_QK_GROUP=1: one a step.
-// s22e A/B (measurement only): MLA_S22E=1; the params with heads_magic set.
-// MLA_S22E=1: s22e; =2: s22f (s22e with the evict-first tile loads); else 0.
+// A/B (measurement only): MLA_S22E=1: s22e; =2: s22f (s22e with the evict-first tile loads); else 0.
 int s22e() {
   static const int mode = [] {
     const char* env = std::getenv("MLA_S22E");
@@ -563,13 +559,18 @@ int s22e() {
   }();
   return mode;
 }
+// The params of an s22e / s22f launch: heads_magic set (query rows below 2^16, fast_div.hpp).
 AttendParams with_heads_magic(const AttendParams& in) {
-  MLA_REQUIRE(in.heads >= 1 && in.heads <= 65536 && int64_t(in.heads) * in.qlen < 65536, "s22e: heads ", in.heads);
+  MLA_REQUIRE(in.heads >= 1 && in.heads <= 65536 && int64_t(in.heads) * in.qlen < 65536, "MLA_S22E: heads x qlen must be below 65536 (fast_div.hpp), got heads ",
+              in.heads, ", qlen ", in.qlen);
   AttendParams p = in;
   p.heads_magic = div_magic(uint32_t(in.heads));
   return p;
 }
 
+// q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
+// one a step, and 94.4 vs 96.2 µs at B64, 566 vs 601 µs with 128 heads, 286 vs 301 at qlen 4 (H200,
+// f27c94a); the step's bf16 output does not see the difference. MLA_ATTEND_QK_GROUP=1: one a step.
 int qk_group_steps() {
   static const int steps = [] {
     const char* env = std::getenv("MLA_ATTEND_QK_GROUP");

@@ -144,8 +144,9 @@ struct QueryTile {
       raw[k] = make_uint4(0, 0, 0, 0);
       const int u = tid + k * kThreadsN, n = u / kChunks, chunk = u % kChunks;
       if (u >= kUnits || m_base + n >= rows_total) continue;
-      const uint8_t* src =
-          q + (kFastDiv ? query_offset_fast(p, b, m_base + n, chunk * 16) : query_offset(p, b, m_base + n, chunk * 16));
+      const int m = m_base + n, t = kFastDiv ? fast_div(m, p.heads_magic) : 0;
+      const uint8_t* src = q + (kFastDiv ? query_offset(p, b, t, m - t * p.heads, chunk * 16)
+                                         : query_offset(p, b, m, chunk * 16));
       if (vec) {
         raw[k] = *reinterpret_cast<const uint4*>(src);
       } else {

@@ -144,7 +144,7 @@ struct AttendParams {
   // choice (attend_rows_wanted), which its split counts assume.
   bool many_rows = false;
   // s22e A/B (measurement only): ceil(2^32 / heads), so that m / heads = (m * heads_magic) >> 32 for
-  // the query rows m (< 2^16): attend_keys.cuh's fast_div. 0: not set.
+  // the query rows m (< 2^16): fast_div.hpp. 0: not set.
   uint64_t heads_magic = 0;
 };
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
