@@ -20,8 +20,8 @@ inline constexpr int kTileKeys = 64;
 __device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, int m, int d) {
   return (int64_t(b) * p.qlen + m / p.heads) * p.q_s_stride + int64_t(m % p.heads) * p.q_h_stride + d;
 }
-// The same for row m = (query t, head h) given as such (s22e: t by fast_div). (Not the above's
-// body: delegating to it changed the default kernels' SASS.)
+// The same for row m = (query t, head h) given as such (the 16-row kernel: t by fast_div). (Not the
+// above's body: delegating to it changed the other kernels' SASS.)
 __device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, int t, int h, int d) {
   return (int64_t(b) * p.qlen + t) * p.q_s_stride + int64_t(h) * p.q_h_stride + d;
 }
@@ -124,7 +124,7 @@ struct KeyStream {
   __device__ int32_t limit(const AttendParams& p, int m, int rows_total) const {
     return m < rows_total && len_ok ? seq_len - p.qlen + m / p.heads : -1;
   }
-  // The same for a row of query t (t = m / heads as the caller has it: s22e's fast_div).
+  // The same for a row of query t (t = m / heads as the caller has it: the 16-row kernel's fast_div).
   __device__ int32_t limit_of_query(const AttendParams& p, int m, int rows_total, int t) const {
     return m < rows_total && len_ok ? seq_len - p.qlen + t : -1;
   }

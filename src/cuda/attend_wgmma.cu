@@ -72,13 +72,7 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // the CTA's first segment switch (8.2-8.6 us on average in session 21, docs/attention.md): 15 the
 // first segment's last tile done, 12 the second segment's serve begins, 13 its prologue barrier,
 // 14 its first tile landed).
-// kS22 (A/B, measurement only; NOT yet checked on a GPU): 1 (s22e, 1.0-4.0% faster in session 22's
-// timing) the path to the first boxes without divisions: the causal
-// limits after the boxes go out, the query rows' token and head and the epilogue's by
-// AttendParams.heads_magic, and `sm` reached from the shared window itself (its plan reads LDS, not
-// generic loads); 2 (s22f, not yet timed): s22e plus an L2 evict-first policy on the tile loads (a
-// stream read once, which the kernel's instructions, query, plan and partials need not lose L2 to).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kS22 = 0>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -103,12 +97,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   static_assert(kQkSteps % kGroupSteps == 0 && kAccs % kWave == 0);
   // The dynamic window is not guaranteed 1024-byte aligned (the 128-byte swizzle needs it): by hand.
   extern __shared__ uint8_t smem_raw[];
-  static_assert(kS22 == 0 || kTiles == Tiles::kBoxes);
-  // (kS22: the same address as an offset from smem_raw, which keeps the shared address space)
-  auto& sm = kS22 > 0 ? *reinterpret_cast<WgSmem<kStages, kTiles>*>(
-                        smem_raw + ((1024u - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u))
-                  : *reinterpret_cast<WgSmem<kStages, kTiles>*>(
-                        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // (An offset from smem_raw, not an integer-aligned address: the struct's reads stay in the shared
+  // window, LDS / STS, where a generic pointer made the plan's 231 accesses generic LD / ST, s22e.)
+  auto& sm = *reinterpret_cast<WgSmem<kStages, kTiles>*>(
+      smem_raw + ((1024u - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u));
   constexpr int kSlots = kStages + 1;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -180,11 +172,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   // this one's first tile was issued so.
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool prefetched) {
     const KeyStream& next = sm.next_segment;  // in shared memory: read only at the ends of the segment
-    int32_t limit[4];
-    if constexpr (kS22 == 0) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) limit[r] = keys.limit(p, m_base + slot_col(r, c), rows_total);
-    }
+    int32_t limit[4];  // the causal limits of the thread's 4 rows: after the first boxes go out
 
     const int n_tiles = keys.n_tiles();
     if (done == 0) stamp(9, now());
@@ -193,18 +181,12 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
     const TmaTiles tiles(p, &cache_map, lane, warp);
-    const uint64_t l2_policy = kS22 == 2 ? tma::evict_first_policy() : 0;  // (s22f)
     auto box_page_of = [&](const KeyStream& ks, int tile) { return tiles.page_of(ks, tile); };
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
       const int stage = at % kStages;
-      if constexpr (kS22 == 2) {
-        tiles.issue<kSlabs, true, true>(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
-                                        &sm.key_mask[stage][warp], 0, l2_policy);
-      } else {
-        tiles.issue(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
-                    &sm.key_mask[stage][warp]);
-      }
+      tiles.issue(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
+                  &sm.key_mask[stage][warp]);
     };
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
     int32_t next_segment_page = -1;  // issuing warps: the lane's page id for the next segment's first tile
@@ -223,15 +205,15 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       }
     }
 
-    if constexpr (kS22 > 0) {
+    // The rows' query t = m / G by AttendParams.heads_magic (fast_div.hpp): a division's ~20
+    // dependent instructions each in the chain before the first tile (s22e, below).
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int m = m_base + slot_col(r, c);
-        limit[r] = keys.limit_of_query(p, m, rows_total, fast_div(m, p.heads_magic));
-      }
+    for (int r = 0; r < 4; ++r) {
+      const int m = m_base + slot_col(r, c);
+      limit[r] = keys.limit_of_query(p, m, rows_total, fast_div(m, p.heads_magic));
     }
     QueryTile<kN, kThreads> query;
-    query.load<(kS22 > 0)>(p, b, m_base, rows_total, tid);
+    query.load<true>(p, b, m_base, rows_total, tid);
     query.store(sm.q, tid);
     if (done == 0) stamp(11, now());
 
@@ -522,8 +504,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       f.d = (sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n]);
       f.m = f.empty() ? -INFINITY : m_run[r] * 0.6931471805599453f;
       const float scale = f.inv_sum() * p.v_scale;
-      const int t = kS22 > 0 ? fast_div(m, p.heads_magic) : 0;
-      const OutRow out = kS22 > 0 ? OutRow(p, part, tok_base, t, m - t * p.heads) : OutRow(p, part, tok_base, m);
+      const int t = fast_div(m, p.heads_magic);
+      const OutRow out(p, part, tok_base, t, m - t * p.heads);
       const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
       for (int blk = 0; blk < kDimBlocks; ++blk)
@@ -545,24 +527,19 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, int kS22 = 0>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kS22>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
-// A/B (measurement only): MLA_S22E=1: s22e; =2: s22f (s22e with the evict-first tile loads); else 0.
-int s22e() {
-  static const int mode = [] {
-    const char* env = std::getenv("MLA_S22E");
-    return env && std::string_view(env) == "1" ? 1 : env && std::string_view(env) == "2" ? 2 : 0;
-  }();
-  return mode;
-}
-// The params of an s22e / s22f launch: heads_magic set (query rows below 2^16, fast_div.hpp).
+// The params with heads_magic set: the 16-row kernel divides its query rows m by G with it
+// (m < G Q + kN <= 2^16, and G <= 2^16: m G < 2^32, fast_div.hpp's bound; CudaBackend's
+// constructor limits G).
 AttendParams with_heads_magic(const AttendParams& in) {
-  MLA_REQUIRE(in.heads >= 1 && in.heads <= 65536 && int64_t(in.heads) * in.qlen < 65536, "MLA_S22E: heads x qlen must be below 65536 (fast_div.hpp), got heads ",
-              in.heads, ", qlen ", in.qlen);
+  MLA_REQUIRE(in.heads >= 1 && int64_t(in.heads) * in.qlen + kN <= 65536,
+              "attend: heads x qlen + 16 must be at most 65536 (fast_div.hpp), got heads ", in.heads, ", qlen ",
+              in.qlen);
   AttendParams p = in;
   p.heads_magic = div_magic(uint32_t(in.heads));
   return p;
@@ -624,14 +601,9 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
     capacity = words;
   }
   MLA_REQUIRE(words <= capacity, "MLA_ATTEND_TIMELINE: the first launch of a shape must be outside a graph capture");
-  AttendParams p = s22e() ? with_heads_magic(in) : in;
+  AttendParams p = in;
   p.timeline = buffer;
-  if (s22e() == 1)  // (s22e A/B, measurement only)
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, 1><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
-  else if (s22e() == 2)  // (s22f)
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, 2><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
-  else
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capture != cudaStreamCaptureStatusNone) return;
   std::vector<uint64_t> host(words);
@@ -661,15 +633,12 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, 1>();
-  set_smem_limit<2, 2, Tiles::kBoxes, true, 1>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, 2>();
-  set_smem_limit<2, 2, Tiles::kBoxes, true, 2>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
 
-void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
+void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
+  const AttendParams p = with_heads_magic(in);
   const bool tma = attend_wgmma_uses_tma(p);
   MLA_REQUIRE(p.flat_ctas == 0 || ((tma || !p.many_rows || attend_rows_gathers(p)) && p.dcp_size == 1 &&
                                     p.batch <= kMaxFlatBatch),
@@ -695,13 +664,7 @@ void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream) {
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
-    if (qk_group_steps() == 2 && s22e() > 0) {  // (s22e / s22f A/B, measurement only)
-      const AttendParams q = with_heads_magic(p);
-      if (s22e() == 1)
-        attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, 1><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
-      else
-        attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, 2><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
-    } else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
+    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)

@@ -135,7 +135,8 @@ struct QueryTile {
   static constexpr int kUnits = kRowsN * kChunks, kPerThread = (kUnits + kThreadsN - 1) / kThreadsN;
   uint4 raw[kPerThread];
 
-  template <bool kFastDiv = false>  // s22e: the rows' token and head by AttendParams.heads_magic
+  // kFastDiv: the rows' token and head by AttendParams.heads_magic (the 16-row kernel, s22e).
+  template <bool kFastDiv = false>
   __device__ __forceinline__ void load(const AttendParams& p, int b, int m_base, int rows_total, int tid) {
     const uint8_t* q = static_cast<const uint8_t*>(p.q);
     const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 16 == 0;
@@ -247,10 +248,9 @@ struct TmaTiles {
   // (qlen 2 3.3%, D 2.2%; s18d, s18e in docs/attention.md), which keep each lane's own issue. With
   // the many-rows kernel's producer warpgroup issuing (s19), uniform stayed 1-2% slower at 32 and
   // 64 rows (s19b) and each lane's own issue was within noise at 48 (s20e).
-  // kHint (s22f A/B, measurement only): the boxes carry the L2 policy `policy` (tma::evict_first_policy).
-  template <int kSlabsN = kSlabs, bool kUniform = true, bool kHint = false>
+  template <int kSlabsN = kSlabs, bool kUniform = true>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
-                        int first_slab = 0, uint64_t policy = 0) const {
+                        int first_slab = 0) const {
     int64_t j0;
     const bool have = box_index(ks, tile, j0) >= 0;
     const bool ok = have && page >= 0 && page < p.num_pages;
@@ -281,10 +281,8 @@ struct TmaTiles {
         if (((oks >> k) & 1) && ptx::elect_one()) {
           const uint32_t at = dst + (k * slots(p) + slot) * box_rows * 128;
 #pragma unroll
-          for (int s = 0; s < kSlabsN; ++s) {
-            if constexpr (kHint) tma::load_2d_hint(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar, policy);
-            else tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar);
-          }
+          for (int s = 0; s < kSlabsN; ++s)
+            tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar);
         }
         __syncwarp();
       }
@@ -360,7 +358,7 @@ struct OutRow {
   int64_t o_base, lse_index;
   __device__ __forceinline__ OutRow(const AttendParams& p, int64_t part, int64_t tok_base, int m)
       : OutRow(p, part, tok_base, m / p.heads, m % p.heads) {}
-  // s22e: query t, head h of row m given
+  // The same with query t, head h of row m given (the 16-row kernel: t by fast_div).
   __device__ __forceinline__ OutRow(const AttendParams& p, int64_t part, int64_t tok_base, int t, int h) {
     const int64_t s_idx = tok_base + t;
     o_base = part * p.o_split_stride + s_idx * p.o_s_stride + int64_t(h) * p.o_h_stride;

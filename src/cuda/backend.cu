@@ -69,6 +69,10 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   device_name_ = prop.name;
   MLA_REQUIRE(prop.major >= 9, "Backend::cuda: needs compute capability 9.0 (sm_90a), device ", opts.cuda_device,
               " is ", prop.major, ".", prop.minor);
+  // The 16-row attend kernel divides its query rows by G with a multiply-shift (fast_div.hpp: rows
+  // m < G Q + 16 <= 2^16 at Q <= 8).
+  MLA_REQUIRE(query_heads() <= kMaxQueryHeads, "Backend::cuda: query heads (heads x DCP size) must be at most ",
+              kMaxQueryHeads, ", got ", query_heads());
   prepare_attend_kernels();
 
   const int n = cfg.heads(), g = query_heads(), rows = cfg.qkv_a_rows();

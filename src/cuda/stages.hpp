@@ -143,10 +143,11 @@ struct AttendParams {
   // The many-rows kernel (attend_rows.cu) where the wgmma kernel takes TMA tiles: the planner's
   // choice (attend_rows_wanted), which its split counts assume.
   bool many_rows = false;
-  // s22e A/B (measurement only): ceil(2^32 / heads), so that m / heads = (m * heads_magic) >> 32 for
-  // the query rows m (< 2^16): fast_div.hpp. 0: not set.
+  // ceil(2^32 / heads), so that m / heads = (m * heads_magic) >> 32 for the query rows m (< 2^16,
+  // fast_div.hpp): set by launch_attend_wgmma for the 16-row kernel, which divides by it.
   uint64_t heads_magic = 0;
 };
+inline constexpr int kMaxQueryHeads = 8190;  // G: G * 8 + 16 <= 2^16 (launch_attend_wgmma's heads_magic)
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
 inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory
 void launch_attend(const AttendParams& p, cudaStream_t stream);

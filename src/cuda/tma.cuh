@@ -58,23 +58,6 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
       : "memory");
 }
 
-// An L2 policy that marks the lines a load brings in as the first to evict (a stream read once), for
-// load_2d_hint (s22f A/B, measurement only).
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-// load_2d with an L2 cache policy (evict_first_policy).
-__device__ __forceinline__ void load_2d_hint(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar,
-                                             uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], "
-      "[%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy)
-      : "memory");
-}
-
 // `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar:
 // the bulk copy without a tensor map (the attend kernel's key rows, Tiles::kRows).
 __device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {

@@ -1,4 +1,4 @@
-// The multiply-shift division of the 16-row kernel's s22e instance (src/cuda/fast_div.hpp), checked
+// The multiply-shift division of the 16-row kernel (src/cuda/fast_div.hpp; s22e), checked
 // on the host (no GPU needed) against the integer division it replaces: every divisor the query rows
 // may be divided by (heads 1..1024) over every row index below 2^16, and the bound's corners.
 #include <gtest/gtest.h>
