@@ -34,13 +34,16 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;
 constexpr int kMaxSplits = 256;
 constexpr int kMinKeysPerSplit = 192;  // three of attend's key tiles
 
-// MLA_ATTEND_FLAT=0: the step's attend keeps fixed splits a request (comparison).
-bool flat_plan_enabled() {
-  static const bool on = [] {
+// MLA_ATTEND_FLAT (comparison): 0 keeps fixed splits a request everywhere; `all` takes the flat
+// plan on even batches too (the 16-row kernel's rule until session 23); unset: uneven batches only.
+enum class FlatMode { kOff, kUneven, kAll };
+FlatMode flat_plan_mode() {
+  static const FlatMode mode = [] {
     const char* env = std::getenv("MLA_ATTEND_FLAT");
-    return !(env && std::string_view(env) == "0");
+    const std::string_view v = env ? env : "";
+    return v == "0" ? FlatMode::kOff : v == "all" ? FlatMode::kAll : FlatMode::kUneven;
   }();
-  return on;
+  return mode;
 }
 
 // The flat plan's partials in the o / lse workspace: partial i is [Q, G, L] f32 (lse [Q, G]) at
@@ -340,10 +343,12 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
   p.many_rows = attend_shape(p.batch, meta.qlen).many_rows;
   const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen));
-  // The many-rows kernel on an even batch (host lengths within 1/8 of the longest) keeps fixed
-  // splits: its segment switches (a 36 KB query reload, 128 KB of partials, a half-empty tile pair)
-  // cost more than the flat plan's balance brings there (H200, 949867f: D 320.7 vs 344.1 us, F
-  // 175.5 vs 200.4). Uneven or unknown lengths take the flat plan.
+  // An even batch (host lengths within 1/8 of the longest) keeps fixed splits: the flat plan's
+  // segment switches (a query reload, a partial's store, a drained pipeline) cost more than its
+  // balance brings there. Many-rows kernel (H200, 949867f): D 320.7 vs 344.1 us, F 175.5 vs 200.4;
+  // 16-row kernel (session 23, GPU-5adcda6e, each twice): A 46.7 vs 48.0, B 296.0 vs 300.4, C 83.9
+  // vs 86.0, B64 83.8 vs 85.6, pages 16 and 1 alike, the step up to 6% faster (fewer partials to
+  // merge). Uneven or unknown lengths take the flat plan.
   const bool even = flat::lengths_even(meta.seq_lens_host.data(), int64_t(meta.seq_lens_host.size()));
   // Pages TMA does not box (attend_wgmma_uses_tma): the 16-row kernel copies an fp8 cache's rows by
   // bulk copies (v24: TMA's asynchrony, so the flat plan as with boxes); the many-rows kernel gathers
@@ -353,8 +358,10 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // the copies).
   const bool tma = attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p);
   const bool copies_flat = !tma && !even && (!p.many_rows || attend_rows_gathers(p));
-  const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && flat_plan_enabled() &&
-                    !(p.many_rows && even) && (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
+  const FlatMode mode = flat_plan_mode();
+  const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && mode != FlatMode::kOff &&
+                    !(even && (p.many_rows || mode == FlatMode::kUneven)) &&
+                    (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
                     (tma || copies_flat) && p.batch <= kMaxFlatBatch &&
                     ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * meta.qlen <= partial_rows_;
   if (flat) {
