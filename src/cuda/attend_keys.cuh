@@ -15,6 +15,7 @@
 namespace mla::cuda {
 
 inline constexpr int kTileKeys = 64;
+inline constexpr int kTileKeysLog2 = 6;
 
 // Element offset of the query's row m (query m / G, head m % G) of request b, dim d.
 __device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, int m, int d) {
@@ -42,9 +43,14 @@ inline dim3 attend_launch_grid(const AttendParams& p, int rows_per_cta) {
 // What a CTA serves: request b, split `split` and query rows m_base .. m_base + rows_per_cta - 1
 // (rows m = i*G + h: query i, head h). The row tiles of one (request, split) are adjacent in the
 // grid, so the CTAs that read the same keys run together and all but the first find them in L2.
+// (FastDivs: the divisions by the host's multiply-shifts, AttendParams' *_magic; s23a, the 16-row
+// kernel's A/B instance.)
+struct FastDivs {};
 struct CtaWork {
   int rows_total, m_tile, b, split, m_base;
   bool reporter;  // one thread of the request reports request-level errors, once
+  int work;        // blockIdx.x / m_tiles (FastDivs only)
+  int last_query;  // last_row(rows_per_cta) / heads (FastDivs only)
 
   __device__ CtaWork(const AttendParams& p, int rows_per_cta, int tid) {
     rows_total = p.heads * p.qlen;
@@ -55,6 +61,17 @@ struct CtaWork {
     split = work % p.splits;
     m_base = m_tile * rows_per_cta;
     reporter = tid == 0 && split == 0 && m_tile == 0;
+  }
+  __device__ CtaWork(const AttendParams& p, int rows_per_cta, int tid, FastDivs) {
+    rows_total = p.heads * p.qlen;
+    const int m_tiles = (rows_total + rows_per_cta - 1) / rows_per_cta;
+    work = fast_div(int(blockIdx.x), p.m_tiles_magic);
+    m_tile = int(blockIdx.x) - work * m_tiles;
+    b = fast_div(work, p.splits_magic);
+    split = work - b * p.splits;
+    m_base = m_tile * rows_per_cta;
+    reporter = tid == 0 && split == 0 && m_tile == 0;
+    last_query = fast_div(last_row(rows_per_cta), p.heads_magic);
   }
   __device__ int last_row(int rows_per_cta) const { return min(rows_total, m_base + rows_per_cta) - 1; }
 };
@@ -83,7 +100,15 @@ struct KeyStream {
   int elem_bytes;        // 1 (fp8 cache) or 2 (bf16)
 
   __device__ KeyStream(const AttendParams& p, int b, int split, int last_row, bool reporter, int chunk_align = 1) {
-    const int64_t n_local = init(p, b, last_row, reporter);
+    const int64_t n_local = init<false>(p, b, last_row, reporter);
+    const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
+    k_begin = min(n_local, int64_t(split) * chunk);
+    k_end = min(n_local, k_begin + chunk);
+    check_pages(p, n_local, reporter);
+  }
+  // The same given the CTA's last query (last_row / heads: CtaWork's with FastDivs).
+  __device__ KeyStream(const AttendParams& p, int b, int split, bool reporter, int chunk_align, int last_query, FastDivs) {
+    const int64_t n_local = init<true>(p, b, last_query, reporter);
     const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
     k_begin = min(n_local, int64_t(split) * chunk);
     k_end = min(n_local, k_begin + chunk);
@@ -91,7 +116,13 @@ struct KeyStream {
   }
   // Local keys [begin, end) of request b (the flat plan's segments; end is clipped to the length).
   __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, int last_row, bool reporter) {
-    const int64_t n_local = init(p, b, last_row, reporter);
+    const int64_t n_local = init<false>(p, b, last_row, reporter);
+    k_begin = min(n_local, begin);
+    k_end = min(n_local, end);
+    check_pages(p, n_local, reporter);
+  }
+  __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, bool reporter, int last_query, FastDivs) {
+    const int64_t n_local = init<true>(p, b, last_query, reporter);
     k_begin = min(n_local, begin);
     k_end = min(n_local, end);
     check_pages(p, n_local, reporter);
@@ -99,13 +130,15 @@ struct KeyStream {
 
  private:
   // Everything but the key range; returns the request's local length.
-  __device__ int64_t init(const AttendParams& p, int b, int last_row, bool reporter) {
+  // (kQuery: `last` is the CTA's last query, else its last row.)
+  template <bool kQuery>
+  __device__ int64_t init(const AttendParams& p, int b, int last, bool reporter) {
     seq_len = p.seq_lens[b];
     len_ok = seq_len == 0 || seq_len >= p.qlen;
     if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
     page_begin = p.kv_indptr[b];
     pages_avail = int64_t(p.kv_indptr[b + 1]) - page_begin;
-    tile_limit = len_ok ? seq_len - p.qlen + last_row / p.heads : -1;
+    tile_limit = len_ok ? seq_len - p.qlen + (kQuery ? last : last / p.heads) : -1;
     page_shift = __popc(p.page_size) == 1 ? __ffs(p.page_size) - 1 : -1;
     plain_positions = p.dcp_size == 1;
     elem_bytes = p.cache_fp8 ? 1 : 2;

@@ -72,7 +72,11 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // the CTA's first segment switch (8.2-8.6 us on average in session 21, docs/attention.md): 15 the
 // first segment's last tile done, 12 the second segment's serve begins, 13 its prologue barrier,
 // 14 its first tile landed).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
+// kS23 (A/B, measurement only: MLA_S23A=1): s23a, the TMA-box instance's remaining divisions on
+// its path to the first boxes by the host's multiply-shifts (CtaWork, the flat plan's T / CTAs,
+// KeyStream's last row / heads: FastDivs) and its box counts by shifts (TMA pages are a power of
+// two rows).
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS23 = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -121,13 +125,17 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     for (int k = 8; k < 16; ++k) stamp(k, start_time);
   }
   int segments = 0;
-  const CtaWork cta(p, kN, tid);
+  static_assert(!kS23 || kTiles == Tiles::kBoxes);
+  const CtaWork cta = [&] {
+    if constexpr (kS23) return CtaWork(p, kN, tid, FastDivs{});
+    else return CtaWork(p, kN, tid);
+  }();
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   if constexpr (kTma) {
     if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kRows ? RowCopies::kWarps : TmaTiles::slots(p));
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kRows ? RowCopies::kWarps : kS23 ? TmaTiles::slots_pow2(p) : TmaTiles::slots(p));
         if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
@@ -180,13 +188,20 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
 
     // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
-    const TmaTiles tiles(p, &cache_map, lane, warp);
+    const TmaTiles tiles = [&] {
+      if constexpr (kS23) return TmaTiles(p, &cache_map, lane, warp, FastDivs{});
+      else return TmaTiles(p, &cache_map, lane, warp);
+    }();
+    auto issuer = [&] {
+      if constexpr (kS23) return tiles.issues_pow2();
+      else return tiles.issues();
+    };
     auto box_page_of = [&](const KeyStream& ks, int tile) { return tiles.page_of(ks, tile); };
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
       const int stage = at % kStages;
-      tiles.issue(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]), ptx::smem_addr(&sm.full[stage]),
-                  &sm.key_mask[stage][warp]);
+      tiles.template issue<kSlabs, true, kS23>(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]),
+                                               ptx::smem_addr(&sm.full[stage]), &sm.key_mask[stage][warp]);
     };
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
     int32_t next_segment_page = -1;  // issuing warps: the lane's page id for the next segment's first tile
@@ -197,7 +212,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     // and was no faster (H200, 949867f: B64 kernel 90.0 vs 88.9 us; timeline in bench/results).
     if constexpr (kBoxes) {
       // (the issuing warps: TmaTiles; the mbarriers were published by the CTA barrier at the start)
-      if (tiles.issues() && n_tiles > 0) {
+      if (issuer() && n_tiles > 0) {
         __syncwarp();
         if (!prefetched) issue_tma(0, box_page(0));
         if (done == 0) stamp(10, now());
@@ -256,7 +271,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     if (segments == 1) stamp(13, now());
     // The next segment's first page ids (thread 0 wrote its keys before this segment's barrier
     // above; the issuing warps other than 0 read them only after it).
-    if (kBoxes && tiles.issues() && n_tiles > 0 && has_next) next_segment_page = box_page_of(next, 0);
+    if (kBoxes && issuer() && n_tiles > 0 && has_next) next_segment_page = box_page_of(next, 0);
     if constexpr (!kTma) {
       for (int t = 0; t < kStages - 1; ++t) {
         if (t < n_tiles) issue_tile(t, t);
@@ -284,10 +299,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         // Tile t-1's products are complete (this warp waited for them, and a warpgroup MMA completes
         // for all four warps at once), so its stage takes tile t+1 now.
         // (kRows: the producer warpgroup issues every tile)
-        if (kBoxes && tiles.issues() && t + 1 < n_tiles) {
+        if (kBoxes && issuer() && t + 1 < n_tiles) {
           issue_tma(t + 1, next_page);
           next_page = t + 2 < n_tiles ? box_page(t + 2) : -1;
-        } else if (kBoxes && tiles.issues() && has_next) {
+        } else if (kBoxes && issuer() && has_next) {
           issue_tma_of(next, 0, done + n_tiles, next_segment_page);  // the next segment's first tile
         }
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[buf]), ((done + t) / kStages) & 1);
@@ -515,7 +530,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     done += n_tiles;
   };  // serve
 
-  serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
+  serve_segments<kCtaThreads, kN, false, 0, kS23>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
                                         &sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
@@ -527,9 +542,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS23 = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kS23>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
@@ -543,6 +558,27 @@ AttendParams with_heads_magic(const AttendParams& in) {
   AttendParams p = in;
   p.heads_magic = div_magic(uint32_t(in.heads));
   return p;
+}
+
+// A/B (measurement only): MLA_S23A=1 takes the s23a instance where its magics are exact.
+bool s23a() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_S23A");
+    return env && std::string_view(env) == "1";
+  }();
+  return on;
+}
+// The params of an s23a launch (grid: the launch's): CtaWork's and the flat plan's magics, or
+// false where a multiply-shift would not be exact (fast_div.hpp: x d < 2^32).
+bool with_s23_magics(AttendParams& p, dim3 grid) {
+  const uint32_t m_tiles = uint32_t((p.heads * p.qlen + kN - 1) / kN);
+  const uint32_t works = (grid.x + m_tiles - 1) / m_tiles;
+  if (uint64_t(grid.x) * m_tiles >= (uint64_t(1) << 32) || uint64_t(works) * uint32_t(p.splits) >= (uint64_t(1) << 32))
+    return false;
+  p.m_tiles_magic = div_magic(m_tiles);
+  p.splits_magic = div_magic(uint32_t(p.splits));
+  p.flat_ctas_magic = p.flat_ctas > 0 ? div_magic(uint32_t(p.flat_ctas)) : 0;
+  return true;
 }
 
 // q.k accumulators of 2 k32 steps (one wave of 9) by default: rel L2 of q.k 1.6e-4 vs 1.1e-4 with
@@ -633,6 +669,7 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, true>();
+  set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -664,7 +701,10 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
   if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
-    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
+    AttendParams q = p;
+    if (qk_group_steps() == 2 && s23a() && with_s23_magics(q, grid))  // (s23a A/B, measurement only)
+      attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
+    else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)

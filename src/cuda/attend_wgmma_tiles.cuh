@@ -209,6 +209,7 @@ struct TmaTiles {
   const AttendParams& p;
   const CUtensorMap* map;
   int lane, box_rows, boxes, slot, box;  // box: this lane's box (when < boxes)
+  int per_slot = 0;                      // boxes / slots(p) (FastDivs only: issue<..., true>)
 
   __host__ __device__ static int slots(const AttendParams& params) {
     const int boxes = kTileKeys / (params.page_size < kTileKeys ? params.page_size : kTileKeys);
@@ -218,7 +219,22 @@ struct TmaTiles {
   __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int warp)
       : p(params), map(cache_map), lane(lane_), box_rows(min(params.page_size, kTileKeys)),
         boxes(kTileKeys / min(params.page_size, kTileKeys)), slot(warp), box(lane_ * slots(params) + warp) {}
+  // The same by shifts (TMA pages are a power of two rows: attend_wgmma_uses_tma; s23a).
+  __device__ static int slots_pow2(const AttendParams& params) {
+    const int boxes = kTileKeys >> min(__ffs(params.page_size) - 1, kTileKeysLog2);
+    return boxes < 4 ? boxes : 4;
+  }
+  __device__ TmaTiles(const AttendParams& params, const CUtensorMap* cache_map, int lane_, int warp, FastDivs)
+      : p(params), map(cache_map), lane(lane_) {
+    const int shift = min(__ffs(params.page_size) - 1, kTileKeysLog2), n_slots = slots_pow2(params);
+    box_rows = 1 << shift;
+    boxes = kTileKeys >> shift;
+    slot = warp;
+    box = lane_ * n_slots + warp;
+    per_slot = boxes >> (__ffs(n_slots) - 1);
+  }
   __device__ bool issues() const { return slot < slots(p); }
+  __device__ bool issues_pow2() const { return slot < slots_pow2(p); }
 
   // This lane's box of tile `tile` of segment ks: its page's index in the request's page list
   // (-1: no box) and first local key j0.
@@ -248,7 +264,8 @@ struct TmaTiles {
   // (qlen 2 3.3%, D 2.2%; s18d, s18e in docs/attention.md), which keep each lane's own issue. With
   // the many-rows kernel's producer warpgroup issuing (s19), uniform stayed 1-2% slower at 32 and
   // 64 rows (s19b) and each lane's own issue was within noise at 48 (s20e).
-  template <int kSlabsN = kSlabs, bool kUniform = true>
+  // kPerSlot (s23a): the loop's bound and a box's slot from per_slot and slots_pow2 (FastDivs ctor).
+  template <int kSlabsN = kSlabs, bool kUniform = true, bool kPerSlot = false>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0) const {
     int64_t j0;
@@ -276,10 +293,11 @@ struct TmaTiles {
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
       const uint32_t oks = __ballot_sync(~0u, ok);
       // lanes 0 .. boxes / slots - 1 hold the warp's boxes (box = lane slots + slot)
-      for (int k = 0; k < boxes / slots(p); ++k) {
+#pragma unroll 1
+      for (int k = 0; k < (kPerSlot ? per_slot : boxes / slots(p)); ++k) {
         const int yk = __shfl_sync(~0u, y, k);
         if (((oks >> k) & 1) && ptx::elect_one()) {
-          const uint32_t at = dst + (k * slots(p) + slot) * box_rows * 128;
+          const uint32_t at = dst + (k * (kPerSlot ? slots_pow2(p) : slots(p)) + slot) * box_rows * 128;
 #pragma unroll
           for (int s = 0; s < kSlabsN; ++s)
             tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar);
@@ -401,7 +419,10 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is sync_consumers' of the
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
 // segments). One call site of serve (one copy of its code).
-template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, class NextSegment, class Serve>
+// kFastDivs (s23a, the 16-row kernel's A/B instance): the divisions by AttendParams' magics (cta
+// from CtaWork's FastDivs constructor).
+template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, bool kFastDivs = false,
+          class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, NextSegment next_segment,
                                                KeyStream* segment, Serve&& serve) {
@@ -410,9 +431,14 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
   int cta_key = 0, b = cta.b;
   if (flat) {
     flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid);
-    const int m_tiles = (cta.rows_total + kRowsPerCta - 1) / kRowsPerCta;
-    cta_key = blockIdx.x / m_tiles;
-    range = flat::cta_range(flat_start, batch, p.flat_ctas, cta_key);
+    if constexpr (kFastDivs) {
+      cta_key = cta.work;
+      range = flat::cta_range_fast(flat_start, batch, p.flat_ctas, cta_key, p.flat_ctas_magic);
+    } else {
+      const int m_tiles = (cta.rows_total + kRowsPerCta - 1) / kRowsPerCta;
+      cta_key = blockIdx.x / m_tiles;
+      range = flat::cta_range(flat_start, batch, p.flat_ctas, cta_key);
+    }
     if (blockIdx.x == 0)  // post merges nothing for an empty request
       for (int i = tid; i < batch; i += kThreadsN)
         if (flat_start[i + 1] == flat_start[i]) p.part_count[i] = 0;
@@ -420,10 +446,16 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
   }
   // The flat plan's segment of request i (which must hold a tile of [begin, end)).
   auto segment_keys = [&](int i, bool reporter) {
-    return KeyStream(p, i, int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys,
-                     int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys, cta.last_row(kRowsPerCta),
-                     reporter);
+    if constexpr (kFastDivs)
+      return KeyStream(p, i, int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys,
+                       int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys, reporter, cta.last_query,
+                       FastDivs{});
+    else
+      return KeyStream(p, i, int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys,
+                       int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys, cta.last_row(kRowsPerCta),
+                       reporter);
   };
+
   auto next_request = [&](int i) { return flat::next_request(flat_start, batch, i, range); };
   bool prefetched = false;
   for (int cur = flat ? next_request(b) : cta.b; cur >= 0;) {
@@ -433,8 +465,10 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
       p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
       p.part_count[cur] = flat::partial_count(flat_start, cur, range, cta_key);
     }
-    const KeyStream keys = flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
-                                : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
+    const KeyStream keys =
+        flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
+             : kFastDivs ? KeyStream(p, cta.b, cta.split, cta.reporter, chunk_align, cta.last_query, FastDivs{})
+                         : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
     if constexpr (!std::is_null_pointer_v<NextSegment>) {
       if (nb >= 0 && tid == 0) *next_segment = segment_keys(nb, false);
     }

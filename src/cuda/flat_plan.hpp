@@ -5,6 +5,7 @@
 // [c K, (c+1) K), K = max(kMinFlatTiles, ceil(T / ctas)), one segment per request it overlaps.
 #include <cstdint>
 
+#include "cuda/fast_div.hpp"
 #include "cuda/stages.hpp"
 #include "mla/host_device.hpp"
 
@@ -22,6 +23,19 @@ struct Cta {
 MLA_HD Cta cta_range(const int32_t* starts, int batch, int ctas, int cta) {
   const int32_t total = starts[batch];
   const int32_t ceil = (total + ctas - 1) / ctas;
+  const int32_t per = ceil > kMinFlatTiles ? ceil : kMinFlatTiles;
+  const int64_t b = int64_t(cta) * per;
+  const int32_t begin = b < total ? int32_t(b) : total;
+  return {per, begin, begin + per < total ? begin + per : total};
+}
+
+// The same with T / CTAs by the multiply-shift ctas_magic = div_magic(ctas) where it is exact
+// (fast_div.hpp: x ctas < 2^32; s23a, the 16-row kernel's A/B instance).
+MLA_HD Cta cta_range_fast(const int32_t* starts, int batch, int ctas, int cta, uint64_t ctas_magic) {
+  const int32_t total = starts[batch];
+  const uint32_t x = uint32_t(total) + uint32_t(ctas) - 1;
+  const int32_t ceil = uint64_t(x) * uint32_t(ctas) < (uint64_t(1) << 32) ? fast_div(int(x), ctas_magic)
+                                                                          : int32_t(x / uint32_t(ctas));
   const int32_t per = ceil > kMinFlatTiles ? ceil : kMinFlatTiles;
   const int64_t b = int64_t(cta) * per;
   const int32_t begin = b < total ? int32_t(b) : total;

@@ -109,6 +109,25 @@ TEST(FlatPlan, NoCtaServesMoreThanItsShare) {
   }
 }
 
+// s23a's range (T / CTAs by a multiply-shift where exact, else the division) is cta_range's for
+// every CTA, over small and huge tile totals (the fallback past x CTAs >= 2^32) and CTA counts.
+TEST(FlatPlan, FastRangeMatchesTheDivision) {
+  std::mt19937 rng(5);
+  for (const int ctas : {1, 2, 3, 7, 132, 256, 264, 528, 1000, 4095}) {
+    const uint64_t magic = cuda::div_magic(uint32_t(ctas));
+    for (int trial = 0; trial < 200; ++trial) {
+      const int32_t total = trial < 100 ? int32_t(rng() % 100000) : int32_t(rng() % uint32_t(INT32_MAX - 8192));
+      const int32_t starts[2] = {0, total};
+      for (const int c : {0, 1, ctas / 2, ctas - 1}) {
+        const flat::Cta a = flat::cta_range(starts, 1, ctas, c), b = flat::cta_range_fast(starts, 1, ctas, c, magic);
+        ASSERT_EQ(a.per_cta, b.per_cta) << "total " << total << ", CTAs " << ctas;
+        ASSERT_EQ(a.begin, b.begin);
+        ASSERT_EQ(a.end, b.end);
+      }
+    }
+  }
+}
+
 // The many-rows kernel's choice between fixed splits and the flat plan (flat::lengths_even).
 TEST(FlatPlan, EvenLengthsWithinAnEighth) {
   const std::vector<int32_t> even{8192, 8192, 8192}, near{8192, 7168, 8000}, apart{8192, 7167, 8000};
