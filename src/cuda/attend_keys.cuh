@@ -43,8 +43,8 @@ inline dim3 attend_launch_grid(const AttendParams& p, int rows_per_cta) {
 // What a CTA serves: request b, split `split` and query rows m_base .. m_base + rows_per_cta - 1
 // (rows m = i*G + h: query i, head h). The row tiles of one (request, split) are adjacent in the
 // grid, so the CTAs that read the same keys run together and all but the first find them in L2.
-// (FastDivs: the divisions by the host's multiply-shifts, AttendParams' *_magic; s23a, the 16-row
-// kernel's A/B instance.)
+// (FastDivs: the divisions by the host's multiply-shifts, AttendParams' *_magic: the 16-row
+// kernel's default TMA instance, s23a.)
 struct FastDivs {};
 struct CtaWork {
   int rows_total, m_tile, b, split, m_base;

@@ -72,11 +72,12 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // the CTA's first segment switch (8.2-8.6 us on average in session 21, docs/attention.md): 15 the
 // first segment's last tile done, 12 the second segment's serve begins, 13 its prologue barrier,
 // 14 its first tile landed).
-// kS23 (A/B, measurement only: MLA_S23A=1): s23a, the TMA-box instance's remaining divisions on
-// its path to the first boxes by the host's multiply-shifts (CtaWork, the flat plan's T / CTAs,
-// KeyStream's last row / heads: FastDivs) and its box counts by shifts (TMA pages are a power of
-// two rows).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS23 = false>
+// kFastDivs (s23a; TMA boxes, 2-step groups: the default where the launch's multiply-shifts are
+// exact, with_fast_divs): the rest of the divisions on warp 0's path to its first boxes by the
+// host's multiply-shifts (CtaWork's blockIdx / m_tiles and / splits, the flat plan's T / CTAs,
+// KeyStream's last row / heads once a CTA: FastDivs) and the box counts by shifts (TMA pages are a
+// power of two rows): 8 32-bit divisions left in the SASS instead of 16, 0-2% faster (B1, page 16).
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -125,9 +126,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     for (int k = 8; k < 16; ++k) stamp(k, start_time);
   }
   int segments = 0;
-  static_assert(!kS23 || kTiles == Tiles::kBoxes);
+  static_assert(!kFastDivs || kTiles == Tiles::kBoxes);
   const CtaWork cta = [&] {
-    if constexpr (kS23) return CtaWork(p, kN, tid, FastDivs{});
+    if constexpr (kFastDivs) return CtaWork(p, kN, tid, FastDivs{});
     else return CtaWork(p, kN, tid);
   }();
   const int rows_total = cta.rows_total, m_base = cta.m_base;
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kRows ? RowCopies::kWarps : kS23 ? TmaTiles::slots_pow2(p) : TmaTiles::slots(p));
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kRows ? RowCopies::kWarps : kFastDivs ? TmaTiles::slots_pow2(p) : TmaTiles::slots(p));
         if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
@@ -189,18 +190,18 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     // --- TMA (attend_wgmma_tiles.cuh): page ids a tile ahead, boxes issued when the stage is free.
     // (ks: the segment the tile belongs to; `at`: the CTA's running tile index, which picks the stage.)
     const TmaTiles tiles = [&] {
-      if constexpr (kS23) return TmaTiles(p, &cache_map, lane, warp, FastDivs{});
+      if constexpr (kFastDivs) return TmaTiles(p, &cache_map, lane, warp, FastDivs{});
       else return TmaTiles(p, &cache_map, lane, warp);
     }();
     auto issuer = [&] {
-      if constexpr (kS23) return tiles.issues_pow2();
+      if constexpr (kFastDivs) return tiles.issues_pow2();
       else return tiles.issues();
     };
     auto box_page_of = [&](const KeyStream& ks, int tile) { return tiles.page_of(ks, tile); };
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
       const int stage = at % kStages;
-      tiles.template issue<kSlabs, true, kS23>(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]),
+      tiles.template issue<kSlabs, true, kFastDivs>(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]),
                                                ptx::smem_addr(&sm.full[stage]), &sm.key_mask[stage][warp]);
     };
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
@@ -530,7 +531,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     done += n_tiles;
   };  // serve
 
-  serve_segments<kCtaThreads, kN, false, 0, kS23>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
+  serve_segments<kCtaThreads, kN, false, 0, kFastDivs>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
                                         &sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
@@ -542,9 +543,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kS23 = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kS23>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kFastDivs>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
@@ -560,17 +561,10 @@ AttendParams with_heads_magic(const AttendParams& in) {
   return p;
 }
 
-// A/B (measurement only): MLA_S23A=1 takes the s23a instance where its magics are exact.
-bool s23a() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_S23A");
-    return env && std::string_view(env) == "1";
-  }();
-  return on;
-}
-// The params of an s23a launch (grid: the launch's): CtaWork's and the flat plan's magics, or
-// false where a multiply-shift would not be exact (fast_div.hpp: x d < 2^32).
-bool with_s23_magics(AttendParams& p, dim3 grid) {
+// The params of a kFastDivs launch (grid: the launch's): CtaWork's and the flat plan's magics, or
+// false where a multiply-shift would not be exact (fast_div.hpp: x d < 2^32; grids of ~10^6 CTAs
+// and more take the instance with divisions).
+bool with_fast_divs(AttendParams& p, dim3 grid) {
   const uint32_t m_tiles = uint32_t((p.heads * p.qlen + kN - 1) / kN);
   const uint32_t works = (grid.x + m_tiles - 1) / m_tiles;
   if (uint64_t(grid.x) * m_tiles >= (uint64_t(1) << 32) || uint64_t(works) * uint32_t(p.splits) >= (uint64_t(1) << 32))
@@ -639,7 +633,8 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
   MLA_REQUIRE(words <= capacity, "MLA_ATTEND_TIMELINE: the first launch of a shape must be outside a graph capture");
   AttendParams p = in;
   p.timeline = buffer;
-  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+  MLA_REQUIRE(with_fast_divs(p, grid), "MLA_ATTEND_TIMELINE: a grid of ", grid.x, " CTAs is past the multiply-shifts' bound");
+  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capture != cudaStreamCaptureStatusNone) return;
   std::vector<uint64_t> host(words);
@@ -668,8 +663,8 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, Tiles::kBoxes>();
   set_smem_limit<2, 1, Tiles::kRows>();
   set_smem_limit<2, 3, Tiles::kRows>();
-  set_smem_limit<2, 2, Tiles::kBoxes, true>();
   set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
+  set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -698,11 +693,11 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
     return;
   }
   MLA_REQUIRE(p.q_fp8 && p.cache_fp8, "attend: the 16-row wgmma kernel takes an fp8 query and cache");
-  if (tma && timeline_path()) {  // measurement: the default TMA kernel with phase stamps
+  if (tma && timeline_path()) {  // measurement: the default TMA kernel (2-step groups) with phase stamps
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
     AttendParams q = p;
-    if (qk_group_steps() == 2 && s23a() && with_s23_magics(q, grid))  // (s23a A/B, measurement only)
+    if (qk_group_steps() == 2 && with_fast_divs(q, grid))
       attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
     else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());

@@ -419,8 +419,8 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is sync_consumers' of the
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
 // segments). One call site of serve (one copy of its code).
-// kFastDivs (s23a, the 16-row kernel's A/B instance): the divisions by AttendParams' magics (cta
-// from CtaWork's FastDivs constructor).
+// kFastDivs (the 16-row kernel's default TMA instance, s23a): the divisions by AttendParams'
+// magics (cta from CtaWork's FastDivs constructor).
 template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, bool kFastDivs = false,
           class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,

@@ -30,7 +30,7 @@ MLA_HD Cta cta_range(const int32_t* starts, int batch, int ctas, int cta) {
 }
 
 // The same with T / CTAs by the multiply-shift ctas_magic = div_magic(ctas) where it is exact
-// (fast_div.hpp: x ctas < 2^32; s23a, the 16-row kernel's A/B instance).
+// (fast_div.hpp: x ctas < 2^32, else the division; the 16-row kernel's default instance, s23a).
 MLA_HD Cta cta_range_fast(const int32_t* starts, int batch, int ctas, int cta, uint64_t ctas_magic) {
   const int32_t total = starts[batch];
   const uint32_t x = uint32_t(total) + uint32_t(ctas) - 1;

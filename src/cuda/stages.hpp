@@ -146,8 +146,8 @@ struct AttendParams {
   // ceil(2^32 / heads), so that m / heads = (m * heads_magic) >> 32 for the query rows m (< 2^16,
   // fast_div.hpp): set by launch_attend_wgmma for the 16-row kernel, which divides by it.
   uint64_t heads_magic = 0;
-  // s23a A/B (the 16-row kernel's FastDivs instance, MLA_S23A=1; measurement only): multiply-shifts
-  // for blockIdx.x / m_tiles, work / splits and the flat plan's T / CTAs, set where they are exact.
+  // The 16-row kernel's FastDivs instance (s23a): multiply-shifts for blockIdx.x / m_tiles, work /
+  // splits and the flat plan's T / CTAs, set by launch_attend_wgmma where they are exact.
   uint64_t m_tiles_magic = 0, splits_magic = 0, flat_ctas_magic = 0;
 };
 inline constexpr int kMaxQueryHeads = 8190;  // G: G * 8 + 16 <= 2^16 (launch_attend_wgmma's heads_magic)

@@ -109,7 +109,7 @@ TEST(FlatPlan, NoCtaServesMoreThanItsShare) {
   }
 }
 
-// s23a's range (T / CTAs by a multiply-shift where exact, else the division) is cta_range's for
+// The 16-row kernel's range (cta_range_fast, s23a: T / CTAs by a multiply-shift where exact, else the division) is cta_range's for
 // every CTA, over small and huge tile totals (the fallback past x CTAs >= 2^32) and CTA counts.
 TEST(FlatPlan, FastRangeMatchesTheDivision) {
   std::mt19937 rng(5);
