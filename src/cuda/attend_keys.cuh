@@ -107,7 +107,8 @@ struct KeyStream {
     check_pages(p, n_local, reporter);
   }
   // The same given the CTA's last query (last_row / heads: CtaWork's with FastDivs).
-  __device__ KeyStream(const AttendParams& p, int b, int split, bool reporter, int chunk_align, int last_query, FastDivs) {
+  __device__ KeyStream(const AttendParams& p, int b, int split, bool reporter, int chunk_align, int last_query,
+                       FastDivs) {
     const int64_t n_local = init<true>(p, b, last_query, reporter);
     const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
     k_begin = min(n_local, int64_t(split) * chunk);
@@ -121,7 +122,8 @@ struct KeyStream {
     k_end = min(n_local, end);
     check_pages(p, n_local, reporter);
   }
-  __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, bool reporter, int last_query, FastDivs) {
+  __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, bool reporter, int last_query,
+                       FastDivs) {
     const int64_t n_local = init<true>(p, b, last_query, reporter);
     k_begin = min(n_local, begin);
     k_end = min(n_local, end);

@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), kRows ? RowCopies::kWarps : kFastDivs ? TmaTiles::slots_pow2(p) : TmaTiles::slots(p));
+        const int arrivals = kRows ? RowCopies::kWarps : kFastDivs ? TmaTiles::slots_pow2(p) : TmaTiles::slots(p);
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), arrivals);
         if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
@@ -531,8 +532,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     done += n_tiles;
   };  // serve
 
-  serve_segments<kCtaThreads, kN, false, 0, kFastDivs>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start,
-                                        &sm.next_segment, nullptr, serve);
+  serve_segments<kCtaThreads, kN, false, 0, kFastDivs>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid,
+                                                      sm.flat_start, &sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
@@ -633,8 +634,10 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
   MLA_REQUIRE(words <= capacity, "MLA_ATTEND_TIMELINE: the first launch of a shape must be outside a graph capture");
   AttendParams p = in;
   p.timeline = buffer;
-  MLA_REQUIRE(with_fast_divs(p, grid), "MLA_ATTEND_TIMELINE: a grid of ", grid.x, " CTAs is past the multiply-shifts' bound");
-  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+  MLA_REQUIRE(with_fast_divs(p, grid), "MLA_ATTEND_TIMELINE: a grid of ", grid.x,
+              " CTAs is past the multiply-shifts' bound");
+  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true>
+      <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capture != cudaStreamCaptureStatusNone) return;
   std::vector<uint64_t> host(words);
@@ -698,7 +701,8 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
   } else if (tma) {
     AttendParams q = p;
     if (qk_group_steps() == 2 && with_fast_divs(q, grid))
-      attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true><<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
+      attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>
+          <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
     else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {

@@ -109,8 +109,9 @@ TEST(FlatPlan, NoCtaServesMoreThanItsShare) {
   }
 }
 
-// The 16-row kernel's range (cta_range_fast, s23a: T / CTAs by a multiply-shift where exact, else the division) is cta_range's for
-// every CTA, over small and huge tile totals (the fallback past x CTAs >= 2^32) and CTA counts.
+// The 16-row kernel's range (cta_range_fast, s23a: T / CTAs by a multiply-shift where exact, else
+// the division) is cta_range's for every CTA, over small and huge tile totals (the fallback past
+// x CTAs >= 2^32) and CTA counts.
 TEST(FlatPlan, FastRangeMatchesTheDivision) {
   std::mt19937 rng(5);
   for (const int ctas : {1, 2, 3, 7, 132, 256, 264, 528, 1000, 4095}) {
