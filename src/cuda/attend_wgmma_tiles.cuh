@@ -446,16 +446,11 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
   }
   // The flat plan's segment of request i (which must hold a tile of [begin, end)).
   auto segment_keys = [&](int i, bool reporter) {
-    if constexpr (kFastDivs)
-      return KeyStream(p, i, int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys,
-                       int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys, reporter, cta.last_query,
-                       FastDivs{});
-    else
-      return KeyStream(p, i, int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys,
-                       int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys, cta.last_row(kRowsPerCta),
-                       reporter);
+    const int64_t begin = int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys;
+    const int64_t end = int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys;
+    if constexpr (kFastDivs) return KeyStream(p, i, begin, end, reporter, cta.last_query, FastDivs{});
+    else return KeyStream(p, i, begin, end, cta.last_row(kRowsPerCta), reporter);
   };
-
   auto next_request = [&](int i) { return flat::next_request(flat_start, batch, i, range); };
   bool prefetched = false;
   for (int cur = flat ? next_request(b) : cta.b; cur >= 0;) {

@@ -20,13 +20,16 @@ MLA_HD int32_t request_tiles(int32_t len, int qlen, int tile_keys) {
 struct Cta {
   int32_t per_cta, begin, end;
 };
-MLA_HD Cta cta_range(const int32_t* starts, int batch, int ctas, int cta) {
-  const int32_t total = starts[batch];
-  const int32_t ceil = (total + ctas - 1) / ctas;
+// (ceil = ceil(T / CTAs), however computed.)
+MLA_HD Cta cta_range_of(int32_t total, int32_t ceil, int cta) {
   const int32_t per = ceil > kMinFlatTiles ? ceil : kMinFlatTiles;
   const int64_t b = int64_t(cta) * per;
   const int32_t begin = b < total ? int32_t(b) : total;
   return {per, begin, begin + per < total ? begin + per : total};
+}
+MLA_HD Cta cta_range(const int32_t* starts, int batch, int ctas, int cta) {
+  const int32_t total = starts[batch];
+  return cta_range_of(total, (total + ctas - 1) / ctas, cta);
 }
 
 // The same with T / CTAs by the multiply-shift ctas_magic = div_magic(ctas) where it is exact
@@ -36,10 +39,7 @@ MLA_HD Cta cta_range_fast(const int32_t* starts, int batch, int ctas, int cta, u
   const uint32_t x = uint32_t(total) + uint32_t(ctas) - 1;
   const int32_t ceil = uint64_t(x) * uint32_t(ctas) < (uint64_t(1) << 32) ? fast_div(int(x), ctas_magic)
                                                                           : int32_t(x / uint32_t(ctas));
-  const int32_t per = ceil > kMinFlatTiles ? ceil : kMinFlatTiles;
-  const int64_t b = int64_t(cta) * per;
-  const int32_t begin = b < total ? int32_t(b) : total;
-  return {per, begin, begin + per < total ? begin + per : total};
+  return cta_range_of(total, ceil, cta);
 }
 
 // The request holding tile c.begin: the last b with starts[b] <= begin (empty ones skipped after).
