@@ -100,34 +100,20 @@ struct KeyStream {
   int elem_bytes;        // 1 (fp8 cache) or 2 (bf16)
 
   __device__ KeyStream(const AttendParams& p, int b, int split, int last_row, bool reporter, int chunk_align = 1) {
-    const int64_t n_local = init<false>(p, b, last_row, reporter);
-    const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
-    k_begin = min(n_local, int64_t(split) * chunk);
-    k_end = min(n_local, k_begin + chunk);
-    check_pages(p, n_local, reporter);
+    split_range<false>(p, b, split, last_row, reporter, chunk_align);
   }
   // The same given the CTA's last query (last_row / heads: CtaWork's with FastDivs).
   __device__ KeyStream(const AttendParams& p, int b, int split, bool reporter, int chunk_align, int last_query,
                        FastDivs) {
-    const int64_t n_local = init<true>(p, b, last_query, reporter);
-    const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
-    k_begin = min(n_local, int64_t(split) * chunk);
-    k_end = min(n_local, k_begin + chunk);
-    check_pages(p, n_local, reporter);
+    split_range<true>(p, b, split, last_query, reporter, chunk_align);
   }
   // Local keys [begin, end) of request b (the flat plan's segments; end is clipped to the length).
   __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, int last_row, bool reporter) {
-    const int64_t n_local = init<false>(p, b, last_row, reporter);
-    k_begin = min(n_local, begin);
-    k_end = min(n_local, end);
-    check_pages(p, n_local, reporter);
+    range<false>(p, b, begin, end, last_row, reporter);
   }
   __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, bool reporter, int last_query,
                        FastDivs) {
-    const int64_t n_local = init<true>(p, b, last_query, reporter);
-    k_begin = min(n_local, begin);
-    k_end = min(n_local, end);
-    check_pages(p, n_local, reporter);
+    range<true>(p, b, begin, end, last_query, reporter);
   }
 
  private:
@@ -145,6 +131,21 @@ struct KeyStream {
     plain_positions = p.dcp_size == 1;
     elem_bytes = p.cache_fp8 ? 1 : 2;
     return len_ok && seq_len > 0 ? dcp_local_length(seq_len, p.dcp_size, p.dcp_rank, p.dcp_interleave) : 0;
+  }
+  template <bool kQuery>
+  __device__ void split_range(const AttendParams& p, int b, int split, int last, bool reporter, int chunk_align) {
+    const int64_t n_local = init<kQuery>(p, b, last, reporter);
+    const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
+    k_begin = min(n_local, int64_t(split) * chunk);
+    k_end = min(n_local, k_begin + chunk);
+    check_pages(p, n_local, reporter);
+  }
+  template <bool kQuery>
+  __device__ void range(const AttendParams& p, int b, int64_t begin, int64_t end, int last, bool reporter) {
+    const int64_t n_local = init<kQuery>(p, b, last, reporter);
+    k_begin = min(n_local, begin);
+    k_end = min(n_local, end);
+    check_pages(p, n_local, reporter);
   }
   __device__ void check_pages(const AttendParams& p, int64_t n_local, bool reporter) const {
     if (reporter && (pages_avail < 0 || n_local > pages_avail * p.page_size)) atomicOr(p.error, kShortPageTable);
