@@ -53,27 +53,29 @@ struct CtaWork {
   int last_query;  // last_row(rows_per_cta) / heads (FastDivs only)
 
   __device__ CtaWork(const AttendParams& p, int rows_per_cta, int tid) {
-    rows_total = p.heads * p.qlen;
-    const int m_tiles = (rows_total + rows_per_cta - 1) / rows_per_cta;
-    m_tile = blockIdx.x % m_tiles;
+    const int m_tiles = tiles_of(p, rows_per_cta);
     const int work = blockIdx.x / m_tiles;
-    b = work / p.splits;
-    split = work % p.splits;
-    m_base = m_tile * rows_per_cta;
-    reporter = tid == 0 && split == 0 && m_tile == 0;
+    place(rows_per_cta, tid, blockIdx.x % m_tiles, work / p.splits, work % p.splits);
   }
   __device__ CtaWork(const AttendParams& p, int rows_per_cta, int tid, FastDivs) {
-    rows_total = p.heads * p.qlen;
-    const int m_tiles = (rows_total + rows_per_cta - 1) / rows_per_cta;
+    const int m_tiles = tiles_of(p, rows_per_cta);
     work = fast_div(int(blockIdx.x), p.m_tiles_magic);
-    m_tile = int(blockIdx.x) - work * m_tiles;
-    b = fast_div(work, p.splits_magic);
-    split = work - b * p.splits;
-    m_base = m_tile * rows_per_cta;
-    reporter = tid == 0 && split == 0 && m_tile == 0;
+    const int request = fast_div(work, p.splits_magic);
+    place(rows_per_cta, tid, int(blockIdx.x) - work * m_tiles, request, work - request * p.splits);
     last_query = fast_div(last_row(rows_per_cta), p.heads_magic);
   }
   __device__ int last_row(int rows_per_cta) const { return min(rows_total, m_base + rows_per_cta) - 1; }
+
+ private:
+  __device__ int tiles_of(const AttendParams& p, int rows_per_cta) {
+    rows_total = p.heads * p.qlen;
+    return (rows_total + rows_per_cta - 1) / rows_per_cta;
+  }
+  __device__ void place(int rows_per_cta, int tid, int m_tile_, int b_, int split_) {
+    m_tile = m_tile_, b = b_, split = split_;
+    m_base = m_tile * rows_per_cta;
+    reporter = tid == 0 && split == 0 && m_tile == 0;
+  }
 };
 
 // A key of a tile as page_of found it: local index, page id as loaded, global position.
