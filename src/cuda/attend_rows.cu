@@ -115,7 +115,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, bool kProducer, int kRowsN>
+template <bool kTma, bool kProducer, int kRowsN, int kGather = 2>
 __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -174,9 +174,14 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
         const int key = 16 * pwarp + lane % 16;
         auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
           const int n_tiles = keys.n_tiles(), n_pairs = (n_tiles + 1) / 2;
+          constexpr bool kAhead = kGather == 3;  // page ids a pair ahead
+          KeyRow k[kGroups];
+          if (kAhead) k[0] = keys.page_of(p, 0, key), k[1] = keys.page_of(p, 1, key);
           for (int j = 0; j < n_pairs; ++j) {
             const int at = done + j, stage = at & 1;
-            const KeyRow k[kGroups] = {keys.page_of(p, 2 * j, key), keys.page_of(p, 2 * j + 1, key)};
+            KeyRow next[kGroups];
+            if (kAhead) next[0] = keys.page_of(p, 2 * j + 2, key), next[1] = keys.page_of(p, 2 * j + 3, key);
+            else k[0] = keys.page_of(p, 2 * j, key), k[1] = keys.page_of(p, 2 * j + 1, key);
             if (at >= 2) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at - 2) >> 1) & 1);
 #pragma unroll
             for (int u = 0; u < kGroups; ++u) {
@@ -187,7 +192,22 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
               keys.publish(p, k[u], row, pos);
               const uint32_t real = __ballot_sync(0xffffffffu, row != nullptr) & 0xffffu;
               if (lane == 0) sm.key_mask[stage][u][pwarp] = uint64_t(real) << (16 * pwarp);
-              if (2 * j + u < n_tiles) {
+              if (kGather >= 2 && 2 * j + u < n_tiles) {
+                // Dense: copy k of lane l is chunk (l + 32 k) % 36 of key (l + 32 k) / 36 (of the
+                // warp's 16), a warp's instruction 32 consecutive chunks of one or two rows (as the
+                // consumers' copies); the rows from lanes 0-15 by shuffles.
+                const uint64_t r64 = reinterpret_cast<uint64_t>(row ? row : static_cast<const uint8_t*>(p.cache));
+                const uint32_t dst = ptx::smem_addr(&sm.kv[stage][u][0]);
+                int kk = 0, chunk = lane;
+#pragma unroll 2
+                for (int c = 0; c < kTileKeys / 4 * kChunks / 32; ++c) {
+                  const uint8_t* r = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, r64, kk));
+                  ptx::cp_async_16(dst + tile_offset<Tiles::kBoxes>(16 * pwarp + kk, chunk), r + 16 * chunk,
+                                   (real >> kk) & 1, p.l1_copies);
+                  chunk += 32;
+                  if (chunk >= kChunks) chunk -= kChunks, ++kk;
+                }
+              } else if (2 * j + u < n_tiles) {
                 // Slab s holds chunks 8 s .. 8 s + 7 of the row at (chunk ^ key) & 7 (tile_offset's
                 // swizzle); this lane's are 8 s + c0 + 2 i. (key made opaque here: offsets derived
                 // from it were hoisted out of the pair loop and spilled, 4 local loads a copy.)
@@ -208,6 +228,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
               __syncwarp();
               if (lane == 0) tma::arrive(ptx::smem_addr(&sm.full[stage][u]));
             }
+            if (kAhead) k[0] = next[0], k[1] = next[1];
           }
           done += n_pairs;
         };
@@ -632,24 +653,31 @@ template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, true, kRowsN>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, true, kRowsN>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<false, true, kRowsN, 1>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<false, true, kRowsN, 3>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, false, kRowsN>, kRowsN>();
 }
 // MLA_ROWS_GATHER=consumer (A/B, session 24): gathered tiles copied by the consumer warpgroups as
-// before session 24, not by the producer warpgroup.
-bool consumer_gathers() {
-  static const bool consumer = [] {
+// before session 24, not by the producer warpgroup; strided / ahead: the producer's other forms.
+int gather_mode() {
+  static const int mode = [] {
     const char* env = std::getenv("MLA_ROWS_GATHER");
-    return env && std::string(env) == "consumer";
+    const std::string v = env ? env : "";
+    return v == "consumer" ? 0 : v == "strided" ? 1 : v == "ahead" ? 3 : 2;
   }();
-  return consumer;
+  return mode;
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
   if (tma) attend_rows_kernel<true, true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else if (consumer_gathers())
+  else if (gather_mode() == 0)
     attend_rows_kernel<false, false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
+  else if (gather_mode() == 1)
+    attend_rows_kernel<false, true, kRowsN, 1><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  else if (gather_mode() == 3)
+    attend_rows_kernel<false, true, kRowsN, 3><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else attend_rows_kernel<false, true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
 }
 }  // namespace
