@@ -663,7 +663,7 @@ int gather_mode() {
   static const int mode = [] {
     const char* env = std::getenv("MLA_ROWS_GATHER");
     const std::string v = env ? env : "";
-    return v == "consumer" ? 0 : v == "strided" ? 1 : v == "ahead" ? 3 : 2;
+    return v == "dense" ? 2 : v == "strided" ? 1 : v == "ahead" ? 3 : 0;
   }();
   return mode;
 }
