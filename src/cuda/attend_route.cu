@@ -73,9 +73,10 @@ bool attend_wgmma_uses_tma(const AttendParams& p) {
   // page contiguous (the cache is one [rows, 576] matrix), and what any 16-byte copy needs
   // (rows_copyable: 16-byte aligned rows, partials chunked by whole tiles: only the step's own,
   // merged by post, or a single split).
-  // MLA_ROWS_SMALL_BOXES=1 (A/B, session 24): the fp8 many-rows kernel boxes pages of 1-4 rows too,
-  // issued by its producer warpgroup (session 10's one-row boxes were issued by the consumers).
-  static const bool small_boxes = env_choice("MLA_ROWS_SMALL_BOXES", {{"1", 1}}, 0) == 1;
+  // The fp8 many-rows kernel boxes pages of 1-4 rows too, issued by its producer warpgroup
+  // (session 24; session 10's one-row boxes were issued by the consumers); MLA_ROWS_SMALL_BOXES=0
+  // gathers them by the consumers' cp.async as before (A/B).
+  static const bool small_boxes = env_choice("MLA_ROWS_SMALL_BOXES", {{"0", 0}}, 1) == 1;
   const bool boxes_small = !p.cache_fp8 || (small_boxes && p.many_rows && p.q_fp8);
   const bool pow2_page = p.page_size >= (boxes_small ? 1 : 8) && (p.page_size & (p.page_size - 1)) == 0;
   return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride &&

@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <string>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -53,8 +52,8 @@ using namespace wgmma_attend;
 
 constexpr int kGroups = 2;                      // consumer warpgroups
 constexpr int kRowThreads = 128 * kGroups;      // the consumers
-template <bool kProducer>
-constexpr int kRowsCtaThreads = kProducer ? kRowThreads + 128 : kRowThreads;  // + the producer warpgroup
+template <bool kTma>
+constexpr int kRowsCtaThreads = kTma ? kRowThreads + 128 : kRowThreads;  // TMA: + the producer warpgroup
 // Named barriers kPtBarrier + w (w = 0, 1): warpgroup w's p.v of the previous pair is done (it has
 // read the other's rows of P^T); after sync_consumers' kConsumerBarrier.
 constexpr int kPtBarrier = kConsumerBarrier + 1;
@@ -115,14 +114,13 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, bool kProducer, int kRowsN, int kGather = 2>
-__global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
+template <bool kTma, int kRowsN, bool kSmallBoxes = false>
+__global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
-  static_assert(kProducer || !kTma, "TMA tiles are issued by the producer warpgroup");
-  constexpr bool kConsumerCopies = !kProducer;  // the consumers gather their tiles (session 15's order)
-  constexpr int kCtaThreads = kRowsCtaThreads<kProducer>;
-  constexpr bool kDrainLate = kProducer;  // p.v drained under the next pair's q.k
+  constexpr bool kProducer = kTma;
+  constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
+  constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
   constexpr bool kTileRelease = kProducer && kRowsN < 64;  // an `empty` mbarrier a tile (else a pair)
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
@@ -145,9 +143,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
     for (int s = 0; s < 2; ++s)
       for (int u = 0; u < kGroups; ++u) {
         // TMA: an arrival an issuing warp; cp.async: one a thread of the warpgroup (arrive.noinc)
-        // (the producer's copies: one a producer thread, noinc, and one a producer warp's lane 0
-        // after it wrote its slot of key_mask)
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), kTma ? TmaTiles::slots(p) : kProducer ? 128 + 4 : 128);
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), kTma ? TmaTiles::slots(p) : 128);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][u][k] = 0;  // slots past TmaTiles::slots(p) stay 0
       }
     if (kProducer)  // a consumer warp's arrival when it is done with a pair
@@ -162,82 +158,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
     if (tid >= kRowThreads) {  // the producer warpgroup: every pair of every segment, in order
       ptx::setmaxnreg_dec<24>();
       const int pwarp = warp_uniform((tid - kRowThreads) / 32);
-      if constexpr (!kTma) {
-        // Gathered tiles (pages TMA does not box): producer warp w copies keys 16 w .. 16 w + 15 of
-        // both tiles of a pair by cp.async into the swizzled slabs, lane l key 16 w + l % 16's
-        // chunks l / 16, l / 16 + 2, ... (a warp's instruction: 32 bytes of each of 16 rows); a
-        // masked key's row is zero-filled. Each thread's copies arrive on the tile's mbarrier when
-        // they land (noinc), and lane 0 once more after it wrote the warp's real keys (key_mask
-        // slot w), so the consumers' wait covers both. The page ids load before the stage's
-        // `empty` wait. (Until session 24 the consumer warpgroups gathered their own tiles at the
-        // pair barrier: D at page 1 ~1.6x page 64.)
-        const int key = 16 * pwarp + lane % 16;
-        auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
-          const int n_tiles = keys.n_tiles(), n_pairs = (n_tiles + 1) / 2;
-          constexpr bool kAhead = kGather == 3;  // page ids a pair ahead
-          KeyRow k[kGroups];
-          if (kAhead) k[0] = keys.page_of(p, 0, key), k[1] = keys.page_of(p, 1, key);
-          for (int j = 0; j < n_pairs; ++j) {
-            const int at = done + j, stage = at & 1;
-            KeyRow next[kGroups];
-            if (kAhead) next[0] = keys.page_of(p, 2 * j + 2, key), next[1] = keys.page_of(p, 2 * j + 3, key);
-            else k[0] = keys.page_of(p, 2 * j, key), k[1] = keys.page_of(p, 2 * j + 1, key);
-            if (at >= 2) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at - 2) >> 1) & 1);
-#pragma unroll
-            for (int u = 0; u < kGroups; ++u) {
-              if (kTileRelease && u == 1 && at >= 2)
-                tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
-              const uint8_t* row;
-              int32_t pos;
-              keys.publish(p, k[u], row, pos);
-              const uint32_t real = __ballot_sync(0xffffffffu, row != nullptr) & 0xffffu;
-              if (lane == 0) sm.key_mask[stage][u][pwarp] = uint64_t(real) << (16 * pwarp);
-              if (kGather >= 2 && 2 * j + u < n_tiles) {
-                // Dense: copy k of lane l is chunk (l + 32 k) % 36 of key (l + 32 k) / 36 (of the
-                // warp's 16), a warp's instruction 32 consecutive chunks of one or two rows (as the
-                // consumers' copies); the rows from lanes 0-15 by shuffles.
-                const uint64_t r64 = reinterpret_cast<uint64_t>(row ? row : static_cast<const uint8_t*>(p.cache));
-                const uint32_t dst = ptx::smem_addr(&sm.kv[stage][u][0]);
-                int kk = 0, chunk = lane;
-#pragma unroll 2
-                for (int c = 0; c < kTileKeys / 4 * kChunks / 32; ++c) {
-                  const uint8_t* r = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, r64, kk));
-                  ptx::cp_async_16(dst + tile_offset<Tiles::kBoxes>(16 * pwarp + kk, chunk), r + 16 * chunk,
-                                   (real >> kk) & 1, p.l1_copies);
-                  chunk += 32;
-                  if (chunk >= kChunks) chunk -= kChunks, ++kk;
-                }
-              } else if (2 * j + u < n_tiles) {
-                // Slab s holds chunks 8 s .. 8 s + 7 of the row at (chunk ^ key) & 7 (tile_offset's
-                // swizzle); this lane's are 8 s + c0 + 2 i. (key made opaque here: offsets derived
-                // from it were hoisted out of the pair loop and spilled, 4 local loads a copy.)
-                int k_o = key;
-                asm volatile("" : "+r"(k_o));
-                const int c0 = lane / 16;
-                const uint32_t dst = ptx::smem_addr(&sm.kv[stage][u][0]) + k_o * 128;
-                const uint8_t* src = (row ? row : static_cast<const uint8_t*>(p.cache)) + 16 * c0;
-#pragma unroll 1
-                for (int slab = 0; slab < kSlabs; ++slab)
-#pragma unroll
-                  for (int i = 0; i < 4; ++i)
-                    if (8 * slab + 2 * i < kChunks)  // the fifth slab: chunks 32-35 only
-                      ptx::cp_async_16(dst + slab * kSlabBytes + (((c0 + 2 * i) ^ (k_o & 7)) << 4),
-                                       src + 128 * slab + 32 * i, row != nullptr, p.l1_copies);
-              }
-              tma::cp_async_arrive_noinc(ptx::smem_addr(&sm.full[stage][u]));
-              __syncwarp();
-              if (lane == 0) tma::arrive(ptx::smem_addr(&sm.full[stage][u]));
-            }
-            if (kAhead) k[0] = next[0], k[1] = next[1];
-          }
-          done += n_pairs;
-        };
-        serve_segments<kCtaThreads, kRowsN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
-                                                   nullptr, nullptr, produce);
-        return;
-      }
       const TmaTiles tiles(p, &cache_map, lane, pwarp);  // warp w: slot w of both tiles of a pair
-      // (uniform operands only at 48 rows, as when the consumers issued them: TmaTiles::issue)
+      // (uniform operands at 48 rows, as when the consumers issued them, and for boxes of 1-4 rows
+      // at every height, kSmallBoxes: TmaTiles::issue)
       auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
         const int n_pairs = (keys.n_tiles() + 1) / 2;
         if (!tiles.issues()) return;
@@ -253,7 +176,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
           for (int u = 0; u < kGroups; ++u) {
             if (kTileRelease && u == 1 && at >= 2)  // (tile 0's boxes are out before tile 1 is free)
               tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
-            tiles.issue<kSlabs, kRowsN == 48>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
+            tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
                                               ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
           }
 #pragma unroll
@@ -294,7 +217,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
     // before it publishes the row (a whole pair hides the dependent load) and the tile's real keys
     // (key_mask[stage][u], slots 0 and 1), a pair before the copies read them.
     auto key_of = [&](int pair) {
-      return kConsumerCopies && pair < n_pairs && tid % 128 < kTileKeys ? keys.page_of(p, 2 * pair + wg, tid % 128) : KeyRow{};
+      return !kTma && pair < n_pairs && tid % 128 < kTileKeys ? keys.page_of(p, 2 * pair + wg, tid % 128) : KeyRow{};
     };
     auto publish_pair = [&](const KeyRow& k, int pair, int at) {
       if (tid % 128 >= kTileKeys) return;
@@ -312,7 +235,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
     QueryTile<kRowsN, kRowThreads> query;
     query.load(p, b, m_base, rows_total, tid_q);
     KeyRow ahead{};  // cp.async: the page id of pair j + 2's key, published at pair j's barrier
-    if constexpr (kConsumerCopies) {  // (nothing prefetched across segments)
+    if constexpr (!kTma) {  // (nothing prefetched across segments)
       publish_pair(key_of(0), 0, done);
       publish_pair(key_of(1), 1, done + 1);
       ahead = key_of(2);
@@ -321,7 +244,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
     if (tid < kRowsN) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);  // (published below)
     wgmma::fence_proxy_async();
     sync_rows();
-    if (kConsumerCopies && n_pairs > 0) copy_pair(0, done);  // the rows published above
+    if (!kTma && n_pairs > 0) copy_pair(0, done);  // the rows published above
 
     // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a tile past
     // it takes the per-row rule (rows past the request's see nothing), from shared memory.
@@ -441,7 +364,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kProducer>, 1)
 #pragma unroll
         for (int i = 0; i < kQkAcc; ++i) grows |= x[u][i] > grow_at[row_slot(i)];
       }
-      if constexpr (kConsumerCopies) {  // both warpgroups finished pair j - 1: its stage takes pair j + 1
+      if constexpr (!kTma) {  // both warpgroups finished pair j - 1: its stage takes pair j + 1
         sync_rows();
         if (j + 1 < n_pairs) {
           copy_pair(j + 1, at + 1);
@@ -651,34 +574,19 @@ void prepare_kernel() {
 }
 template <int kRowsN>
 void prepare_rows_height() {
-  prepare_kernel<attend_rows_kernel<true, true, kRowsN>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<false, true, kRowsN>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<false, true, kRowsN, 1>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<false, true, kRowsN, 3>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<false, false, kRowsN>, kRowsN>();
-}
-// MLA_ROWS_GATHER=consumer (A/B, session 24): gathered tiles copied by the consumer warpgroups as
-// before session 24, not by the producer warpgroup; strided / ahead: the producer's other forms.
-int gather_mode() {
-  static const int mode = [] {
-    const char* env = std::getenv("MLA_ROWS_GATHER");
-    const std::string v = env ? env : "";
-    return v == "dense" ? 2 : v == "strided" ? 1 : v == "ahead" ? 3 : 0;
-  }();
-  return mode;
+  prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
+  if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  if (tma) attend_rows_kernel<true, true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else if (gather_mode() == 0)
-    attend_rows_kernel<false, false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
-  else if (gather_mode() == 1)
-    attend_rows_kernel<false, true, kRowsN, 1><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else if (gather_mode() == 3)
-    attend_rows_kernel<false, true, kRowsN, 3><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else attend_rows_kernel<false, true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form).
+  if (kRowsN != 48 && tma && p.page_size < 8)
+    attend_rows_kernel<true, kRowsN, kRowsN != 48><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace
 

@@ -181,8 +181,9 @@ TEST(AttendRouting, Bf16ManyRowsOnlyForTheStepsBf16PartialsOnTmaPages) {
 }
 
 
-// The fp8 many-rows kernel's gathered tiles: pages TMA cannot box, 16-byte aligned rows, chunks
-// that may be rounded to whole tiles.
+// The fp8 many-rows kernel's gathered tiles: pages TMA cannot box (not a power of two; 1-4 rows
+// are boxed for it since session 24, one box a key row), 16-byte aligned rows, chunks that may be
+// rounded to whole tiles.
 TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
   if (std::getenv("MLA_ATTEND_TMA")) GTEST_SKIP() << "MLA_ATTEND_TMA is set: the default policy is not in force";
   std::vector<float> o(8);
@@ -194,6 +195,23 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
   p.cache_fp8 = false;  // a bf16 cache: one-row TMA boxes
   p.page_size = 1, p.page_stride = 576;
   EXPECT_FALSE(cuda::attend_rows_gathers(p));
+  p.cache_fp8 = true;
+  if (!std::getenv("MLA_ROWS_SMALL_BOXES")) {  // the fp8 many-rows kernel boxes pages of 1-4 rows (session 24)
+    cuda::AttendParams m = p;
+    m.many_rows = true;
+    for (int page : {1, 2, 4}) {
+      m.page_size = page, m.page_stride = int64_t(page) * 576;
+      EXPECT_TRUE(cuda::attend_wgmma_uses_tma(m)) << "page " << page;
+      EXPECT_FALSE(cuda::attend_rows_gathers(m)) << "page " << page;
+      m.q_fp8 = false;  // an fp8 cache under a bf16 query: not this kernel's (the mma.sync kernel)
+      EXPECT_FALSE(cuda::attend_wgmma_uses_tma(m)) << "page " << page << ", bf16 query";
+      m.q_fp8 = true;
+    }
+    for (int page : {3, 6, 12, 48}) {  // not a power of two: gathered
+      m.page_size = page, m.page_stride = int64_t(page) * 576;
+      EXPECT_TRUE(cuda::attend_rows_gathers(m)) << "page " << page;
+    }
+  }
   p.cache_fp8 = true;
   p.page_size = 64, p.page_stride = 64 * 576;  // TMA boxes
   EXPECT_FALSE(cuda::attend_rows_gathers(p));
