@@ -114,14 +114,14 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kSmallBoxes = false>
+template <bool kTma, int kRowsN, bool kSmallBoxes = false, bool kRelease64 = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
-  constexpr bool kTileRelease = kProducer && kRowsN < 64;  // an `empty` mbarrier a tile (else a pair)
+  constexpr bool kTileRelease = kProducer && (kRowsN < 64 || kRelease64);  // an `empty` mbarrier a tile (else a pair)
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
@@ -576,6 +576,7 @@ template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
   if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
+  if constexpr (kRowsN == 64) prepare_kernel<attend_rows_kernel<true, kRowsN, true, true>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
@@ -583,7 +584,13 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
   // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form).
-  if (kRowsN != 48 && tma && p.page_size < 8)
+  static const bool release64 = [] {
+    const char* env = std::getenv("MLA_ROWS_SMALL_RELEASE");
+    return env && *env == '1';
+  }();
+  if (kRowsN == 64 && release64 && tma && p.page_size < 8)
+    attend_rows_kernel<true, kRowsN, true, kRowsN == 64><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  else if (kRowsN != 48 && tma && p.page_size < 8)
     attend_rows_kernel<true, kRowsN, kRowsN != 48><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
