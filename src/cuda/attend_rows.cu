@@ -90,6 +90,7 @@ struct RowsSmem {
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment;
   uint64_t empty1[2];                                   // kTileRelease: a stage's tile 1 consumed
+  alignas(16) int32_t box_y[4][16];                     // small boxes: a producer warp's box rows (TmaTiles::issue)
 };
 template <int kRowsN>
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN>)) + 1024; }
@@ -114,14 +115,14 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kSmallBoxes = false, bool kRelease64 = false>
+template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
-  constexpr bool kTileRelease = kProducer && (kRowsN < 64 || kRelease64);  // an `empty` mbarrier a tile (else a pair)
+  constexpr bool kTileRelease = kProducer && kRowsN < 64;  // an `empty` mbarrier a tile (else a pair)
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
@@ -176,8 +177,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           for (int u = 0; u < kGroups; ++u) {
             if (kTileRelease && u == 1 && at >= 2)  // (tile 0's boxes are out before tile 1 is free)
               tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
-            tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
-                                              ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
+            tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes, false, kAhead>(
+                keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]), ptx::smem_addr(&sm.full[stage][u]),
+                &sm.key_mask[stage][u][pwarp], 0, sm.box_y[pwarp]);
           }
 #pragma unroll
           for (int u = 0; u < kGroups; ++u) page[u] = next[u];
@@ -576,7 +578,7 @@ template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
   if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
-  if constexpr (kRowsN == 64) prepare_kernel<attend_rows_kernel<true, kRowsN, true, true>, kRowsN>();
+  prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
@@ -584,12 +586,12 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
   // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form).
-  static const bool release64 = [] {
-    const char* env = std::getenv("MLA_ROWS_SMALL_RELEASE");
+  static const bool ahead = [] {
+    const char* env = std::getenv("MLA_ROWS_SMALL_AHEAD");
     return env && *env == '1';
   }();
-  if (kRowsN == 64 && release64 && tma && p.page_size < 8)
-    attend_rows_kernel<true, kRowsN, true, kRowsN == 64><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  if (ahead && tma && p.page_size < 8)
+    attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else if (kRowsN != 48 && tma && p.page_size < 8)
     attend_rows_kernel<true, kRowsN, kRowsN != 48><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);

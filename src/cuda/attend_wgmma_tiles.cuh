@@ -265,9 +265,11 @@ struct TmaTiles {
   // the many-rows kernel's producer warpgroup issuing (s19), uniform stayed 1-2% slower at 32 and
   // 64 rows (s19b) and each lane's own issue was within noise at 48 (s20e).
   // kPerSlot (s23a): the loop's bound and a box's slot from per_slot and slots_pow2 (FastDivs ctor).
-  template <int kSlabsN = kSlabs, bool kUniform = true, bool kPerSlot = false>
+  // kAhead = 4 (kUniform, the many-rows kernel's boxes of 1-4 rows): the boxes' rows through
+  // y_scratch (16 words of the warp's, 16-byte aligned), four at a time.
+  template <int kSlabsN = kSlabs, bool kUniform = true, bool kPerSlot = false, int kAhead = 1>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
-                        int first_slab = 0) const {
+                        int first_slab = 0, int32_t* y_scratch = nullptr) const {
     int64_t j0;
     const bool have = box_index(ks, tile, j0) >= 0;
     const bool ok = have && page >= 0 && page < p.num_pages;
@@ -293,16 +295,44 @@ struct TmaTiles {
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
       const uint32_t oks = __ballot_sync(~0u, ok);
       // lanes 0 .. boxes / slots - 1 hold the warp's boxes (box = lane slots + slot)
-#pragma unroll 1
-      for (int k = 0; k < (kPerSlot ? per_slot : boxes / slots(p)); ++k) {
-        const int yk = __shfl_sync(~0u, y, k);
-        if (((oks >> k) & 1) && ptx::elect_one()) {
-          const uint32_t at = dst + (k * (kPerSlot ? slots_pow2(p) : slots(p)) + slot) * box_rows * 128;
-#pragma unroll
-          for (int s = 0; s < kSlabsN; ++s)
-            tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar);
-        }
+      if constexpr (kAhead > 1) {
+        // Pages of 1-4 rows (16-64 boxes a tile, 4-16 a warp): the boxes' rows go through the
+        // warp's 16 words of shared memory (y_scratch) and come back kAhead at a time by one
+        // vector load, instead of a shuffle a box whose latency the uniform operand (R2UR) waits
+        // for on every box (~7% of the stall samples at D, page 1, session 24).
+        const int n = boxes / slots(p);
+        if (lane < n) y_scratch[lane] = y;
         __syncwarp();
+#pragma unroll 1
+        for (int k0 = 0; k0 < n; k0 += kAhead) {
+          static_assert(kAhead == 4, "one 16-byte load of rows");
+          const int4 y4 = *reinterpret_cast<const int4*>(y_scratch + k0);
+          const int yk[kAhead] = {y4.x, y4.y, y4.z, y4.w};
+#pragma unroll
+          for (int i = 0; i < kAhead; ++i) {
+            const int k = k0 + i;
+            if (k < n && ((oks >> k) & 1) && ptx::elect_one()) {
+              const uint32_t at = dst + (k * slots(p) + slot) * box_rows * 128;
+#pragma unroll
+              for (int s = 0; s < kSlabsN; ++s)
+                tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk[i], bar);
+            }
+            __syncwarp();
+          }
+        }
+        __syncwarp();  // (the next call's stores after every lane's loads)
+      } else {
+#pragma unroll 1
+        for (int k = 0; k < (kPerSlot ? per_slot : boxes / slots(p)); ++k) {
+          const int yk = __shfl_sync(~0u, y, k);
+          if (((oks >> k) & 1) && ptx::elect_one()) {
+            const uint32_t at = dst + (k * (kPerSlot ? slots_pow2(p) : slots(p)) + slot) * box_rows * 128;
+#pragma unroll
+            for (int s = 0; s < kSlabsN; ++s)
+              tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar);
+          }
+          __syncwarp();
+        }
       }
     }
   }
