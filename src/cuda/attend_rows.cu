@@ -578,19 +578,18 @@ template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
   if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
-  prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
+  if constexpr (kRowsN == 64) prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form).
-  static const bool ahead = [] {
-    const char* env = std::getenv("MLA_ROWS_SMALL_AHEAD");
-    return env && *env == '1';
-  }();
-  if (ahead && tma && p.page_size < 8)
+  // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form),
+  // at 64 rows and page 1 their rows four at a time through shared memory (kAhead: D at page 1
+  // 276-280 vs 297-298 us, u32768 569-571 vs 593-595; at pages 2 and 4 and the 32- and 48-row
+  // CTAs 4-7% slower, its producer spilling more; H200 call 6 of session 24).
+  if (kRowsN == 64 && tma && p.page_size == 1)
     attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else if (kRowsN != 48 && tma && p.page_size < 8)
     attend_rows_kernel<true, kRowsN, kRowsN != 48><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
