@@ -123,6 +123,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
   constexpr bool kTileRelease = kProducer && kRowsN < 64;  // an `empty` mbarrier a tile (else a pair)
+  // (A/B: 32-row CTAs with kAhead give the producer 56 registers, the consumers 208)
+  constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : 24;
+  constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : 240;
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
@@ -157,7 +160,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   if constexpr (kProducer) {
     __syncthreads();  // the mbarriers, for the producer
     if (tid >= kRowThreads) {  // the producer warpgroup: every pair of every segment, in order
-      ptx::setmaxnreg_dec<24>();
+      ptx::setmaxnreg_dec<kProducerRegs>();
       const int pwarp = warp_uniform((tid - kRowThreads) / 32);
       const TmaTiles tiles(p, &cache_map, lane, pwarp);  // warp w: slot w of both tiles of a pair
       // (uniform operands at 48 rows, as when the consumers issued them, and for boxes of 1-4 rows
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
                                                  nullptr, nullptr, produce);
       return;
     }
-    ptx::setmaxnreg_inc<240>();
+    ptx::setmaxnreg_inc<kConsumerRegs>();
   }
 
   // keys: the segment, in shared memory (read where needed: registers are short).
@@ -578,7 +581,7 @@ template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
   if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
-  if constexpr (kRowsN == 64) prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
+  if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
@@ -589,7 +592,11 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   // at 64 rows and page 1 their rows four at a time through shared memory (kAhead: D at page 1
   // 276-280 vs 297-298 us, u32768 569-571 vs 593-595; at pages 2 and 4 and the 32- and 48-row
   // CTAs 4-7% slower, its producer spilling more; H200 call 6 of session 24).
-  if (kRowsN == 64 && tma && p.page_size == 1)
+  static const bool ahead32 = [] {
+    const char* env = std::getenv("MLA_ROWS_AHEAD32");
+    return env && *env == '1';
+  }();
+  if ((kRowsN == 64 || (kRowsN == 32 && ahead32)) && tma && p.page_size == 1)
     attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else if (kRowsN != 48 && tma && p.page_size < 8)
     attend_rows_kernel<true, kRowsN, kRowsN != 48><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
