@@ -16,8 +16,9 @@
 //         O^T [256 x 64] += V^T . P^T  over both tiles in one stream of 8 k16 steps (HGMMA
 //         m64n64k16, V^T fragments from the fp8 tile by ldmatrix.trans and widening in registers)
 // so a tile is read from L2 once for 64 rows and widened twice (once a warpgroup, each its dims).
-// Tiles come by TMA (pages of a power of two rows), issued by a producer warpgroup beside the two
-// consumers (s19), or, for other pages, gathered a row at a time by cp.async into the same layout
+// Tiles come by TMA (pages of a power of two rows; pages of 1-4 rows as one box a key row since
+// session 24), issued by a producer warpgroup beside the two consumers (s19), or, for other pages
+// (not a power of two), gathered a row at a time by cp.async into the same layout
 // (v17): pair j + 1's rows go out after pair j's q.k, at the barrier that says both warpgroups
 // finished pair j - 1, warpgroup u's 128 threads copying tile u. The step's partials only, as the
 // 16-row kernel (its accuracy: attend_wgmma.cu); the flat plan and fixed splits alike. Shared
@@ -112,6 +113,12 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // (D) 1.7% slower, so 64-row CTAs release the pair at once (one run, GPU-0bdf7e1c).
 // The consumers meet at one barrier a pair (s19c: 1.3-2.5% faster than a second one for the lazy
 // rescale's vote): P^T is written before the vote and again only if some row grows (write_p).
+// kSmallBoxes (pages of 1-4 rows, session 24): a box holds 1-4 rows of one page (TmaTiles: 16-64
+// boxes of five slabs a tile), issued with warp-uniform operands at every height, a box after
+// another; kAhead = 4: their rows come four at a time from shared memory (box_y) rather than by a
+// shuffle each. Boxed, D at page 1 is 1.19x page 64 where the consumers' gathers took 1.59x;
+// pages 2 and 4 within 5% of page 64 (docs/attention.md, session 24). The producer warpgroup
+// gathering rows by cp.async instead was 6-27% slower than the consumers' own gathers.
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
@@ -123,7 +130,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
   constexpr bool kTileRelease = kProducer && kRowsN < 64;  // an `empty` mbarrier a tile (else a pair)
-  // (A/B: 32-row CTAs with kAhead give the producer 56 registers, the consumers 208)
+  // 32-row CTAs with kAhead give the producer 56 registers (its 4-row batches spilled at 24), the
+  // consumers 208 (they need ~190); else 24 + 2 x 240.
   constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : 24;
   constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : 240;
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
@@ -580,27 +588,32 @@ void prepare_kernel() {
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
-  if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
+  if constexpr (kRowsN != 48) {
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
+  }
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form),
-  // at 64 rows and page 1 their rows four at a time through shared memory (kAhead: D at page 1
-  // 276-280 vs 297-298 us, u32768 569-571 vs 593-595; at pages 2 and 4 and the 32- and 48-row
-  // CTAs 4-7% slower, its producer spilling more; H200 call 6 of session 24).
-  static const bool ahead32 = [] {
-    const char* env = std::getenv("MLA_ROWS_AHEAD32");
-    return env && *env == '1';
-  }();
-  if ((kRowsN == 64 || (kRowsN == 32 && ahead32)) && tma && p.page_size == 1)
-    attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else if (kRowsN != 48 && tma && p.page_size < 8)
-    attend_rows_kernel<true, kRowsN, kRowsN != 48><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form).
+  // At page 1 the 64- and 32-row CTAs take their rows four at a time through shared memory
+  // (kAhead; H200, session 24: D 276-280 vs 297-298 us, u32768 x 128 heads 569-571 vs 593-595,
+  // 32-row CTAs 3.5-4.4% faster; at pages 2 and 4 and in the 48-row CTAs 4-7% slower, where their
+  // producer spills at 24 registers).
+  if constexpr (kRowsN != 48) {
+    if (tma && p.page_size == 1) {
+      attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+      return;
+    }
+    if (tma && p.page_size < 8) {
+      attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+      return;
+    }
+  }
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace
