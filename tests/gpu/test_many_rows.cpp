@@ -2,9 +2,10 @@
 // planner picks 64-row CTAs by its own rule (17+ query rows a request, a batch that fills a quarter
 // wave), so these cases reach them without MLA_ATTEND_ROWS_MIN: the bf16 kernel
 // (src/cuda/attend_rows_bf16.cu, a bf16 query and cache, TMA pages, boxes of 1-2 rows included),
-// the fp8 kernel (src/cuda/attend_rows.cu) on pages of 1-4 rows (gathered tiles: fixed splits for
-// even batches, the flat plan for uneven ones) and on pages TMA cannot box (3, 6, 12, 48 rows:
-// gathered tiles). Head counts that leave
+// the fp8 kernel (src/cuda/attend_rows.cu) on pages of 1-4 rows (one TMA box a key row since
+// session 24, the 32- and 64-row CTAs' page-1 form included; MLA_ROWS_SMALL_BOXES=0: gathered
+// tiles; fixed splits for even batches, the flat plan for uneven ones) and on pages TMA cannot box
+// (3, 6, 12, 48 rows: gathered tiles). Head counts that leave
 // the second row tile part-empty, qlen 1-8, even batches (fixed splits) and uneven ones with empty
 // and short requests (the flat plan where TMA allows), NaN in unused pages and page tails, poisoned
 // outputs. (scripts/device-check also runs every random case with MLA_ATTEND_ROWS_MIN=1.) Without
@@ -105,8 +106,10 @@ TEST(ManyRows, Fp8StepMatchesCpu) {
                   DType::fp8_e4m3, 970);
 }
 
-// Pages of 1-4 rows: the fp8 kernel gathers them (TMA boxes of 1-4 rows only for a bf16 cache);
-// uneven batches take the flat plan on those tiles, even ones fixed splits.
+// Pages of 1-4 rows: the fp8 kernel boxes them a key row (or page) a box (gathered by cp.async
+// under MLA_ROWS_SMALL_BOXES=0); uneven batches take the flat plan on those tiles, even ones fixed
+// splits. 100 rows: 64- and 36-row CTAs of 64 rows (page 1: kAhead), 64 rows: one 64-row CTA,
+// 72 rows: 48-row CTAs.
 TEST(ManyRows, SmallPagesStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
   steps_match_cpu({{"deepseek-v3", 100, 1, 36, 1, 700, false},
