@@ -108,8 +108,9 @@ TEST(ManyRows, Fp8StepMatchesCpu) {
 
 // Pages of 1-4 rows: the fp8 kernel boxes them a key row (or page) a box (gathered by cp.async
 // under MLA_ROWS_SMALL_BOXES=0); uneven batches take the flat plan on those tiles, even ones fixed
-// splits. 100 rows: 64- and 36-row CTAs of 64 rows (page 1: kAhead), 64 rows: one 64-row CTA,
-// 72 rows: 48-row CTAs.
+// splits. 100 rows: two 64-row CTAs (the second 36 of 64; at page 1 the kAhead form), 64 rows: one
+// 64-row CTA, 72 rows: two 48-row CTAs. (The 32-row CTAs' page-1 form: the forced variant,
+// MLA_ATTEND_ROWS_MIN=1, where 12- and 16-head cases take 32-row CTAs.)
 TEST(ManyRows, SmallPagesStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
   steps_match_cpu({{"deepseek-v3", 100, 1, 36, 1, 700, false},
