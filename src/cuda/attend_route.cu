@@ -78,7 +78,7 @@ bool attend_wgmma_uses_tma(const AttendParams& p) {
   // gathers them by the consumers' cp.async as before (A/B).
   static const bool small_boxes = env_choice("MLA_ROWS_SMALL_BOXES", {{"0", 0}}, 1) == 1;
   const bool boxes_small = !p.cache_fp8 || (small_boxes && p.many_rows && p.q_fp8);
-  const bool pow2_page = p.page_size >= (boxes_small ? 1 : 8) && (p.page_size & (p.page_size - 1)) == 0;
+  const bool pow2_page = p.page_size >= (boxes_small ? 1 : kFp8SmallPage) && (p.page_size & (p.page_size - 1)) == 0;
   return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride &&
          p.num_pages * p.page_size <= INT32_MAX && rows_copyable(p);
 }

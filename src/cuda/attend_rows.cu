@@ -608,7 +608,7 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
       attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
       return;
     }
-    if (tma && p.page_size < 8) {
+    if (tma && p.page_size < kFp8SmallPage) {
       attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
       return;
     }

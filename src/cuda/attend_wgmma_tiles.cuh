@@ -303,9 +303,9 @@ struct TmaTiles {
         const int n = boxes / slots(p);
         if (lane < n) y_scratch[lane] = y;
         __syncwarp();
+        static_assert(kAhead == 4 && !kPerSlot, "one 16-byte load of rows; boxes slots(p) apart");
 #pragma unroll 1
         for (int k0 = 0; k0 < n; k0 += kAhead) {
-          static_assert(kAhead == 4, "one 16-byte load of rows");
           const int4 y4 = *reinterpret_cast<const int4*>(y_scratch + k0);
           const int yk[kAhead] = {y4.x, y4.y, y4.z, y4.w};
 #pragma unroll

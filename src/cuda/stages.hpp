@@ -189,6 +189,10 @@ inline constexpr int kAttendRowsSmallBatch = 2;
 int attend_rows_min();
 bool attend_rows_wanted(int batch, int rows, int sms);
 int attend_rows_cta_rows(int rows);
+// An fp8 cache's pages of fewer rows than this are boxed by TMA for the many-rows kernel only (one
+// box a key row at page 1, its producer issuing; session 24), not for the 16-row kernel (bulk row
+// copies there: five boxes a row cost more than its copy, v20).
+inline constexpr int kFp8SmallPage = 8;
 // Where the fp8 many-rows kernel cannot take TMA tiles (pages not a power of two rows), it
 // gathers its tiles a row at a time by cp.async: rows 16-byte aligned, and the chunks rounded to
 // whole tiles as with TMA (the step's partials, or one split); else the 16-row kernel takes them.

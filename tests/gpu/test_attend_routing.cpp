@@ -212,7 +212,6 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
       EXPECT_TRUE(cuda::attend_rows_gathers(m)) << "page " << page;
     }
   }
-  p.cache_fp8 = true;
   p.page_size = 64, p.page_stride = 64 * 576;  // TMA boxes
   EXPECT_FALSE(cuda::attend_rows_gathers(p));
   cuda::AttendParams q = p;
