@@ -122,7 +122,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1>
+template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -134,6 +134,12 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // consumers 208 (they need ~190); else 24 + 2 x 240.
   constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : 24;
   constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : 240;
+  // kMulticast: the CTA is one of a 2-CTA cluster, the two row tiles of the same keys (adjacent in
+  // the grid, the same segments); each CTA's producer issues one tile of every pair into both
+  // (cluster rank r: tile r), so each SM's producer issues half the boxes, and a stage is free
+  // once the consumer warps of both CTAs have arrived on its `empty` mbarrier (in each CTA).
+  static_assert(!kMulticast || kTma, "clusters share TMA tiles");
+  constexpr int kEmptyArrivals = kRowThreads / 32 * (kMulticast ? 2 : 1);
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
@@ -159,14 +165,26 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         for (int k = 0; k < 4; ++k) sm.key_mask[s][u][k] = 0;  // slots past TmaTiles::slots(p) stay 0
       }
     if (kProducer)  // a consumer warp's arrival when it is done with a pair
-      for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kRowThreads / 32);
+      for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kEmptyArrivals);
     if (kTileRelease)
-      for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty1[s]), kRowThreads / 32);
+      for (int s = 0; s < 2; ++s) tma::mbarrier_init(ptx::smem_addr(&sm.empty1[s]), kEmptyArrivals);
     tma::fence_barrier_init();  // published by the first segment's CTA barrier (the producer: below)
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
+  const uint32_t cta_rank = kMulticast ? tma::cluster_rank() : 0;
+  // A consumer warp is done with a stage (or, kTileRelease, its tile 0): lane 0 arrives on the
+  // mbarrier, and with kMulticast on the other CTA's too.
+  auto release = [&](uint64_t* bar) {
+    __syncwarp();
+    if (lane == 0) {
+      tma::arrive(ptx::smem_addr(bar));
+      if constexpr (kMulticast) tma::arrive_cluster(ptx::smem_addr(bar), cta_rank ^ 1);
+    }
+  };
   if constexpr (kProducer) {
-    __syncthreads();  // the mbarriers, for the producer
+    // the mbarriers, for the producer (kMulticast: both CTAs', before any remote arrival or copy)
+    if constexpr (kMulticast) tma::cluster_sync();
+    else __syncthreads();
     if (tid >= kRowThreads) {  // the producer warpgroup: every pair of every segment, in order
       ptx::setmaxnreg_dec<kProducerRegs>();
       const int pwarp = warp_uniform((tid - kRowThreads) / 32);
@@ -188,9 +206,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           for (int u = 0; u < kGroups; ++u) {
             if (kTileRelease && u == 1 && at >= 2)  // (tile 0's boxes are out before tile 1 is free)
               tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
-            tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes, false, kAhead>(
+            tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes, false, kAhead, kMulticast>(
                 keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]), ptx::smem_addr(&sm.full[stage][u]),
-                &sm.key_mask[stage][u][pwarp], 0, sm.box_y[pwarp]);
+                &sm.key_mask[stage][u][pwarp], 0, sm.box_y[pwarp], !kMulticast || u == int(cta_rank));
           }
 #pragma unroll
           for (int u = 0; u < kGroups; ++u) page[u] = next[u];
@@ -199,6 +217,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       };
       serve_segments<kCtaThreads, kRowsN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
                                                  nullptr, nullptr, produce);
+      if constexpr (kMulticast) tma::cluster_sync();  // (the consumers' last arrivals on the other CTA)
       return;
     }
     ptx::setmaxnreg_inc<kConsumerRegs>();
@@ -479,10 +498,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
                                       vraw[jj]);
             }
             if constexpr (kTileRelease)
-              if (t == kPvSteps - 1) {  // tile 0's last V fragments are in registers
-                __syncwarp();
-                if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[stage]));
-              }
+              if (t == kPvSteps - 1) release(&sm.empty[stage]);  // tile 0's last V fragments are in registers
             wgmma::fence();
             const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
 #pragma unroll
@@ -491,10 +507,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             if (t > 0) wgmma::wait<1>();
           }
         }
-        if constexpr (kProducer) {  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
-          __syncwarp();
-          if (lane == 0) tma::arrive(ptx::smem_addr(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]));
-        }
+        if constexpr (kProducer)  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
+          release(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]);
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
       }
     }
@@ -547,6 +561,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 
   serve_segments<kCtaThreads, kRowsN, true, kProducer ? kRowThreads : 0>(
       p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr, &sm.segment, serve);
+  if constexpr (kMulticast) tma::cluster_sync();  // the other CTA's last arrivals on this one's mbarriers
 }
 
 int rows_min_env() {
@@ -585,14 +600,71 @@ template <auto kKernel, int kRowsN>
 void prepare_kernel() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
+// MLA_ROWS_MULTICAST=0: no 2-CTA clusters (comparisons; on by default where they apply).
+bool rows_multicast_env() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ROWS_MULTICAST");
+    return !env || std::atoi(env) != 0;
+  }();
+  return on;
+}
+template <int kRowsN, bool kMulticast>
+void prepare_rows_tma() {
+  prepare_kernel<attend_rows_kernel<true, kRowsN, false, 1, kMulticast>, kRowsN>();
+  if constexpr (kRowsN != 48) {
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 1, kMulticast>, kRowsN>();
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4, kMulticast>, kRowsN>();
+  }
+}
 template <int kRowsN>
 void prepare_rows_height() {
-  prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  if constexpr (kRowsN != 48) {
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
-  }
+  prepare_rows_tma<kRowsN, false>();
+  if constexpr (kRowsN != 32) prepare_rows_tma<kRowsN, true>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
+}
+// Clusters of 2 CTAs of kRowsN rows that fit at once on the device (one CTA an SM).
+template <int kRowsN>
+int max_pairs() {
+  static const int pairs = [] {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(2);
+    cfg.blockDim = dim3(kRowsCtaThreads<true>);
+    cfg.dynamicSmemBytes = rows_smem_bytes<kRowsN>();
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, attend_rows_kernel<true, kRowsN, false, 1, true>, &cfg));
+    return n;
+  }();
+  return pairs;
+}
+template <int kRowsN, bool kSmallBoxes, int kAhead>
+void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
+  constexpr auto kPlain = attend_rows_kernel<true, kRowsN, kSmallBoxes, kAhead>;
+  if constexpr (kRowsN != 32) {
+    // The two row tiles of the same keys as a 2-CTA cluster (an even number of row tiles) where all
+    // the pairs fit at once (one CTA an SM): each CTA's producer issues half of both CTAs' boxes.
+    constexpr auto kPair = attend_rows_kernel<true, kRowsN, kSmallBoxes, kAhead, true>;
+    const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN;
+    if (rows_multicast_env() && m_tiles % 2 == 0 && int(grid.x / 2) <= max_pairs<kRowsN>()) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = grid;
+      cfg.blockDim = dim3(kRowsCtaThreads<true>);
+      cfg.dynamicSmemBytes = size_t(smem);
+      cfg.stream = stream;
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kPair, p, map));
+      return;
+    }
+  }
+  kPlain<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
@@ -603,18 +675,15 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   // (kAhead; H200, session 24: D 276-280 vs 297-298 us, u32768 x 128 heads 569-571 vs 593-595,
   // 32-row CTAs 3.5-4.4% faster; at pages 2 and 4 and in the 48-row CTAs 4-7% slower, where their
   // producer spills at 24 registers).
-  if constexpr (kRowsN != 48) {
-    if (tma && p.page_size == 1) {
-      attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-      return;
-    }
-    if (tma && p.page_size < kFp8SmallPage) {
-      attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-      return;
-    }
+  if (!tma) {
+    attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
+    return;
   }
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
+  if constexpr (kRowsN != 48) {
+    if (p.page_size == 1) return launch_rows_tma<kRowsN, true, 4>(p, map, grid, smem, stream);
+    if (p.page_size < kFp8SmallPage) return launch_rows_tma<kRowsN, true, 1>(p, map, grid, smem, stream);
+  }
+  launch_rows_tma<kRowsN, false, 1>(p, map, grid, smem, stream);
 }
 }  // namespace
 
@@ -622,6 +691,12 @@ void prepare_attend_rows_kernel() {
   prepare_rows_height<64>();
   prepare_rows_height<48>();
   prepare_rows_height<32>();
+}
+
+int attend_rows_max_pairs(int rows_per_cta) {
+  if (rows_per_cta == 64) return max_pairs<64>();
+  if (rows_per_cta == 48) return max_pairs<48>();
+  return 0;  // 32-row CTAs hold a request's rows alone: no clusters
 }
 
 int attend_rows_cta_rows(int rows) {

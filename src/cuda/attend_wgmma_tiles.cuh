@@ -267,9 +267,12 @@ struct TmaTiles {
   // kPerSlot (s23a): the loop's bound and a box's slot from per_slot and slots_pow2 (FastDivs ctor).
   // kAhead = 4 (kUniform, the many-rows kernel's boxes of 1-4 rows): the boxes' rows through
   // y_scratch (16 words of the warp's, 16-byte aligned), four at a time.
-  template <int kSlabsN = kSlabs, bool kUniform = true, bool kPerSlot = false, int kAhead = 1>
+  // kMulticast (the many-rows kernel's 2-CTA clusters): every CTA of the pair arms its own mbarrier
+  // with the tile's bytes and masks as here, but only the one with `send` issues the boxes, into
+  // both CTAs' shared memory at the same offsets (each CTA's mbarrier gets its bytes).
+  template <int kSlabsN = kSlabs, bool kUniform = true, bool kPerSlot = false, int kAhead = 1, bool kMulticast = false>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
-                        int first_slab = 0, int32_t* y_scratch = nullptr) const {
+                        int first_slab = 0, int32_t* y_scratch = nullptr, bool send = true) const {
     int64_t j0;
     const bool have = box_index(ks, tile, j0) >= 0;
     const bool ok = have && page >= 0 && page < p.num_pages;
@@ -283,13 +286,18 @@ struct TmaTiles {
       tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabsN);
     }
     __syncwarp();
+    if (kMulticast && !send) return;
+    auto load = [&](uint32_t at, int x, int y) {
+      if constexpr (kMulticast) tma::load_2d_multicast(at, map, x, y, bar, 0b11);
+      else tma::load_2d(at, map, x, y, bar);
+    };
     if constexpr (!kUniform) {
       if (ok) {
         const uint32_t at = dst + box * box_rows * 128;
         const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
 #pragma unroll
         for (int s = 0; s < kSlabsN; ++s)
-          tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), y, bar);
+          load(at + (first_slab + s) * kSlabBytes, 128 * (first_slab + s), y);
       }
     } else {
       const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
@@ -315,7 +323,7 @@ struct TmaTiles {
               const uint32_t at = dst + (k * slots(p) + slot) * box_rows * 128;
 #pragma unroll
               for (int s = 0; s < kSlabsN; ++s)
-                tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk[i], bar);
+                load(at + (first_slab + s) * kSlabBytes, 128 * (first_slab + s), yk[i]);
             }
             __syncwarp();
           }
@@ -329,7 +337,7 @@ struct TmaTiles {
             const uint32_t at = dst + (k * (kPerSlot ? slots_pow2(p) : slots(p)) + slot) * box_rows * 128;
 #pragma unroll
             for (int s = 0; s < kSlabsN; ++s)
-              tma::load_2d(at + (first_slab + s) * kSlabBytes, map, 128 * (first_slab + s), yk, bar);
+              load(at + (first_slab + s) * kSlabBytes, 128 * (first_slab + s), yk);
           }
           __syncwarp();
         }

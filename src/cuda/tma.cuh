@@ -58,6 +58,37 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
       : "memory");
 }
 
+// The same box into shared address dst of every CTA of the cluster in cta_mask (the same offset in
+// each), completing on the mbarrier at bar's offset in each (the many-rows kernel's 2-CTA clusters,
+// whose row tiles read the same keys: one CTA issues a tile for both).
+__device__ __forceinline__ void load_2d_multicast(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar,
+                                                  uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+      "%3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+// One plain arrival on the mbarrier at bar's offset in CTA `rank` of the cluster (release at cluster
+// scope: this thread's reads of the stage before it).
+__device__ __forceinline__ void arrive_cluster(uint32_t bar, uint32_t rank) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+// Every thread of every CTA of the cluster (mbarrier inits before remote use; no CTA exits while
+// another may still arrive on its mbarriers or copy into its shared memory).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
 // `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar:
 // the bulk copy without a tensor map (the attend kernel's key rows, Tiles::kRows).
 __device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -116,8 +117,24 @@ TEST(ManyRows, SmallPagesStepMatchesCpu) {
   steps_match_cpu({{"deepseek-v3", 100, 1, 36, 1, 700, false},
                    {"kimi-k3", 16, 4, 40, 1, 500, true},
                    {"kimi-k2", 24, 3, 40, 2, 600, false},
-                   {"deepseek-v3", 64, 1, 40, 4, 400, true}},
+                   {"deepseek-v3", 64, 1, 40, 4, 400, true},
+                   {"deepseek-v3", 128, 1, 24, 4, 600, true},   // two 64-row CTAs (a cluster), the flat plan
+                   {"deepseek-v3", 100, 1, 30, 1, 600, true}},  // the same at page 1 (kAhead)
                   DType::fp8_e4m3, 960);
+}
+
+// The 2-CTA clusters (TMA multicast) of 64- and 48-row CTAs apply where every pair of a launch fits
+// at once; the planner gives the many-rows kernel one CTA an SM, so half the SMs in pairs must fit.
+TEST(ManyRows, ClusterPairsFitOneWave) {
+  MLA_SKIP_WITHOUT_GPU("the many-rows kernel's clusters");
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (int rows : {64, 48}) {
+    const int pairs = cuda::attend_rows_max_pairs(rows);
+    std::printf("%d-row CTAs: %d clusters of 2 at once on %d SMs\n", rows, pairs, sms);
+    EXPECT_GE(pairs, sms / 2) << rows << "-row CTAs";
+  }
+  EXPECT_EQ(cuda::attend_rows_max_pairs(32), 0);
 }
 
 // Pages TMA cannot box (not a power of two): the fp8 many-rows kernel gathers its tiles a row at a
