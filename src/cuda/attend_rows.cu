@@ -134,10 +134,11 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // consumers 208 (they need ~190); else 24 + 2 x 240.
   constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : 24;
   constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : 240;
-  // kMulticast: the CTA is one of a 2-CTA cluster, the two row tiles of the same keys (adjacent in
-  // the grid, the same segments); each CTA's producer issues one tile of every pair into both
-  // (cluster rank r: tile r), so each SM's producer issues half the boxes, and a stage is free
-  // once the consumer warps of both CTAs have arrived on its `empty` mbarrier (in each CTA).
+  // kMulticast (48-row CTAs at page 1: rows_cluster): the CTA is one of a 2-CTA cluster, the two
+  // row tiles of the same keys (adjacent in the grid, the same segments); each CTA's producer issues
+  // one tile of every pair into both (cluster rank r: tile r), so each SM's producer issues half the
+  // boxes, and a stage is free once the consumer warps of both CTAs have arrived on its `empty`
+  // mbarrier (in each CTA).
   static_assert(!kMulticast || kTma, "clusters share TMA tiles");
   constexpr int kEmptyArrivals = kRowThreads / 32 * (kMulticast ? 2 : 1);
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
@@ -600,71 +601,84 @@ template <auto kKernel, int kRowsN>
 void prepare_kernel() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
-// MLA_ROWS_MULTICAST=0: no 2-CTA clusters (comparisons; on by default where they apply).
-bool rows_multicast_env() {
-  static const bool on = [] {
+// MLA_ROWS_MULTICAST=0: no 2-CTA clusters; 2: at every 64- and 48-row height and page (A/B).
+int rows_multicast_env() {
+  static const int mode = [] {
     const char* env = std::getenv("MLA_ROWS_MULTICAST");
-    return !env || std::atoi(env) != 0;
+    return env ? std::atoi(env) : 1;
   }();
-  return on;
-}
-template <int kRowsN, bool kMulticast>
-void prepare_rows_tma() {
-  prepare_kernel<attend_rows_kernel<true, kRowsN, false, 1, kMulticast>, kRowsN>();
-  if constexpr (kRowsN != 48) {
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 1, kMulticast>, kRowsN>();
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4, kMulticast>, kRowsN>();
-  }
+  return mode;
 }
 template <int kRowsN>
 void prepare_rows_height() {
-  prepare_rows_tma<kRowsN, false>();
-  if constexpr (kRowsN != 32) prepare_rows_tma<kRowsN, true>();
+  prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
+  if constexpr (kRowsN != 48) {
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
+    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
+  }
+  if constexpr (kRowsN != 32) {
+    prepare_kernel<attend_rows_kernel<true, kRowsN, false, 1, true>, kRowsN>();
+    if constexpr (kRowsN == 64) {
+      prepare_kernel<attend_rows_kernel<true, kRowsN, true, 1, true>, kRowsN>();
+      prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4, true>, kRowsN>();
+    }
+  }
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
-// Clusters of 2 CTAs of kRowsN rows that fit at once on the device (one CTA an SM).
-template <int kRowsN>
+// Clusters of 2 CTAs of 48 rows that fit at once on the device (one CTA an SM).
 int max_pairs() {
   static const int pairs = [] {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(2);
     cfg.blockDim = dim3(kRowsCtaThreads<true>);
-    cfg.dynamicSmemBytes = rows_smem_bytes<kRowsN>();
+    cfg.dynamicSmemBytes = rows_smem_bytes<48>();
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int n = 0;
-    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, attend_rows_kernel<true, kRowsN, false, 1, true>, &cfg));
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, attend_rows_kernel<true, 48, false, 1, true>, &cfg));
     return n;
   }();
   return pairs;
 }
+// 48-row CTAs at page 1 (one box a key row, issued a box at a time: their producer has no registers
+// for kAhead's batches): the two row tiles of the same keys as a 2-CTA cluster where the request has
+// an even number of them and all the launch's pairs fit at once, each CTA's producer issuing one tile
+// of every pair into both (TMA multicast). H200, session 25 (GPU-932a9190, each twice): 96 heads
+// 267.3-267.5 vs 289.7-289.8 us, G (32 x 12 heads x qlen 8) 146.2-146.7 vs 153.9-154.0. Not at
+// other pages or heights, where the CTAs' lock step (a stage is refilled when both are done with
+// it) costs more than the halved issue brings: page 64 D 283.5-286.7 vs 231.3-232.0 us, 96 heads
+// 241.4-242.3 vs 204.0-204.4, G 130.2-130.7 vs 110.4-110.6; 64-row CTAs at page 1 (kAhead) D
+// 280.9-282.0 vs 275.7-276.0, page 4 272.4-273.4 vs 234.8-235.1, u32768 x 128 heads 589.2-589.9
+// vs 569.6-573.0.
+template <int kRowsN>
+bool rows_cluster(const AttendParams& p, dim3 grid) {
+  const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN, mode = rows_multicast_env();
+  const bool where = mode == 2 ? kRowsN != 32 : mode == 1 && kRowsN == 48 && p.page_size == 1;
+  return where && m_tiles % 2 == 0 && int(grid.x / 2) <= max_pairs();
+}
+template <auto kKernel>
+void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kRowsCtaThreads<true>);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernel, p, map));
+}
 template <int kRowsN, bool kSmallBoxes, int kAhead>
 void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
-  constexpr auto kPlain = attend_rows_kernel<true, kRowsN, kSmallBoxes, kAhead>;
-  if constexpr (kRowsN != 32) {
-    // The two row tiles of the same keys as a 2-CTA cluster (an even number of row tiles) where all
-    // the pairs fit at once (one CTA an SM): each CTA's producer issues half of both CTAs' boxes.
-    constexpr auto kPair = attend_rows_kernel<true, kRowsN, kSmallBoxes, kAhead, true>;
-    const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN;
-    if (rows_multicast_env() && m_tiles % 2 == 0 && int(grid.x / 2) <= max_pairs<kRowsN>()) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = grid;
-      cfg.blockDim = dim3(kRowsCtaThreads<true>);
-      cfg.dynamicSmemBytes = size_t(smem);
-      cfg.stream = stream;
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kPair, p, map));
-      return;
-    }
-  }
-  kPlain<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  if constexpr (kRowsN != 32)
+    if (rows_cluster<kRowsN>(p, grid))
+      return launch_rows_cluster<attend_rows_kernel<true, kRowsN, kSmallBoxes, kAhead, true>>(p, map, grid, smem, stream);
+  attend_rows_kernel<true, kRowsN, kSmallBoxes, kAhead><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
@@ -693,11 +707,7 @@ void prepare_attend_rows_kernel() {
   prepare_rows_height<32>();
 }
 
-int attend_rows_max_pairs(int rows_per_cta) {
-  if (rows_per_cta == 64) return max_pairs<64>();
-  if (rows_per_cta == 48) return max_pairs<48>();
-  return 0;  // 32-row CTAs hold a request's rows alone: no clusters
-}
+int attend_rows_max_pairs() { return max_pairs(); }
 
 int attend_rows_cta_rows(int rows) {
   // The shortest CTAs of 32, 48 or 64 rows that need no more CTAs a request than 64-row ones (the

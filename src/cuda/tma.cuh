@@ -69,12 +69,13 @@ __device__ __forceinline__ void load_2d_multicast(uint32_t dst, const CUtensorMa
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "h"(cta_mask)
       : "memory");
 }
-// One plain arrival on the mbarrier at bar's offset in CTA `rank` of the cluster (release at cluster
-// scope: this thread's reads of the stage before it).
+// One plain arrival on the mbarrier at bar's offset in CTA `rank` of the cluster: a consumer's
+// "done with the stage" for the other CTA's producer. The default semantics (release at CTA scope),
+// as CUTLASS's ClusterBarrier::arrive: `.release.cluster` compiles to a MEMBAR.ALL.GPU before it.
 __device__ __forceinline__ void arrive_cluster(uint32_t bar, uint32_t rank) {
   asm volatile(
       "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
       "r"(rank)
       : "memory");
 }
