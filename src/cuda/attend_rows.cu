@@ -601,14 +601,17 @@ template <auto kKernel, int kRowsN>
 void prepare_kernel() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
-// MLA_ROWS_MULTICAST=0: no 2-CTA clusters; 2: at every 64- and 48-row height and page (A/B).
-int rows_multicast_env() {
-  static const int mode = [] {
+// MLA_ROWS_MULTICAST=0: no 2-CTA clusters (comparisons).
+bool rows_multicast_env() {
+  static const bool on = [] {
     const char* env = std::getenv("MLA_ROWS_MULTICAST");
-    return env ? std::atoi(env) : 1;
+    return !env || std::atoi(env) != 0;
   }();
-  return mode;
+  return on;
 }
+// The page-1 cluster instance of kRowsN-row CTAs (rows_cluster).
+template <int kRowsN>
+constexpr auto kClusterKernel = attend_rows_kernel<true, kRowsN, kRowsN == 64, kRowsN == 64 ? 4 : 1, true>;
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
@@ -616,48 +619,45 @@ void prepare_rows_height() {
     prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
     prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
   }
-  if constexpr (kRowsN != 32) {
-    prepare_kernel<attend_rows_kernel<true, kRowsN, false, 1, true>, kRowsN>();
-    if constexpr (kRowsN == 64) {
-      prepare_kernel<attend_rows_kernel<true, kRowsN, true, 1, true>, kRowsN>();
-      prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4, true>, kRowsN>();
-    }
-  }
+  if constexpr (kRowsN != 32) prepare_kernel<kClusterKernel<kRowsN>, kRowsN>();  // page 1 (rows_cluster)
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
-// Clusters of 2 CTAs of 48 rows that fit at once on the device (one CTA an SM).
+// Its clusters of 2 that fit at once on the device (one CTA an SM).
+template <int kRowsN>
 int max_pairs() {
   static const int pairs = [] {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(2);
     cfg.blockDim = dim3(kRowsCtaThreads<true>);
-    cfg.dynamicSmemBytes = rows_smem_bytes<48>();
+    cfg.dynamicSmemBytes = rows_smem_bytes<kRowsN>();
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int n = 0;
-    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, attend_rows_kernel<true, 48, false, 1, true>, &cfg));
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kClusterKernel<kRowsN>, &cfg));
     return n;
   }();
   return pairs;
 }
-// 48-row CTAs at page 1 (one box a key row, issued a box at a time: their producer has no registers
-// for kAhead's batches): the two row tiles of the same keys as a 2-CTA cluster where the request has
-// an even number of them and all the launch's pairs fit at once, each CTA's producer issuing one tile
-// of every pair into both (TMA multicast). H200, session 25 (GPU-932a9190, each twice): 96 heads
-// 267.3-267.5 vs 289.7-289.8 us, G (32 x 12 heads x qlen 8) 146.2-146.7 vs 153.9-154.0. Not at
-// other pages or heights, where the CTAs' lock step (a stage is refilled when both are done with
-// it) costs more than the halved issue brings: page 64 D 283.5-286.7 vs 231.3-232.0 us, 96 heads
-// 241.4-242.3 vs 204.0-204.4, G 130.2-130.7 vs 110.4-110.6; 64-row CTAs at page 1 (kAhead) D
-// 280.9-282.0 vs 275.7-276.0, page 4 272.4-273.4 vs 234.8-235.1, u32768 x 128 heads 589.2-589.9
-// vs 569.6-573.0.
+// Page 1 (one box a key row, five TMA loads): the two row tiles of the same keys as a 2-CTA cluster
+// where the request has an even number of 64- or 48-row tiles and all the launch's pairs fit at
+// once, each CTA's producer issuing one tile of every pair into both (TMA multicast, kMulticast).
+// H200, session 25, call 2 (GPU-d3102432, each twice, against MLA_ROWS_MULTICAST=0): 48-row CTAs
+// (whose producer issues a box at a time: no registers for kAhead) 96 heads 215.0-216.6 vs
+// 287.7-288.8 us, G (32 x 12 heads x qlen 8) 117.5-117.6 vs 154.0-154.7; 64-row CTAs (kAhead) D
+// 264.4-264.6 vs 276.2-277.2, u32768 x 128 heads 553.8-554.7 vs 572.8-572.9. Not at other pages,
+// where the CTAs' lock step (a stage is refilled when both are done with it) costs more than the
+// halved issue brings: page 64 D 239.9-240.0 vs 230.8-231.2, 96 heads 205.3-205.7 vs 203.7-204.3,
+// G 111.5-111.6 vs 110.0-110.3, u32768 484.3-484.4 vs 470.4-473.9; page 4 D 237.2-238.0 vs
+// 235.3-235.6. (Call 1: with `.release.cluster` on the consumers' remote arrival, a MEMBAR.ALL.GPU
+// a pair and warp, the clusters were up to 23% slower at page 64.)
 template <int kRowsN>
 bool rows_cluster(const AttendParams& p, dim3 grid) {
-  const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN, mode = rows_multicast_env();
-  const bool where = mode == 2 ? kRowsN != 32 : mode == 1 && kRowsN == 48 && p.page_size == 1;
-  return where && m_tiles % 2 == 0 && int(grid.x / 2) <= max_pairs();
+  const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN;
+  return kRowsN != 32 && p.page_size == 1 && rows_multicast_env() && m_tiles % 2 == 0 &&
+         int(grid.x / 2) <= max_pairs<kRowsN>();
 }
 template <auto kKernel>
 void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
@@ -673,13 +673,6 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
   cfg.numAttrs = 1;
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernel, p, map));
 }
-template <int kRowsN, bool kSmallBoxes, int kAhead>
-void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
-  if constexpr (kRowsN != 32)
-    if (rows_cluster<kRowsN>(p, grid))
-      return launch_rows_cluster<attend_rows_kernel<true, kRowsN, kSmallBoxes, kAhead, true>>(p, map, grid, smem, stream);
-  attend_rows_kernel<true, kRowsN, kSmallBoxes, kAhead><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-}
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
@@ -689,15 +682,20 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   // (kAhead; H200, session 24: D 276-280 vs 297-298 us, u32768 x 128 heads 569-571 vs 593-595,
   // 32-row CTAs 3.5-4.4% faster; at pages 2 and 4 and in the 48-row CTAs 4-7% slower, where their
   // producer spills at 24 registers).
-  if (!tma) {
-    attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
-    return;
-  }
+  if constexpr (kRowsN != 32)
+    if (tma && rows_cluster<kRowsN>(p, grid)) return launch_rows_cluster<kClusterKernel<kRowsN>>(p, map, grid, smem, stream);
   if constexpr (kRowsN != 48) {
-    if (p.page_size == 1) return launch_rows_tma<kRowsN, true, 4>(p, map, grid, smem, stream);
-    if (p.page_size < kFp8SmallPage) return launch_rows_tma<kRowsN, true, 1>(p, map, grid, smem, stream);
+    if (tma && p.page_size == 1) {
+      attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+      return;
+    }
+    if (tma && p.page_size < kFp8SmallPage) {
+      attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+      return;
+    }
   }
-  launch_rows_tma<kRowsN, false, 1>(p, map, grid, smem, stream);
+  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace
 
@@ -707,7 +705,9 @@ void prepare_attend_rows_kernel() {
   prepare_rows_height<32>();
 }
 
-int attend_rows_max_pairs() { return max_pairs(); }
+int attend_rows_max_pairs(int rows_per_cta) {
+  return rows_per_cta == 64 ? max_pairs<64>() : rows_per_cta == 48 ? max_pairs<48>() : 0;
+}
 
 int attend_rows_cta_rows(int rows) {
   // The shortest CTAs of 32, 48 or 64 rows that need no more CTAs a request than 64-row ones (the

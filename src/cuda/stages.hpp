@@ -189,11 +189,12 @@ inline constexpr int kAttendRowsSmallBatch = 2;
 int attend_rows_min();
 bool attend_rows_wanted(int batch, int rows, int sms);
 int attend_rows_cta_rows(int rows);
-// 48-row CTAs at page 1 with an even number of row tiles a request run the row tiles of the same
-// keys as 2-CTA clusters, each CTA's producer issuing one tile of every pair into both (TMA
-// multicast: half the boxes an SM), where all the launch's pairs fit at once: attend_rows_max_pairs()
-// clusters of two 48-row CTAs. MLA_ROWS_MULTICAST=0 turns it off (attend_rows.cu: measured).
-int attend_rows_max_pairs();
+// At page 1, 64- and 48-row CTAs with an even number of row tiles a request run the row tiles of
+// the same keys as 2-CTA clusters, each CTA's producer issuing one tile of every pair into both
+// (TMA multicast: half the boxes an SM), where all the launch's pairs fit at once:
+// attend_rows_max_pairs(rows_per_cta) clusters of two (0 for 32-row CTAs, which take none).
+// MLA_ROWS_MULTICAST=0 turns it off (attend_rows.cu: measured).
+int attend_rows_max_pairs(int rows_per_cta);
 // An fp8 cache's pages of fewer rows than this are boxed by TMA for the many-rows kernel only (one
 // box a key row at page 1, its producer issuing; session 24), not for the 16-row kernel (bulk row
 // copies there: five boxes a row cost more than its copy, v20).

@@ -110,7 +110,7 @@ TEST(ManyRows, Fp8StepMatchesCpu) {
 // Pages of 1-4 rows: the fp8 kernel boxes them a key row (or page) a box (gathered by cp.async
 // under MLA_ROWS_SMALL_BOXES=0); uneven batches take the flat plan on those tiles, even ones fixed
 // splits. 100 rows: two 64-row CTAs (the second 36 of 64; at page 1 the kAhead form), 64 rows: one
-// 64-row CTA, 72 rows: two 48-row CTAs (at page 1, 96 rows: a 2-CTA cluster). (The 32-row CTAs' page-1 form: the forced variant,
+// 64-row CTA, 72 rows: two 48-row CTAs; at page 1, two row tiles run as a 2-CTA cluster. (The 32-row CTAs' page-1 form: the forced variant,
 // MLA_ATTEND_ROWS_MIN=1, where 12- and 16-head cases take 32-row CTAs.)
 TEST(ManyRows, SmallPagesStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
@@ -120,19 +120,24 @@ TEST(ManyRows, SmallPagesStepMatchesCpu) {
                    {"deepseek-v3", 64, 1, 40, 4, 400, true},
                    {"deepseek-v3", 128, 1, 24, 4, 600, true},   // two 64-row CTAs, the flat plan
                    {"deepseek-v3", 96, 1, 30, 1, 600, true},    // two 48-row CTAs as a cluster, the flat plan
+                   {"deepseek-v3", 128, 1, 30, 1, 600, false},  // two 64-row CTAs as a cluster, fixed splits
                    {"kimi-k3", 12, 8, 32, 1, 600, false}},      // the same, fixed splits, causal inside each
                   DType::fp8_e4m3, 960);
 }
 
-// The 2-CTA clusters (TMA multicast) of 48-row CTAs at page 1 apply where every pair of a launch
-// fits at once; the planner gives the many-rows kernel one CTA an SM, so half the SMs in pairs must.
+// The 2-CTA clusters (TMA multicast) of 64- and 48-row CTAs at page 1 apply where every pair of a
+// launch fits at once; the planner gives the many-rows kernel one CTA an SM, so half the SMs in
+// pairs must.
 TEST(ManyRows, ClusterPairsFitOneWave) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel's clusters");
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  const int pairs = cuda::attend_rows_max_pairs();
-  std::printf("48-row CTAs: %d clusters of 2 at once on %d SMs\n", pairs, sms);
-  EXPECT_GE(pairs, sms / 2);
+  for (int rows : {64, 48}) {
+    const int pairs = cuda::attend_rows_max_pairs(rows);
+    std::printf("%d-row CTAs: %d clusters of 2 at once on %d SMs\n", rows, pairs, sms);
+    EXPECT_GE(pairs, sms / 2) << rows << "-row CTAs";
+  }
+  EXPECT_EQ(cuda::attend_rows_max_pairs(32), 0);
 }
 
 // Pages TMA cannot box (not a power of two): the fp8 many-rows kernel gathers its tiles a row at a
