@@ -622,10 +622,12 @@ void prepare_rows_height() {
   if constexpr (kRowsN != 32) prepare_kernel<kClusterKernel<kRowsN>, kRowsN>();  // page 1 (rows_cluster)
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
-// Its clusters of 2 that fit at once on the device (one CTA an SM).
+// Its clusters of 2 that fit at once on the device (one CTA an SM). (The occupancy query counts
+// the kernel's dynamic shared memory against its attribute: set first, else it answers 0.)
 template <int kRowsN>
 int max_pairs() {
   static const int pairs = [] {
+    prepare_kernel<kClusterKernel<kRowsN>, kRowsN>();
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(2);
     cfg.blockDim = dim3(kRowsCtaThreads<true>);
