@@ -601,13 +601,13 @@ template <auto kKernel, int kRowsN>
 void prepare_kernel() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
-// MLA_ROWS_MULTICAST=0: no 2-CTA clusters (comparisons); 2: 48-row CTAs at pages 2 and 4 too (A/B).
-int rows_multicast_env() {
-  static const int mode = [] {
+// MLA_ROWS_MULTICAST=0: no 2-CTA clusters (comparisons).
+bool rows_multicast_env() {
+  static const bool on = [] {
     const char* env = std::getenv("MLA_ROWS_MULTICAST");
-    return env ? std::atoi(env) : 1;
+    return !env || std::atoi(env) != 0;
   }();
-  return mode;
+  return on;
 }
 // The page-1 cluster instance of kRowsN-row CTAs (rows_cluster).
 template <int kRowsN>
@@ -658,8 +658,7 @@ int max_pairs() {
 template <int kRowsN>
 bool rows_cluster(const AttendParams& p, dim3 grid) {
   const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN;
-  const bool page = p.page_size == 1 || (rows_multicast_env() == 2 && kRowsN == 48 && p.page_size < kFp8SmallPage);
-  return kRowsN != 32 && page && rows_multicast_env() && m_tiles % 2 == 0 &&
+  return kRowsN != 32 && p.page_size == 1 && rows_multicast_env() && m_tiles % 2 == 0 &&
          int(grid.x / 2) <= max_pairs<kRowsN>();
 }
 template <auto kKernel>
