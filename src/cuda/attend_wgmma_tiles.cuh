@@ -270,14 +270,7 @@ struct TmaTiles {
   // kMulticast (the many-rows kernel's 2-CTA clusters): every CTA of the pair arms its own mbarrier
   // with the tile's bytes and masks as here, but only the one with `send` issues the boxes, into
   // both CTAs' shared memory at the same offsets (each CTA's mbarrier gets its bytes).
-  // kRopeLsu (pages of one row, the many-rows kernel): the boxes carry the first kSlabsN = 4 slabs
-  // of a row (its 512 latent bytes) and each lane copies the rope part (64 bytes, the fifth slab's
-  // real half) of its own row by four cp.async into the same swizzled slab, arriving on the
-  // mbarrier when they land (cp.async.mbarrier.arrive.noinc: every lane of an issuing warp, so the
-  // mbarrier expects 32 more arrivals a slot), a fifth fewer TMA loads. With kMulticast each CTA
-  // copies the rope of both tiles into its own shared memory.
-  template <int kSlabsN = kSlabs, bool kUniform = true, bool kPerSlot = false, int kAhead = 1, bool kMulticast = false,
-            bool kRopeLsu = false>
+  template <int kSlabsN = kSlabs, bool kUniform = true, bool kPerSlot = false, int kAhead = 1, bool kMulticast = false>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0, int32_t* y_scratch = nullptr, bool send = true) const {
     int64_t j0;
@@ -293,16 +286,6 @@ struct TmaTiles {
       tma::arrive_expect_tx(bar, uint32_t(__popcll(loaded)) * 128u * kSlabsN);
     }
     __syncwarp();
-    if constexpr (kRopeLsu) {
-      static_assert(kSlabsN == 4, "the boxes take the latent slabs, the lanes the rope");
-      if (ok) {  // (a page of one row: the lane's box is key `box` of the tile)
-        const uint8_t* src = static_cast<const uint8_t*>(p.cache) + int64_t(page) * p.page_stride + kLatent;
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          ptx::cp_async_16(dst + tile_offset<Tiles::kBoxes>(box, kLatent / 16 + c), src + 16 * c, true, p.l1_copies);
-      }
-      tma::cp_async_arrive_noinc(bar);
-    }
     if (kMulticast && !send) return;
     auto load = [&](uint32_t at, int x, int y) {
       if constexpr (kMulticast) tma::load_2d_multicast(at, map, x, y, bar, 0b11);
