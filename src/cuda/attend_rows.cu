@@ -122,7 +122,8 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
-template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false>
+template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
+          bool kMapUniform = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           for (int u = 0; u < kGroups; ++u) {
             if (kTileRelease && u == 1 && at >= 2)  // (tile 0's boxes are out before tile 1 is free)
               tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
-            tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes, false, kAhead, kMulticast>(
+            tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes, false, kAhead, kMulticast, kMapUniform>(
                 keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]), ptx::smem_addr(&sm.full[stage][u]),
                 &sm.key_mask[stage][u][pwarp], 0, sm.box_y[pwarp], !kMulticast || u == int(cta_rank));
           }
@@ -612,6 +613,16 @@ bool rows_multicast_env() {
 // The page-1 cluster instance of kRowsN-row CTAs (rows_cluster).
 template <int kRowsN>
 constexpr auto kClusterKernel = attend_rows_kernel<true, kRowsN, kRowsN == 64, kRowsN == 64 ? 4 : 1, true>;
+// MLA_ROWS_MAP_UNIFORM=1 (A/B): page 1's instances with the tensor map's address warp-uniform.
+template <int kRowsN, bool kCluster>
+constexpr auto kMapKernel = attend_rows_kernel<true, kRowsN, kRowsN != 48, kRowsN != 48 ? 4 : 1, kCluster, true>;
+bool rows_map_env() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ROWS_MAP_UNIFORM");
+    return env && std::atoi(env) != 0;
+  }();
+  return on;
+}
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
@@ -620,6 +631,8 @@ void prepare_rows_height() {
     prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
   }
   if constexpr (kRowsN != 32) prepare_kernel<kClusterKernel<kRowsN>, kRowsN>();  // page 1 (rows_cluster)
+  if constexpr (kRowsN != 32) prepare_kernel<kMapKernel<kRowsN, true>, kRowsN>();
+  prepare_kernel<kMapKernel<kRowsN, false>, kRowsN>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 // Its clusters of 2 that fit at once on the device (one CTA an SM). (The occupancy query counts
@@ -684,6 +697,12 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   // (kAhead; H200, session 24: D 276-280 vs 297-298 us, u32768 x 128 heads 569-571 vs 593-595,
   // 32-row CTAs 3.5-4.4% faster; at pages 2 and 4 and in the 48-row CTAs 4-7% slower, where their
   // producer spills at 24 registers).
+  if (tma && p.page_size == 1 && rows_map_env()) {
+    if constexpr (kRowsN != 32)
+      if (rows_cluster<kRowsN>(p, grid)) return launch_rows_cluster<kMapKernel<kRowsN, true>>(p, map, grid, smem, stream);
+    kMapKernel<kRowsN, false><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+    return;
+  }
   if constexpr (kRowsN != 32)
     if (tma && rows_cluster<kRowsN>(p, grid)) return launch_rows_cluster<kClusterKernel<kRowsN>>(p, map, grid, smem, stream);
   if constexpr (kRowsN != 48) {

@@ -270,7 +270,10 @@ struct TmaTiles {
   // kMulticast (the many-rows kernel's 2-CTA clusters): every CTA of the pair arms its own mbarrier
   // with the tile's bytes and masks as here, but only the one with `send` issues the boxes, into
   // both CTAs' shared memory at the same offsets (each CTA's mbarrier gets its bytes).
-  template <int kSlabsN = kSlabs, bool kUniform = true, bool kPerSlot = false, int kAhead = 1, bool kMulticast = false>
+  // kMapUniform: the tensor map's address through a shuffle, so ptxas knows it warp-uniform and
+  // keeps it in uniform registers across the box loop (else it moves it into them again a box).
+  template <int kSlabsN = kSlabs, bool kUniform = true, bool kPerSlot = false, int kAhead = 1, bool kMulticast = false,
+            bool kMapUniform = false>
   __device__ void issue(const KeyStream& ks, int tile, int32_t page, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         int first_slab = 0, int32_t* y_scratch = nullptr, bool send = true) const {
     int64_t j0;
@@ -287,9 +290,15 @@ struct TmaTiles {
     }
     __syncwarp();
     if (kMulticast && !send) return;
+    const CUtensorMap* tmap = map;
+    if constexpr (kMapUniform) {
+      const uint64_t a = reinterpret_cast<uint64_t>(map);
+      tmap = reinterpret_cast<const CUtensorMap*>(uint64_t(uint32_t(__shfl_sync(~0u, uint32_t(a), 0))) |
+                                                  uint64_t(uint32_t(__shfl_sync(~0u, uint32_t(a >> 32), 0))) << 32);
+    }
     auto load = [&](uint32_t at, int x, int y) {
-      if constexpr (kMulticast) tma::load_2d_multicast(at, map, x, y, bar, 0b11);
-      else tma::load_2d(at, map, x, y, bar);
+      if constexpr (kMulticast) tma::load_2d_multicast(at, tmap, x, y, bar, 0b11);
+      else tma::load_2d(at, tmap, x, y, bar);
     };
     if constexpr (!kUniform) {
       if (ok) {
