@@ -122,6 +122,8 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // Else (pages not a power of two) the tiles are gathered a row at a time by cp.async from the
 // consumer threads, in the same swizzled layout, completing on the same mbarriers: pair j + 1's rows
 // are published and copied at pair j's barrier (the session-15 order).
+// kMapUniform (page 1): TmaTiles::issue's tensor map address warp-uniform (its box loop then has no
+// per-box ELECT and no R2UR of the map: 122 instructions for four boxes instead of 158 at 32 rows).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
           bool kMapUniform = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
@@ -611,28 +613,16 @@ bool rows_multicast_env() {
   return on;
 }
 // The page-1 cluster instance of kRowsN-row CTAs (rows_cluster).
-template <int kRowsN>
-constexpr auto kClusterKernel = attend_rows_kernel<true, kRowsN, kRowsN == 64, kRowsN == 64 ? 4 : 1, true>;
-// MLA_ROWS_MAP_UNIFORM=1 (A/B): page 1's instances with the tensor map's address warp-uniform.
+// Page 1's instances: one box a key row, their rows four at a time (kAhead) at 64 and 32 rows, the
+// tensor map's address warp-uniform (kMapUniform), as a 2-CTA cluster (kCluster: rows_cluster) or not.
 template <int kRowsN, bool kCluster>
-constexpr auto kMapKernel = attend_rows_kernel<true, kRowsN, kRowsN != 48, kRowsN != 48 ? 4 : 1, kCluster, true>;
-bool rows_map_env() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ROWS_MAP_UNIFORM");
-    return env && std::atoi(env) != 0;
-  }();
-  return on;
-}
+constexpr auto kPage1Kernel = attend_rows_kernel<true, kRowsN, kRowsN != 48, kRowsN != 48 ? 4 : 1, kCluster, true>;
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  if constexpr (kRowsN != 48) {
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();
-    prepare_kernel<attend_rows_kernel<true, kRowsN, true, 4>, kRowsN>();
-  }
-  if constexpr (kRowsN != 32) prepare_kernel<kClusterKernel<kRowsN>, kRowsN>();  // page 1 (rows_cluster)
-  if constexpr (kRowsN != 32) prepare_kernel<kMapKernel<kRowsN, true>, kRowsN>();
-  prepare_kernel<kMapKernel<kRowsN, false>, kRowsN>();
+  if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();  // pages 2 and 4
+  prepare_kernel<kPage1Kernel<kRowsN, false>, kRowsN>();
+  if constexpr (kRowsN != 32) prepare_kernel<kPage1Kernel<kRowsN, true>, kRowsN>();  // (rows_cluster)
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 // Its clusters of 2 that fit at once on the device (one CTA an SM). (The occupancy query counts
@@ -640,7 +630,7 @@ void prepare_rows_height() {
 template <int kRowsN>
 int max_pairs() {
   static const int pairs = [] {
-    prepare_kernel<kClusterKernel<kRowsN>, kRowsN>();
+    prepare_kernel<kPage1Kernel<kRowsN, true>, kRowsN>();
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(2);
     cfg.blockDim = dim3(kRowsCtaThreads<true>);
@@ -651,7 +641,7 @@ int max_pairs() {
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int n = 0;
-    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kClusterKernel<kRowsN>, &cfg));
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kPage1Kernel<kRowsN, true>, &cfg));
     return n;
   }();
   return pairs;
@@ -693,23 +683,21 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
   // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form).
-  // At page 1 the 64- and 32-row CTAs take their rows four at a time through shared memory
-  // (kAhead; H200, session 24: D 276-280 vs 297-298 us, u32768 x 128 heads 569-571 vs 593-595,
-  // 32-row CTAs 3.5-4.4% faster; at pages 2 and 4 and in the 48-row CTAs 4-7% slower, where their
-  // producer spills at 24 registers).
-  if (tma && p.page_size == 1 && rows_map_env()) {
+  // At page 1 (kPage1Kernel) the 64- and 32-row CTAs take their rows four at a time through shared
+  // memory (kAhead; H200, session 24: D 276-280 vs 297-298 us, u32768 x 128 heads 569-571 vs
+  // 593-595, 32-row CTAs 3.5-4.4% faster; at pages 2 and 4 and in the 48-row CTAs 4-7% slower,
+  // where their producer spills at 24 registers), and every height issues with the tensor map's
+  // address warp-uniform (kMapUniform; H200, session 25 call 6, GPU-e16ab075, each twice: qlen 2
+  // 116.3-116.4 vs 139.7-140.1 us, 16 heads x qlen 2 117.2 vs 140.3-140.5, D 255.1-257.0 vs
+  // 266.8-268.1, F 150.0-150.1 vs 154.3-154.7, u32768 x 128 heads 538.2-539.0 vs 554.4-556.3; 96
+  // heads and G within 0.5%).
+  if (tma && p.page_size == 1) {
     if constexpr (kRowsN != 32)
-      if (rows_cluster<kRowsN>(p, grid)) return launch_rows_cluster<kMapKernel<kRowsN, true>>(p, map, grid, smem, stream);
-    kMapKernel<kRowsN, false><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+      if (rows_cluster<kRowsN>(p, grid)) return launch_rows_cluster<kPage1Kernel<kRowsN, true>>(p, map, grid, smem, stream);
+    kPage1Kernel<kRowsN, false><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
     return;
   }
-  if constexpr (kRowsN != 32)
-    if (tma && rows_cluster<kRowsN>(p, grid)) return launch_rows_cluster<kClusterKernel<kRowsN>>(p, map, grid, smem, stream);
   if constexpr (kRowsN != 48) {
-    if (tma && p.page_size == 1) {
-      attend_rows_kernel<true, kRowsN, true, 4><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-      return;
-    }
     if (tma && p.page_size < kFp8SmallPage) {
       attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
       return;
