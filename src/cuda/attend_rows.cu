@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // consumers 208 (they need ~190); else 24 + 2 x 240.
   constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : 24;
   constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : 240;
-  // kMulticast (48-row CTAs at page 1: rows_cluster): the CTA is one of a 2-CTA cluster, the two
+  // kMulticast (64- and 48-row CTAs at page 1: rows_cluster): the CTA is one of a 2-CTA cluster, the two
   // row tiles of the same keys (adjacent in the grid, the same segments); each CTA's producer issues
   // one tile of every pair into both (cluster rank r: tile r), so each SM's producer issues half the
   // boxes, and a stage is free once the consumer warps of both CTAs have arrived on its `empty`
@@ -612,7 +612,6 @@ bool rows_multicast_env() {
   }();
   return on;
 }
-// The page-1 cluster instance of kRowsN-row CTAs (rows_cluster).
 // Page 1's instances: one box a key row, their rows four at a time (kAhead) at 64 and 32 rows, the
 // tensor map's address warp-uniform (kMapUniform), as a 2-CTA cluster (kCluster: rows_cluster) or not.
 template <int kRowsN, bool kCluster>
@@ -625,21 +624,28 @@ void prepare_rows_height() {
   if constexpr (kRowsN != 32) prepare_kernel<kPage1Kernel<kRowsN, true>, kRowsN>();  // (rows_cluster)
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
+// A launch of the many-rows kernel with TMA tiles as clusters of 2 CTAs along x (attr: its storage).
+cudaLaunchConfig_t pair_config(dim3 grid, int smem, cudaStream_t stream, cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kRowsCtaThreads<true>);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  attr = cudaLaunchAttribute{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
 // Its clusters of 2 that fit at once on the device (one CTA an SM). (The occupancy query counts
 // the kernel's dynamic shared memory against its attribute: set first, else it answers 0.)
 template <int kRowsN>
 int max_pairs() {
   static const int pairs = [] {
     prepare_kernel<kPage1Kernel<kRowsN, true>, kRowsN>();
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(2);
-    cfg.blockDim = dim3(kRowsCtaThreads<true>);
-    cfg.dynamicSmemBytes = rows_smem_bytes<kRowsN>();
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = pair_config(dim3(2), rows_smem_bytes<kRowsN>(), nullptr, attr);
     int n = 0;
     MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kPage1Kernel<kRowsN, true>, &cfg));
     return n;
@@ -666,16 +672,8 @@ bool rows_cluster(const AttendParams& p, dim3 grid) {
 }
 template <auto kKernel>
 void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kRowsCtaThreads<true>);
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = pair_config(grid, smem, stream, attr);
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernel, p, map));
 }
 template <int kRowsN>
