@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cuda/attend_keys.cuh"
+#include "cuda/device_math.cuh"
 #include "cuda/flat_plan.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
@@ -291,11 +292,7 @@ struct TmaTiles {
     __syncwarp();
     if (kMulticast && !send) return;
     const CUtensorMap* tmap = map;
-    if constexpr (kMapUniform) {
-      const uint64_t a = reinterpret_cast<uint64_t>(map);
-      tmap = reinterpret_cast<const CUtensorMap*>(uint64_t(uint32_t(__shfl_sync(~0u, uint32_t(a), 0))) |
-                                                  uint64_t(uint32_t(__shfl_sync(~0u, uint32_t(a >> 32), 0))) << 32);
-    }
+    if constexpr (kMapUniform) tmap = warp_uniform(map);
     auto load = [&](uint32_t at, int x, int y) {
       if constexpr (kMulticast) tma::load_2d_multicast(at, tmap, x, y, bar, 0b11);
       else tma::load_2d(at, tmap, x, y, bar);

@@ -13,6 +13,13 @@ namespace mla::cuda {
 // serializes every wgmma of the kernel, C7520), and what derives from it (descriptors) stays in
 // uniform registers (the many-rows kernels: R2UR 110 -> 22 a pair at 64 rows, D 1.8-3.1% faster, s17d, s17e).
 __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
+// The same for a pointer (TmaTiles::issue's tensor map: kept in uniform registers across its box loop).
+template <class T>
+__device__ __forceinline__ T* warp_uniform(T* ptr) {
+  const uint64_t a = reinterpret_cast<uint64_t>(ptr);
+  return reinterpret_cast<T*>(uint64_t(uint32_t(warp_uniform(int(uint32_t(a))))) |
+                              uint64_t(uint32_t(warp_uniform(int(uint32_t(a >> 32))))) << 32);
+}
 
 // 2^x by one MUFU.EX2, subnormal results flushed to zero. exp2f (without -ftz) wraps the same
 // instruction in a subnormal fix-up (a compare and two multiplies): softmax weights below 2^-126
