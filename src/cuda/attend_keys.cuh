@@ -7,7 +7,6 @@
 // behind this tile's math).
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/fast_div.hpp"
 #include "cuda/device_math.cuh"
@@ -65,15 +64,6 @@ struct CtaWork {
     place(rows_per_cta, tid, int(blockIdx.x) - work * m_tiles, request, work - request * p.splits);
     last_query = fast_div(last_row(rows_per_cta), p.heads_magic);
   }
-  // (s26b) The same, works split-major (work = split B + b: a request's splits spread over the
-  // grid, so the first of them are placed first on their SMs; AttendParams.skew_works).
-  __device__ CtaWork(const AttendParams& p, int rows_per_cta, int tid, FastDivs, std::true_type) {
-    const int m_tiles = tiles_of(p, rows_per_cta);
-    work = fast_div(int(blockIdx.x), p.m_tiles_magic);
-    const int s = fast_div(work, p.batch_magic);
-    place(rows_per_cta, tid, int(blockIdx.x) - work * m_tiles, work - s * p.batch, s);
-    last_query = fast_div(last_row(rows_per_cta), p.heads_magic);
-  }
   __device__ int last_row(int rows_per_cta) const { return min(rows_total, m_base + rows_per_cta) - 1; }
 
  private:
@@ -114,79 +104,47 @@ struct KeyStream {
   __device__ KeyStream(const AttendParams& p, int b, int split, int last_row, bool reporter, int chunk_align = 1) {
     split_range<false>(p, b, split, last_row, reporter, chunk_align);
   }
-  // The same given the CTA's last query (last_row / heads: CtaWork's with FastDivs). kHeadFirst
-  // (s26a): the request's length and page-list bounds loaded together, before the bad-length
-  // report, whose branch otherwise holds the page-list loads until the length arrives (two DRAM
-  // round trips before the first page id instead of one).
-  // kSkew (s26b): the request's tiles split in proportion to weights, the splits placed first on
-  // their SMs (split-major works below AttendParams.skew_works) skew_lead, the others skew_base.
-  template <bool kHeadFirst = false, bool kSkew = false>
+  // The same given the CTA's last query (last_row / heads: CtaWork's with FastDivs).
   __device__ KeyStream(const AttendParams& p, int b, int split, bool reporter, int chunk_align, int last_query,
-                       FastDivs, std::bool_constant<kHeadFirst> = {}, std::bool_constant<kSkew> = {}) {
-    if constexpr (kSkew) skewed_range<kHeadFirst>(p, b, split, last_query, reporter);
-    else split_range<true, kHeadFirst>(p, b, split, last_query, reporter, chunk_align);
+                       FastDivs) {
+    split_range<true>(p, b, split, last_query, reporter, chunk_align);
   }
   // Local keys [begin, end) of request b (the flat plan's segments; end is clipped to the length).
   __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, int last_row, bool reporter) {
     range<false>(p, b, begin, end, last_row, reporter);
   }
-  template <bool kHeadFirst = false>
   __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, bool reporter, int last_query,
-                       FastDivs, std::bool_constant<kHeadFirst> = {}) {
-    range<true, kHeadFirst>(p, b, begin, end, last_query, reporter);
+                       FastDivs) {
+    range<true>(p, b, begin, end, last_query, reporter);
   }
 
  private:
   // Everything but the key range; returns the request's local length.
   // (kQuery: `last` is the CTA's last query, else its last row.)
-  template <bool kQuery, bool kHeadFirst = false>
+  template <bool kQuery>
   __device__ int64_t init(const AttendParams& p, int b, int last, bool reporter) {
-    if constexpr (kHeadFirst) {
-      const int32_t len = p.seq_lens[b], first = p.kv_indptr[b], end = p.kv_indptr[b + 1];
-      seq_len = len;
-      page_begin = first;
-      pages_avail = int64_t(end) - first;
-      len_ok = seq_len == 0 || seq_len >= p.qlen;
-      if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
-    } else {
-      seq_len = p.seq_lens[b];
-      len_ok = seq_len == 0 || seq_len >= p.qlen;
-      if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
-      page_begin = p.kv_indptr[b];
-      pages_avail = int64_t(p.kv_indptr[b + 1]) - page_begin;
-    }
+    seq_len = p.seq_lens[b];
+    len_ok = seq_len == 0 || seq_len >= p.qlen;
+    if (!len_ok && reporter) atomicOr(p.error, kBadSeqLen);
+    page_begin = p.kv_indptr[b];
+    pages_avail = int64_t(p.kv_indptr[b + 1]) - page_begin;
     tile_limit = len_ok ? seq_len - p.qlen + (kQuery ? last : last / p.heads) : -1;
     page_shift = __popc(p.page_size) == 1 ? __ffs(p.page_size) - 1 : -1;
     plain_positions = p.dcp_size == 1;
     elem_bytes = p.cache_fp8 ? 1 : 2;
     return len_ok && seq_len > 0 ? dcp_local_length(seq_len, p.dcp_size, p.dcp_rank, p.dcp_interleave) : 0;
   }
-  template <bool kQuery, bool kHeadFirst = false>
+  template <bool kQuery>
   __device__ void split_range(const AttendParams& p, int b, int split, int last, bool reporter, int chunk_align) {
-    const int64_t n_local = init<kQuery, kHeadFirst>(p, b, last, reporter);
+    const int64_t n_local = init<kQuery>(p, b, last, reporter);
     const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
     k_begin = min(n_local, int64_t(split) * chunk);
     k_end = min(n_local, k_begin + chunk);
     check_pages(p, n_local, reporter);
   }
-  // Whole tiles of kTileKeys: split s of request b takes tiles [T P(s) / P(S), T P(s + 1) / P(S)) of
-  // its T, P(s) the weights of the splits before it (its first s1 splits lead: split-major works
-  // s B + b below skew_works).
-  template <bool kHeadFirst>
-  __device__ void skewed_range(const AttendParams& p, int b, int split, int last_query, bool reporter) {
-    const int64_t n_local = init<true, kHeadFirst>(p, b, last_query, reporter);
-    const int s1 = b < p.skew_works ? min(p.splits, fast_div(p.skew_works - b + p.batch - 1, p.batch_magic)) : 0;
-    auto prefix = [&](int s) {
-      return int64_t(p.skew_lead) * min(s, s1) + int64_t(p.skew_base) * max(0, s - s1);
-    };
-    const int64_t tiles = (n_local + kTileKeys - 1) >> kTileKeysLog2, total = prefix(p.splits);
-    k_begin = min(n_local, tiles * prefix(split) / total * kTileKeys);
-    k_end = min(n_local, tiles * prefix(split + 1) / total * kTileKeys);
-    check_pages(p, n_local, reporter);
-  }
-  template <bool kQuery, bool kHeadFirst = false>
+  template <bool kQuery>
   __device__ void range(const AttendParams& p, int b, int64_t begin, int64_t end, int last, bool reporter) {
-    const int64_t n_local = init<kQuery, kHeadFirst>(p, b, last, reporter);
+    const int64_t n_local = init<kQuery>(p, b, last, reporter);
     k_begin = min(n_local, begin);
     k_end = min(n_local, end);
     check_pages(p, n_local, reporter);

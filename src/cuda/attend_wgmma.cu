@@ -36,7 +36,6 @@
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "core/softmax_state.hpp"
@@ -78,8 +77,7 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // host's multiply-shifts (CtaWork's blockIdx / m_tiles and / splits, the flat plan's T / CTAs,
 // KeyStream's last row / heads once a CTA: FastDivs) and the box counts by shifts (TMA pages are a
 // power of two rows): 8 32-bit divisions left in the SASS instead of 16, 0-2% faster (B1, page 16).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false,
-          bool kHeadFirst = false, bool kSkew = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -130,23 +128,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   int segments = 0;
   static_assert(!kFastDivs || kTiles == Tiles::kBoxes);
   const CtaWork cta = [&] {
-    if constexpr (kSkew) return CtaWork(p, kN, tid, FastDivs{}, std::true_type{});
-    else if constexpr (kFastDivs) return CtaWork(p, kN, tid, FastDivs{});
+    if constexpr (kFastDivs) return CtaWork(p, kN, tid, FastDivs{});
     else return CtaWork(p, kN, tid);
   }();
   const int rows_total = cta.rows_total, m_base = cta.m_base;
-  if constexpr (kHeadFirst) {
-    // (s26a) What the first boxes wait for, fetched before the mbarriers' setup: the tensor map and,
-    // with fixed splits, the request's length and page-list bounds (into L2: KeyStream loads them).
-    if (tid == 0) {
-      tma::prefetch_map(&cache_map);
-      if (p.flat_ctas == 0) {
-        ptx::prefetch_l2(&p.seq_lens[cta.b]);
-        ptx::prefetch_l2(&p.kv_indptr[cta.b]);
-        ptx::prefetch_l2(&p.kv_indptr[cta.b + 1]);
-      }
-    }
-  }
   if constexpr (kTma) {
     if (tid == 0) {
 #pragma unroll
@@ -547,7 +532,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     done += n_tiles;
   };  // serve
 
-  serve_segments<kCtaThreads, kN, false, 0, kFastDivs, kHeadFirst, kSkew>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid,
+  serve_segments<kCtaThreads, kN, false, 0, kFastDivs>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid,
                                                       sm.flat_start, &sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
@@ -559,11 +544,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false,
-          bool kHeadFirst = false, bool kSkew = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(
-      attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kFastDivs, kHeadFirst, kSkew>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kFastDivs>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
@@ -624,43 +607,6 @@ const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
   return map;
 }
 
-// MLA_S26=bits (A/B, session 26): 1 the default TMA instance with kHeadFirst (s26a), 2 with the
-// skewed split-major splits (s26b, MLA_S26_SKEW=LEAD/BASE, default 27/25), 3 both.
-int s26_mode() {
-  static const int mode = [] {
-    const char* env = std::getenv("MLA_S26");
-    return env ? std::atoi(env) & 3 : 0;
-  }();
-  return mode;
-}
-
-// The skew's params (s26b) for a fixed-split launch: the works whose first CTA is among the first
-// SM-count CTAs, the weights, and / B; false where it does not apply (the flat plan) or a
-// multiply-shift would not be exact.
-bool with_skew(AttendParams& p, dim3 grid) {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    MLA_CUDA_CHECK(cudaGetDevice(&device));
-    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
-  static const std::pair<int, int> weights = [] {
-    const char* env = std::getenv("MLA_S26_SKEW");
-    int lead = 27, base = 25;
-    if (env && (std::sscanf(env, "%d/%d", &lead, &base) != 2 || lead < 1 || base < 1)) lead = 27, base = 25;
-    return std::pair<int, int>(lead, base);
-  }();
-  if (p.flat_ctas > 0 || p.dcp_size != 1) return false;
-  const uint32_t m_tiles = uint32_t((p.heads * p.qlen + kN - 1) / kN);
-  const uint64_t works = grid.x / m_tiles, first = (uint64_t(sms) + m_tiles - 1) / m_tiles;
-  if ((works + p.batch) * uint64_t(p.batch) >= (uint64_t(1) << 32)) return false;
-  p.skew_works = int(first);
-  p.skew_lead = weights.first;
-  p.skew_base = weights.second;
-  p.batch_magic = div_magic(uint32_t(p.batch));
-  return true;
-}
-
 // MLA_ATTEND_TIMELINE=FILE (measurement: scripts/device-check timeline): the TMA kernel (2-step
 // q.k groups) with per-CTA phase stamps; a launch outside a graph capture waits for the kernel and
 // rewrites FILE as CSV (cta, smid, start, prologue, first_tile, last_tile, end in ns, tiles,
@@ -690,12 +636,8 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
   p.timeline = buffer;
   MLA_REQUIRE(with_fast_divs(p, grid), "MLA_ATTEND_TIMELINE: a grid of ", grid.x,
               " CTAs is past the multiply-shifts' bound");
-  if (s26_mode() != 0 && with_skew(p, grid))
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true, true, true>
-        <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
-  else
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true>
-        <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true>
+      <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capture != cudaStreamCaptureStatusNone) return;
   std::vector<uint64_t> host(words);
@@ -726,10 +668,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
   set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, true, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, true, false, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, true, true, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, true, true, true, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -762,19 +700,7 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
     AttendParams q = p;
-    const int mode = s26_mode();
-    const bool fast = qk_group_steps() == 2 && with_fast_divs(q, grid);
-    const bool skew = fast && (mode & 2) && with_skew(q, grid);
-    if (fast && mode == 1)
-      attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, true>
-          <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
-    else if (skew && mode == 2)
-      attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, true>
-          <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
-    else if (skew && mode == 3)
-      attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, true, true>
-          <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
-    else if (qk_group_steps() == 2 && with_fast_divs(q, grid))
+    if (qk_group_steps() == 2 && with_fast_divs(q, grid))
       attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>
           <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
     else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());

@@ -464,10 +464,9 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
 // segments). One call site of serve (one copy of its code).
 // kFastDivs (the 16-row kernel's default TMA instance, s23a): the divisions by AttendParams'
-// magics (cta from CtaWork's FastDivs constructor). kHeadFirst (s26a), kSkew (s26b; fixed splits only), with
-// kFastDivs: KeyStream's.
+// magics (cta from CtaWork's FastDivs constructor).
 template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, bool kFastDivs = false,
-          bool kHeadFirst = false, bool kSkew = false, class NextSegment, class Serve>
+          class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, NextSegment next_segment,
                                                KeyStream* segment, Serve&& serve) {
@@ -493,8 +492,7 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
   auto segment_keys = [&](int i, bool reporter) {
     const int64_t begin = int64_t(flat::segment_first(flat_start, i, range)) * kTileKeys;
     const int64_t end = int64_t(flat::segment_last(flat_start, i, range)) * kTileKeys;
-    if constexpr (kFastDivs)
-      return KeyStream(p, i, begin, end, reporter, cta.last_query, FastDivs{}, std::bool_constant<kHeadFirst>{});
+    if constexpr (kFastDivs) return KeyStream(p, i, begin, end, reporter, cta.last_query, FastDivs{});
     else return KeyStream(p, i, begin, end, cta.last_row(kRowsPerCta), reporter);
   };
   auto next_request = [&](int i) { return flat::next_request(flat_start, batch, i, range); };
@@ -508,8 +506,7 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
     }
     const KeyStream keys =
         flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
-             : kFastDivs ? KeyStream(p, cta.b, cta.split, cta.reporter, chunk_align, cta.last_query, FastDivs{},
-                                     std::bool_constant<kHeadFirst>{}, std::bool_constant<kSkew>{})
+             : kFastDivs ? KeyStream(p, cta.b, cta.split, cta.reporter, chunk_align, cta.last_query, FastDivs{})
                          : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
     if constexpr (!std::is_null_pointer_v<NextSegment>) {
       if (nb >= 0 && tid == 0) *next_segment = segment_keys(nb, false);

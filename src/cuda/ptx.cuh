@@ -50,11 +50,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// Brings the line holding addr into L2 (no register waits on it): a load that follows soon finds
-// it there instead of paying the DRAM round trip after whatever precedes it.
-__device__ __forceinline__ void prefetch_l2(const void* addr) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(addr));
-}
 // 16 bytes global -> shared, bypassing L1 (.cg); src_bytes = 0 zero-fills without reading src.
 // through_l1 (.ca): the same through L1, for measurement (AttendParams.l1_copies).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid, bool through_l1 = false) {

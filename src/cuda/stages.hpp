@@ -149,11 +149,6 @@ struct AttendParams {
   // The 16-row kernel's FastDivs instance (s23a): multiply-shifts for blockIdx.x / m_tiles, work /
   // splits and the flat plan's T / CTAs, set by launch_attend_wgmma where they are exact.
   uint64_t m_tiles_magic = 0, splits_magic = 0, flat_ctas_magic = 0;
-  // s26b (A/B, fixed splits in the 16-row kernel's FastDivs instance): works split-major (work =
-  // split B + b, batch_magic for / B); the works below skew_works (their first CTA placed first on
-  // its SM) take skew_lead / skew_base of the others' keys. 0: request-major, even chunks.
-  int skew_works = 0, skew_lead = 0, skew_base = 0;
-  uint64_t batch_magic = 0;
 };
 inline constexpr int kMaxQueryHeads = 8190;  // G: G * 8 + 16 <= 2^16 (launch_attend_wgmma's heads_magic)
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles

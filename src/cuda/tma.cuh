@@ -48,12 +48,6 @@ __device__ __forceinline__ void wait_parity_forever(uint32_t bar, uint32_t parit
       : "memory");
 }
 
-// Fetches the tensor map's 128 bytes ahead of the first box that names it (a kernel parameter:
-// the first load would otherwise wait for it), as CUTLASS's prefetch_tma_descriptor.
-__device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
 // The box of `map` at (x = byte column, y = row) into shared memory at dst (1024-byte aligned for
 // the 128-byte swizzle), completing on bar.
 __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
