@@ -1,13 +1,19 @@
 // post on the GPU (SPEC.md post): the merge of split partials (core/softmax_state.hpp, the same
 // code as the CPU's merge and the DCP combine), then out = (o @ W_UV^T) * gate with W_UV in MXFP4
-// dequantized in registers, bf16 out. One CTA per (head, 32 value rows, 8 tokens): each W_UV row
-// is decoded once for the 8 tokens; every CTA of a head merges that head's partials itself: the
-// `splits` partials at the token's own row, or with attend's flat plan (PostParams.part_first) the
+// dequantized in registers, bf16 out. Below kMmaProductsMinTokens tokens (decode's latency-bound
+// sizes): one CTA per (head, 32 value rows, 8 tokens), each W_UV row decoded once for the 8 tokens
+// on the CUDA cores, every CTA of a head merging that head's partials itself; from there on, one
+// CTA per (head, 128 value rows, 16 tokens) on the tensor cores (post_mma_kernel). A token's
+// partials: the `splits` at its own row, or with attend's flat plan (PostParams.part_first) the
 // run of partials its request's segments wrote.
+#include <cstdlib>
+
 #include "core/softmax_state.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
+#include "cuda/mxfp4_mma.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 
 namespace mla::cuda {
@@ -52,6 +58,52 @@ __device__ __forceinline__ float4 partial_floats(const uint4& v) {
   } else {
     return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
   }
+}
+
+// Token s's partials: their count and the offsets of partial 0's o row and lse (partial c: + c
+// strides): `splits` at its own row, or (attend's flat plan) its request's run of them.
+struct TokenPartials {
+  int count;
+  int64_t o, lse;
+};
+__device__ __forceinline__ TokenPartials token_partials(const PostParams& p, int h, int64_t s) {
+  int64_t first = 0, row = s;
+  int count = p.splits;
+  if (p.part_first) {
+    const int64_t b = s / p.qlen;
+    row = s % p.qlen;
+    count = min(max(p.part_count[b], 0), kMaxPartials);
+    first = count > 0 ? p.part_first[b] : 0;
+  }
+  return {count, first * p.o_split_stride + row * p.o_s_stride + int64_t(h) * p.o_h_stride,
+          first * p.lse_split_stride + row * p.lse_s_stride + int64_t(h) * p.lse_h_stride};
+}
+
+// A warp's merge weights exp(lse_c - lse) of one token's `count` partials (lse of partial c at
+// p.lse + lse_offset + c lse_split_stride) into weight[c]: core/softmax_state.hpp's merge_weight,
+// exactly 0 for an empty partial; all empty: lse = -inf and every weight 0.
+__device__ __forceinline__ void merge_weights(const PostParams& p, int64_t lse_offset, int count, int lane,
+                                              float* weight) {
+  const float* lse = p.lse + lse_offset;
+  float l[kLsePerLane];
+#pragma unroll
+  for (int i = 0; i < kLsePerLane; ++i) {
+    const int c = lane + 32 * i;
+    l[i] = c < count ? lse[c * p.lse_split_stride] : -INFINITY;
+  }
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kLsePerLane; ++i) m = fmaxf(m, l[i]);
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kLsePerLane; ++i)
+    if (lane + 32 * i < count) sum += merge_weight(l[i], m);
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float total = m == -INFINITY ? -INFINITY : m + logf(sum);
+#pragma unroll
+  for (int i = 0; i < kLsePerLane; ++i)
+    if (lane + 32 * i < count) weight[lane + 32 * i] = merge_weight(l[i], total);
 }
 
 // grid (N, ceil(V/32), ceil(S/8)). At small S the kernel is latency-bound (B = 1 with 64 splits:
@@ -100,20 +152,11 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
                   : 1.0f;
   }
 
-  // Each token's partials: `splits` at its own row, or (the flat plan) its request's run of them.
   if (tid < tokens) {
-    const int64_t s = s0 + tid;
-    int64_t first = 0, row = s;
-    int count = p.splits;
-    if (p.part_first) {
-      const int64_t b = s / p.qlen;
-      row = s % p.qlen;
-      count = min(max(p.part_count[b], 0), kMaxPartials);
-      first = count > 0 ? p.part_first[b] : 0;
-    }
-    tok_count[tid] = count;
-    tok_o[tid] = first * p.o_split_stride + row * p.o_s_stride + int64_t(h) * p.o_h_stride;
-    tok_lse[tid] = first * p.lse_split_stride + row * p.lse_s_stride + int64_t(h) * p.lse_h_stride;
+    const TokenPartials tp = token_partials(p, h, s0 + tid);
+    tok_count[tid] = tp.count;
+    tok_o[tid] = tp.o;
+    tok_lse[tid] = tp.lse;
   }
   __syncthreads();
 
@@ -136,31 +179,8 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
   group_range(0);
   load_batch(0, c_begin);
 
-  // 1. Merge weights exp(lse_c - lse) of every partial (core/softmax_state.hpp's merge_weight:
-  //    exactly 0 for an empty partial; all empty: lse = -inf and every weight 0). A warp a token.
-  for (int t = warp; t < tokens; t += kPostThreads / 32) {
-    const float* lse = p.lse + tok_lse[t];
-    const int count = tok_count[t];
-    float l[kLsePerLane];
-#pragma unroll
-    for (int i = 0; i < kLsePerLane; ++i) {
-      const int c = lane + 32 * i;
-      l[i] = c < count ? lse[c * p.lse_split_stride] : -INFINITY;
-    }
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kLsePerLane; ++i) m = fmaxf(m, l[i]);
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kLsePerLane; ++i)
-      if (lane + 32 * i < count) sum += merge_weight(l[i], m);
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float total = m == -INFINITY ? -INFINITY : m + logf(sum);
-#pragma unroll
-    for (int i = 0; i < kLsePerLane; ++i)
-      if (lane + 32 * i < count) weight[t][lane + 32 * i] = merge_weight(l[i], total);
-  }
+  // 1. Merge weights, a warp a token.
+  for (int t = warp; t < tokens; t += kPostThreads / 32) merge_weights(p, tok_lse[t], tok_count[t], lane, weight[t]);
   __syncthreads();
 
   // 2. Merged o of each token: every group sums its partials, group 0 adds the others' sums. The
@@ -237,12 +257,173 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
   }
 }
 
+// --- 16+ tokens: W_UV on the tensor cores (mxfp4_mma.cuh) ----------------------------------------
+// grid (N, ceil(V / 128), ceil(S / 16)), 4 warps: a CTA merges the partials of 16 tokens of one
+// head once (post_kernel merges them in each of a head's V / 32 CTAs, one token after another) and
+// multiplies them by 128 W_UV rows: out^T tile [16 tokens x 8 rows] += o [16 x 16] . W^T [16 x 8] by
+// mma.sync, o as hi + lo bf16 (two MMAs a step), W decoded from shared memory a code word a lane.
+constexpr int kWideTokens = 16;                  // a CTA's tokens: the MMA's M
+constexpr int kWideThreads = 128;
+constexpr int kWideTiles = 4;                    // n8 tiles (W_UV rows) a warp
+constexpr int kWideRows = kWideThreads / 32 * kWideTiles * 8;  // 128 rows a CTA
+constexpr int kOPitch = kLatent + 4;             // floats a merged o row: lanes (g, c) load conflict-free
+constexpr int kWPitch = kLatent / 8 + 4;         // code words a W_UV row: the same
+constexpr int kRowBlocks = kLatent / mxfp4::kBlock;
+
+struct PostWideSmem {
+  float o[kWideTokens][kOPitch];            // merged o
+  float weight[kWideTokens][kMaxPartials];  // merge weights
+  uint32_t codes[kWideRows][kWPitch];       // the CTA's W_UV rows
+  uint8_t scales[kWideRows][kRowBlocks];
+  int tok_count[kWideTokens];
+  int64_t tok_o[kWideTokens], tok_lse[kWideTokens];
+};
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_constant__ PostParams p) {
+  extern __shared__ __align__(16) uint8_t post_smem[];
+  auto& sm = *reinterpret_cast<PostWideSmem*>(post_smem);
+  const int n = blockIdx.x, h = p.head_offset + n;
+  const int v0 = blockIdx.y * kWideRows;
+  const int64_t s0 = int64_t(blockIdx.z) * kWideTokens;
+  const int tokens = int(min(int64_t(kWideTokens), int64_t(p.tokens) - s0));
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+
+  // 0. The CTA's W_UV rows (constant: before waiting for attend); rows past V are zero.
+  constexpr int kRowChunks = kLatent / 2 / 16;  // 16-byte chunks of a row's codes
+  for (int i = tid; i < kWideRows * (kRowChunks + 1); i += kWideThreads) {
+    const int r = i / (kRowChunks + 1), k = i % (kRowChunks + 1), v = v0 + r;
+    const int64_t row = int64_t(n) * p.v_dim + (v < p.v_dim ? v : 0);
+    if (k < kRowChunks)
+      ptx::cp_async_16(ptx::smem_addr(&sm.codes[r][4 * k]), p.w_codes + row * (kLatent / 2) + 16 * k, v < p.v_dim);
+    else  // the row's 16 scales
+      ptx::cp_async_16(ptx::smem_addr(&sm.scales[r][0]), p.w_scales + row * kRowBlocks, v < p.v_dim);
+  }
+  ptx::cp_async_commit();
+  allow_dependents();
+  wait_for_prior_grids();  // o and lse come from attend (or the DCP exchange), the gate from pre
+
+  // 1. Each token's partials (post_kernel's rule), then their merge weights, a warp a token.
+  if (tid < kWideTokens) {
+    const TokenPartials tp = tid < tokens ? token_partials(p, h, s0 + tid) : TokenPartials{0, 0, 0};
+    sm.tok_count[tid] = tp.count;
+    sm.tok_o[tid] = tp.o;
+    sm.tok_lse[tid] = tp.lse;
+  }
+  for (int i = tid; i < kWideTokens * kLatent / 4; i += kWideThreads)
+    *reinterpret_cast<float4*>(&sm.o[i / (kLatent / 4)][4 * (i % (kLatent / 4))]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+  for (int t = warp; t < tokens; t += kWideThreads / 32)
+    merge_weights(p, sm.tok_lse[t], sm.tok_count[t], lane, sm.weight[t]);
+  __syncthreads();
+
+  // 2. o[t] = sum_c weight[t][c] o_c[t]: thread tid owns dims 4 tid .. 4 tid + 3 of every token and
+  //    walks the (token, partial) pairs in order, kPostBatch loads in flight (one token after
+  //    another would wait a round trip a token). A partial of weight 0 is loaded, never used.
+  const bool vec = reinterpret_cast<uintptr_t>(p.o) % (p.o_bf16 ? 8 : 16) == 0 && p.o_split_stride % 4 == 0 &&
+                   p.o_s_stride % 4 == 0 && p.o_h_stride % 4 == 0;
+  int t_at = 0, c_at = 0;
+  auto skip_empty = [&] {
+    while (t_at < tokens && c_at >= sm.tok_count[t_at]) t_at += 1, c_at = 0;
+  };
+  skip_empty();
+  while (t_at < tokens) {
+    uint4 x[kPostBatch];
+    int tt[kPostBatch], cc[kPostBatch];
+#pragma unroll
+    for (int i = 0; i < kPostBatch; ++i) {
+      tt[i] = t_at, cc[i] = c_at;
+      if (t_at < tokens) {
+        x[i] = load_partial<kBf16>(p, sm.tok_o[t_at] + c_at * p.o_split_stride + 4 * tid, vec);
+        c_at += 1;
+        skip_empty();
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPostBatch; ++i) {
+      if (tt[i] >= tokens) break;
+      const float w = sm.weight[tt[i]][cc[i]];
+      if (w != 0.0f) {
+        const float4 xi = partial_floats<kBf16>(x[i]);
+        float4& o = *reinterpret_cast<float4*>(&sm.o[tt[i]][4 * tid]);
+        o.x += w * xi.x, o.y += w * xi.y, o.z += w * xi.z, o.w += w * xi.w;
+      }
+    }
+  }
+  ptx::cp_async_wait_all();
+  __syncthreads();
+
+  // 3. out^T tiles: warp w's rows v0 + 32 w + 8 j + (0..7), every token.
+  float acc[kWideTiles][4] = {};
+#pragma unroll 2
+  for (int blk = 0; blk < kRowBlocks; ++blk) {
+    float x0[8], x1[8], hi0[8], lo0[8], hi1[8], lo1[8];
+    mxfp4::load8(&sm.o[g][mxfp4::kBlock * blk + 8 * c], x0);
+    mxfp4::load8(&sm.o[g + 8][mxfp4::kBlock * blk + 8 * c], x1);
+    mxfp4::split_hi_lo(x0, hi0, lo0);
+    mxfp4::split_hi_lo(x1, hi1, lo1);
+    uint32_t a_hi[2][4], a_lo[2][4];
+    mxfp4::a_fragments(hi0, hi1, a_hi);
+    mxfp4::a_fragments(lo0, lo1, a_lo);
+#pragma unroll
+    for (int j = 0; j < kWideTiles; ++j) {
+      const int r = 32 * warp + 8 * j + g;
+      uint32_t b[2][2];
+      mxfp4::b_fragments(sm.codes[r][4 * blk + c], sm.scales[r][blk], b);
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        ptx::mma_bf16(acc[j], a_hi[s][0], a_hi[s][1], a_hi[s][2], a_hi[s][3], b[s][0], b[s][1]);
+        ptx::mma_bf16(acc[j], a_lo[s][0], a_lo[s][1], a_lo[s][2], a_lo[s][3], b[s][0], b[s][1]);
+      }
+    }
+  }
+
+  // 4. Lane (g, c) holds tokens g, g + 8 x rows 2c, 2c + 1 of each tile: times the gate, bf16 out.
+#pragma unroll
+  for (int j = 0; j < kWideTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = g + 8 * (e >> 1), v = v0 + 32 * warp + 8 * j + 2 * c + (e & 1);
+      if (t >= tokens || v >= p.v_dim) continue;
+      const int64_t s = s0 + t, col = int64_t(n) * p.v_dim + v;
+      float y = acc[j][e];
+      if (p.gate) y *= bf16_to_float(p.gate[s * p.gate_stride + col]);
+      p.out[s * p.out_stride + col] = float_to_bf16(y);
+    }
+}
+
 }  // namespace
+
+int mma_products_min() {
+  static const int min_tokens = [] {
+    const char* env = std::getenv("MLA_MMA_PRODUCTS_MIN");
+    return env && std::atoi(env) > 0 ? std::atoi(env) : kMmaProductsMinTokens;
+  }();
+  return min_tokens;
+}
 
 void launch_post(const PostParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   MLA_REQUIRE(p.splits <= kMaxPartials, "CUDA post: at most ", kMaxPartials, " partials (splits x DCP ranks), got ",
               p.splits);
+  const bool aligned = reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w_scales) % 16 == 0;
+  if (p.tokens >= mma_products_min() && aligned) {
+    static const bool smem_set = [] {
+      MLA_CUDA_CHECK(cudaFuncSetAttribute(post_mma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(sizeof(PostWideSmem))));
+      MLA_CUDA_CHECK(cudaFuncSetAttribute(post_mma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(sizeof(PostWideSmem))));
+      return true;
+    }();
+    (void)smem_set;
+    const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + kWideRows - 1) / kWideRows),
+                    unsigned((p.tokens + kWideTokens - 1) / kWideTokens));
+    const size_t smem = sizeof(PostWideSmem);
+    if (p.o_bf16) launch_dependent(post_mma_kernel<true>, grid, dim3(kWideThreads), smem, stream, p);
+    else launch_dependent(post_mma_kernel<false>, grid, dim3(kWideThreads), smem, stream, p);
+    MLA_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + kPostRows - 1) / kPostRows),
                   unsigned((p.tokens + kPostTokens - 1) / kPostTokens));
   if (p.o_bf16) launch_dependent(post_kernel<true>, grid, dim3(kPostThreads), 0, stream, p);

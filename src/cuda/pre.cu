@@ -5,7 +5,9 @@
 // Rounding points match src/cpu/pre.cpp: bf16 after each norm and rotation, fp8 as x / scale.
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
+#include "cuda/mxfp4_mma.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 
 namespace mla::cuda {
@@ -219,6 +221,26 @@ __device__ __forceinline__ void store_query(const QueryParams& p, int64_t offset
   else static_cast<uint16_t*>(p.out)[offset] = float_to_bf16(v);
 }
 
+// q_pe of tokens s0 .. s0 + tokens - 1, head n: rotated (RoPE models), rounded to bf16, then
+// quantized like ql_nope (the CTAs of a head's first latent rows).
+__device__ __forceinline__ void store_q_pe(const QueryParams& p, int64_t s0, int tokens, int n) {
+  const int h = p.head_offset + n, head_dim = p.nope_dim + kRope;
+  for (int i = threadIdx.x; i < tokens * (kRope / 2); i += blockDim.x) {
+    const int t = i / (kRope / 2), pair = i % (kRope / 2);
+    const int64_t s = s0 + t;
+    const uint16_t* qpe = p.q + s * p.q_stride + int64_t(n) * head_dim + p.nope_dim;
+    float x0 = bf16_to_float(qpe[2 * pair]), x1 = bf16_to_float(qpe[2 * pair + 1]);
+    if (p.inv_freq) {
+      rope_pair(x0, x1, token_position(p.seq_lens, p.qlen, s), p.inv_freq, pair, p.rope_mscale);
+      x0 = round_bf16(x0);
+      x1 = round_bf16(x1);
+    }
+    const int64_t base = s * p.out_s_stride + int64_t(h) * p.out_h_stride + kLatent + 2 * pair;
+    store_query(p, base, x0);
+    store_query(p, base + 1, x1);
+  }
+}
+
 // grid (N * L/32, ceil(S / kTokens)), kTokens in {1, 2, 4, 8}: the tokens sharing each decoded
 // weight row. At small S this is bound by load latency and per-thread work, not bandwidth (W_UK is
 // 1.6 bytes a weight, 0.4 MB for kimi-k3): the 4 threads of a row each decode one or two
@@ -301,23 +323,81 @@ __global__ void __launch_bounds__(kQueryThreads) query_kernel(const __grid_const
       if (t < tokens) store_query(p, (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l, acc[t]);
   }
 
-  // q_pe: rotated (RoPE models), rounded to bf16, then quantized like ql_nope.
-  if (blockIdx.x % kChunks == 0) {
-    for (int i = threadIdx.x; i < tokens * (kRope / 2); i += blockDim.x) {
-      const int t = i / (kRope / 2), pair = i % (kRope / 2);
-      const int64_t s = s0 + t;
-      const uint16_t* qpe = p.q + s * p.q_stride + int64_t(n) * head_dim + p.nope_dim;
-      float x0 = bf16_to_float(qpe[2 * pair]), x1 = bf16_to_float(qpe[2 * pair + 1]);
-      if (p.inv_freq) {
-        rope_pair(x0, x1, token_position(p.seq_lens, p.qlen, s), p.inv_freq, pair, p.rope_mscale);
-        x0 = round_bf16(x0);
-        x1 = round_bf16(x1);
-      }
-      const int64_t base = s * p.out_s_stride + int64_t(h) * p.out_h_stride + kLatent + 2 * pair;
-      store_query(p, base, x0);
-      store_query(p, base + 1, x1);
+  if (blockIdx.x % kChunks == 0) store_q_pe(p, s0, tokens, n);
+}
+
+// --- 16+ tokens: W_UK on the tensor cores (mxfp4_mma.cuh) ----------------------------------------
+// grid (N * L/128, ceil(S / 16)), 4 warps: a CTA multiplies 16 tokens' q_nope of one head (bf16,
+// exact in the MMA) by 128 W_UK^T rows (latent l), warp w rows 32 w .. 32 w + 31 of them as 4 n8
+// tiles; the rows' codes and scales in shared memory, decoded a code word a lane (query_kernel
+// decodes each row for at most 8 tokens on the CUDA cores: 124 us at 64 tokens x 128 heads).
+constexpr int kMmaQTokens = 16;
+constexpr int kMmaQThreads = 128;
+constexpr int kMmaQTiles = 4;
+constexpr int kMmaQRows = kMmaQThreads / 32 * kMmaQTiles * 8;  // 128 latent rows a CTA
+constexpr int kMmaQPitch = kMaxNope + 4;                        // floats a q_nope row (conflict-free)
+constexpr int kMmaQWords = kMaxNope / 8 + 4;                    // code-word pitch of a W_UK^T row (at most)
+
+__global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_constant__ QueryParams p) {
+  __shared__ __align__(16) float q_nope[kMmaQTokens][kMmaQPitch];
+  __shared__ __align__(16) uint32_t codes[kMmaQRows * kMmaQWords];
+  __shared__ uint8_t scales[kMmaQRows][kMaxBlocks];
+  constexpr int kChunks = kLatent / kMmaQRows;
+  const int n = blockIdx.x / kChunks, l0 = (blockIdx.x % kChunks) * kMmaQRows;
+  const int64_t s0 = int64_t(blockIdx.y) * kMmaQTokens;
+  const int tokens = int(min(int64_t(kMmaQTokens), int64_t(p.tokens) - s0));
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+  const int head_dim = p.nope_dim + kRope, blocks = p.nope_dim / mxfp4::kBlock;
+  // A row's code words at pitch P/8 + 4 words (20 for P = 128): the 8 rows a fragment load reads
+  // start in different bank quads.
+  const int row_words = p.nope_dim / 8, pitch = row_words + 4;
+
+  // 1. The CTA's W_UK^T rows (constant: before waiting for q_b), then the tokens' q_nope.
+  for (int i = tid; i < kMmaQRows * (row_words / 4); i += kMmaQThreads) {
+    const int r = i / (row_words / 4), k = i % (row_words / 4);
+    ptx::cp_async_16(ptx::smem_addr(&codes[r * pitch + 4 * k]),
+                     p.w_codes + (int64_t(n) * kLatent + l0 + r) * (p.nope_dim / 2) + 16 * k, true);
+  }
+  ptx::cp_async_commit();
+  for (int i = tid; i < kMmaQRows * blocks; i += kMmaQThreads)
+    scales[i / blocks][i % blocks] = p.w_scales[(int64_t(n) * kLatent + l0) * blocks + i];
+  allow_dependents();
+  wait_for_prior_grids();  // q is q_b's output
+  for (int i = tid; i < kMmaQTokens * p.nope_dim; i += kMmaQThreads) {
+    const int t = i / p.nope_dim, d = i % p.nope_dim;
+    q_nope[t][d] = t < tokens ? bf16_to_float(p.q[(s0 + t) * p.q_stride + int64_t(n) * head_dim + d]) : 0.0f;
+  }
+  ptx::cp_async_wait_all();
+  __syncthreads();
+
+  // 2. ql_nope^T tiles [16 tokens x 8 rows] over the nope dims, a 32-value block at a time.
+  float acc[kMmaQTiles][4] = {};
+  for (int blk = 0; blk < blocks; ++blk) {
+    float x0[8], x1[8];
+    mxfp4::load8(&q_nope[g][mxfp4::kBlock * blk + 8 * c], x0);
+    mxfp4::load8(&q_nope[g + 8][mxfp4::kBlock * blk + 8 * c], x1);
+    uint32_t a[2][4];
+    mxfp4::a_fragments(x0, x1, a);
+#pragma unroll
+    for (int j = 0; j < kMmaQTiles; ++j) {
+      const int r = 32 * warp + 8 * j + g;
+      uint32_t b[2][2];
+      mxfp4::b_fragments(codes[r * pitch + 4 * blk + c], scales[r][blk], b);
+#pragma unroll
+      for (int s = 0; s < 2; ++s) ptx::mma_bf16(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[s][0], b[s][1]);
     }
   }
+
+  // 3. Lane (g, c): tokens g, g + 8 x latent rows 2c, 2c + 1 of each tile, quantized as query_kernel.
+  const int h = p.head_offset + n;
+#pragma unroll
+  for (int j = 0; j < kMmaQTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = g + 8 * (e >> 1), l = l0 + 32 * warp + 8 * j + 2 * c + (e & 1);
+      if (t < tokens) store_query(p, (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l, acc[j][e]);
+    }
+  if (l0 == 0) store_q_pe(p, s0, tokens, n);
 }
 
 }  // namespace
@@ -340,6 +420,12 @@ void launch_query(const QueryParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   MLA_REQUIRE(p.nope_dim % 32 == 0 && p.nope_dim <= kMaxNope, "CUDA pre: qk_nope_dim must be a multiple of 32 <= ",
               kMaxNope, ", got ", p.nope_dim);
+  if (p.tokens >= mma_products_min() && reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0) {
+    const dim3 grid(unsigned(p.heads * (kLatent / kMmaQRows)), unsigned((p.tokens + kMmaQTokens - 1) / kMmaQTokens));
+    launch_dependent(query_mma_kernel, grid, dim3(kMmaQThreads), 0, stream, p);
+    MLA_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const int tokens = p.tokens <= 1 ? 1 : p.tokens <= 2 ? 2 : p.tokens <= 4 ? 4 : 8;
   const dim3 grid(unsigned(p.heads * (kLatent / kQueryRows)), unsigned((p.tokens + tokens - 1) / tokens));
   switch (tokens) {

@@ -242,4 +242,10 @@ struct PostParams {
 };
 void launch_post(const PostParams& p, cudaStream_t stream);
 
+// From this many tokens on, pre's W_UK and post's W_UV products run on the tensor cores
+// (mxfp4_mma.cuh); below, the CUDA-core kernels built for latency at decode's few tokens.
+// MLA_MMA_PRODUCTS_MIN=N moves it (1: every step, as device-check runs the GPU tests once).
+inline constexpr int kMmaProductsMinTokens = 16;
+int mma_products_min();
+
 }  // namespace mla::cuda

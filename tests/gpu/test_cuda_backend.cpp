@@ -103,73 +103,101 @@ PreOut make_pre_out(const Fixture& f, Device dev) {
   return p;
 }
 
+// pre on both backends from the same hidden states: the query, the cache rows, the gate.
+void check_pre(Fixture& f) {
+  synth::Scenario dev = synth::to_device(f.host);
+  PreOut cpu_out = make_pre_out(f, Device::cpu), gpu_out = make_pre_out(f, Device::cuda);
+  f.cpu.pre(f.host.hidden, f.host.meta(), f.host.kv(), cpu_out.views());
+  f.gpu.pre(dev.hidden, dev.meta(), dev.kv(), gpu_out.views());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cuda::take_device_errors(detail::backend_of(f.gpu)), 0u);
+  // Pad heads stay poisoned on both sides, so compare() also checks they were not written.
+  expect_close(gpu_out.q.to_host(), cpu_out.q, 1e-2, "query");
+  expect_close(dev.cache.to_host(), f.host.cache, 1e-2, "cache");
+  if (f.cfg.gate_dim() > 0) expect_close(gpu_out.gate.to_host(), cpu_out.gate, 1e-2, "gate");
+}
+
 TEST(CudaBackend, PreMatchesCpu) {
   MLA_REQUIRE_GPU();
   for (int k = 0; k < kCases; ++k) {
     Fixture f(100 + k);
     SCOPED_TRACE(f.rc.describe());
     if (f.s() == 0) continue;
-    synth::Scenario dev = synth::to_device(f.host);
-    PreOut cpu_out = make_pre_out(f, Device::cpu), gpu_out = make_pre_out(f, Device::cuda);
-    f.cpu.pre(f.host.hidden, f.host.meta(), f.host.kv(), cpu_out.views());
-    f.gpu.pre(dev.hidden, dev.meta(), dev.kv(), gpu_out.views());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cuda::take_device_errors(detail::backend_of(f.gpu)), 0u);
-    // Pad heads stay poisoned on both sides, so compare() also checks they were not written.
-    expect_close(gpu_out.q.to_host(), cpu_out.q, 1e-2, "query");
-    expect_close(dev.cache.to_host(), f.host.cache, 1e-2, "cache");
-    if (f.cfg.gate_dim() > 0) expect_close(gpu_out.gate.to_host(), cpu_out.gate, 1e-2, "gate");
+    check_pre(f);
   }
 }
 
-// attend and post from the CPU's pre outputs, so both backends see identical inputs.
+// attend and post from the CPU's pre outputs, so both backends see identical inputs; case k picks
+// the output form.
+void check_attend_post(Fixture& f, int k) {
+  PreOut pre = make_pre_out(f, Device::cpu);
+  f.cpu.pre(f.host.hidden, f.host.meta(), f.host.kv(), pre.views());
+  synth::Scenario dev = synth::to_device(f.host);  // the cache now holds this step's rows
+  Tensor q_dev = device_copy(pre.q);
+
+  // Output forms: merged f32 / bf16, or split partials (f32).
+  const int splits = f.rc.num_splits;
+  const DType o_dtype = (k % 3 == 2) ? DType::bf16 : DType::f32;
+  auto make_out = [&](Device d) {
+    std::vector<int64_t> o_shape{f.s(), f.g(), 512}, lse_shape{f.s(), f.g()};
+    if (splits > 1) {
+      o_shape.insert(o_shape.begin(), splits);
+      lse_shape.insert(lse_shape.begin(), splits);
+    }
+    std::pair<Tensor, Tensor> t{Tensor::empty(splits > 1 ? DType::f32 : o_dtype, o_shape, d),
+                                Tensor::empty(DType::f32, lse_shape, d)};
+    testing::poison(t.first);
+    testing::poison(t.second);
+    return t;
+  };
+  auto [cpu_o, cpu_lse] = make_out(Device::cpu);
+  auto [gpu_o, gpu_lse] = make_out(Device::cuda);
+  f.cpu.attend(pre.q, f.host.kv(), f.host.meta(), {cpu_o, cpu_lse});
+  f.gpu.attend(q_dev, dev.kv(), dev.meta(), {gpu_o, gpu_lse});
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cuda::take_device_errors(detail::backend_of(f.gpu)), 0u);
+  const Tensor gpu_o_host = gpu_o.to_host();
+  EXPECT_EQ(testing::count_poison(gpu_o_host), 0);
+  expect_close(gpu_o_host, cpu_o, cpu_o.view().dtype == DType::f32 ? 1e-4 : 1e-2, "attend o");
+  expect_lse_close(gpu_lse.to_host(), cpu_lse);
+
+  // post from the CPU's attend outputs and gate.
+  Tensor gate_dev = f.cfg.gate_dim() > 0 ? device_copy(pre.gate) : Tensor();
+  Tensor o_dev = device_copy(cpu_o), lse_dev = device_copy(cpu_lse);
+  Tensor cpu_out = Tensor::empty(DType::bf16, {f.s(), f.nv()});
+  Tensor gpu_out = Tensor::empty(DType::bf16, {f.s(), f.nv()}, Device::cuda);
+  testing::poison(gpu_out);
+  f.cpu.post({cpu_o, cpu_lse}, pre.gate, f.host.meta(), cpu_out);
+  f.gpu.post({o_dev, lse_dev}, gate_dev, dev.meta(), gpu_out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_close(gpu_out.to_host(), cpu_out, 1e-2, "post out");
+}
+
 TEST(CudaBackend, AttendAndPostMatchCpu) {
   MLA_REQUIRE_GPU();
   for (int k = 0; k < kCases; ++k) {
     Fixture f(200 + k);
     SCOPED_TRACE(f.rc.describe());
     if (f.s() == 0) continue;
-    PreOut pre = make_pre_out(f, Device::cpu);
-    f.cpu.pre(f.host.hidden, f.host.meta(), f.host.kv(), pre.views());
-    synth::Scenario dev = synth::to_device(f.host);  // the cache now holds this step's rows
-    Tensor q_dev = device_copy(pre.q);
+    check_attend_post(f, k);
+  }
+}
 
-    // Output forms: merged f32 / bf16, or split partials (f32).
-    const int splits = f.rc.num_splits;
-    const DType o_dtype = (k % 3 == 2) ? DType::bf16 : DType::f32;
-    auto make_out = [&](Device d) {
-      std::vector<int64_t> o_shape{f.s(), f.g(), 512}, lse_shape{f.s(), f.g()};
-      if (splits > 1) {
-        o_shape.insert(o_shape.begin(), splits);
-        lse_shape.insert(lse_shape.begin(), splits);
-      }
-      std::pair<Tensor, Tensor> t{Tensor::empty(splits > 1 ? DType::f32 : o_dtype, o_shape, d),
-                                  Tensor::empty(DType::f32, lse_shape, d)};
-      testing::poison(t.first);
-      testing::poison(t.second);
-      return t;
-    };
-    auto [cpu_o, cpu_lse] = make_out(Device::cpu);
-    auto [gpu_o, gpu_lse] = make_out(Device::cuda);
-    f.cpu.attend(pre.q, f.host.kv(), f.host.meta(), {cpu_o, cpu_lse});
-    f.gpu.attend(q_dev, dev.kv(), dev.meta(), {gpu_o, gpu_lse});
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cuda::take_device_errors(detail::backend_of(f.gpu)), 0u);
-    const Tensor gpu_o_host = gpu_o.to_host();
-    EXPECT_EQ(testing::count_poison(gpu_o_host), 0);
-    expect_close(gpu_o_host, cpu_o, cpu_o.view().dtype == DType::f32 ? 1e-4 : 1e-2, "attend o");
-    expect_lse_close(gpu_lse.to_host(), cpu_lse);
-
-    // post from the CPU's attend outputs and gate.
-    Tensor gate_dev = f.cfg.gate_dim() > 0 ? device_copy(pre.gate) : Tensor();
-    Tensor o_dev = device_copy(cpu_o), lse_dev = device_copy(cpu_lse);
-    Tensor cpu_out = Tensor::empty(DType::bf16, {f.s(), f.nv()});
-    Tensor gpu_out = Tensor::empty(DType::bf16, {f.s(), f.nv()}, Device::cuda);
-    testing::poison(gpu_out);
-    f.cpu.post({cpu_o, cpu_lse}, pre.gate, f.host.meta(), cpu_out);
-    f.gpu.post({o_dev, lse_dev}, gate_dev, dev.meta(), gpu_out);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    expect_close(gpu_out.to_host(), cpu_out, 1e-2, "post out");
+// 16+ tokens (kMmaProductsMinTokens): pre's W_UK and post's W_UV take the tensor-core kernels
+// (mxfp4_mma.cuh); the cases above reach them only where their batch and qlen happen to.
+TEST(CudaBackend, ManyTokensMatchCpu) {
+  MLA_REQUIRE_GPU();
+  testing::RandomCaseLimits lim = limits();
+  lim.min_batch = 16;
+  lim.max_batch = 40;
+  lim.max_qlen = 2;
+  lim.max_total_context = 8000;
+  for (int k = 0; k < 4; ++k) {
+    Fixture f(300 + k, lim);
+    SCOPED_TRACE(f.rc.describe());
+    ASSERT_GE(f.s(), cuda::kMmaProductsMinTokens);
+    check_pre(f);
+    check_attend_post(f, k);
   }
 }
 
