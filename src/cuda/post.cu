@@ -258,17 +258,20 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
 }
 
 // --- 16+ tokens: W_UV on the tensor cores (mxfp4_mma.cuh) ----------------------------------------
-// grid (N, ceil(V / 128), ceil(S / 16)), 4 warps: a CTA merges the partials of 16 tokens of one
+// grid (N, ceil(V / 128), ceil(S / 16)), 16 warps: a CTA merges the partials of 16 tokens of one
 // head once (post_kernel merges them in each of a head's V / 32 CTAs, one token after another) and
-// multiplies them by 128 W_UV rows: out^T tile [16 tokens x 8 rows] += o [16 x 16] . W^T [16 x 8] by
-// mma.sync, o as hi + lo bf16 (two MMAs a step), W decoded from shared memory a code word a lane.
+// multiplies them by 128 W_UV rows, warp w rows 8 w .. 8 w + 7: out^T tile [16 tokens x 8 rows] +=
+// o [16 x 16] . W^T [16 x 8] by mma.sync, o as hi + lo bf16 (two MMAs a step), W decoded from
+// shared memory a code word a lane. 512 threads keep a head's partials in flight at once (at 64
+// tokens x 12 heads the grid is 48 CTAs).
 constexpr int kWideTokens = 16;                  // a CTA's tokens: the MMA's M
-constexpr int kWideThreads = 128;
-constexpr int kWideTiles = 4;                    // n8 tiles (W_UV rows) a warp
-constexpr int kWideRows = kWideThreads / 32 * kWideTiles * 8;  // 128 rows a CTA
+constexpr int kWideThreads = 512;
+constexpr int kWideRows = kWideThreads / 32 * 8;  // 128 W_UV rows a CTA: an n8 tile a warp
+constexpr int kWideGroups = kWideThreads / (kLatent / 4);  // merge: 4 groups of 128 threads, 4 dims a thread
 constexpr int kOPitch = kLatent + 4;             // floats a merged o row: lanes (g, c) load conflict-free
 constexpr int kWPitch = kLatent / 8 + 4;         // code words a W_UV row: the same
 constexpr int kRowBlocks = kLatent / mxfp4::kBlock;
+static_assert(kWideGroups * kLatent / 4 == kWideThreads && kWideRows == 128, "post_mma_kernel's thread layout");
 
 struct PostWideSmem {
   float o[kWideTokens][kOPitch];            // merged o
@@ -317,14 +320,16 @@ __global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_con
     merge_weights(p, sm.tok_lse[t], sm.tok_count[t], lane, sm.weight[t]);
   __syncthreads();
 
-  // 2. o[t] = sum_c weight[t][c] o_c[t]: thread tid owns dims 4 tid .. 4 tid + 3 of every token and
-  //    walks the (token, partial) pairs in order, kPostBatch loads in flight (one token after
-  //    another would wait a round trip a token). A partial of weight 0 is loaded, never used.
+  // 2. o[t] = sum_c weight[t][c] o_c[t]: group k (128 threads, 4 dims 4 q .. 4 q + 3 each) merges
+  //    tokens k, k + 4, .. walking their (token, partial) pairs in order, kPostBatch loads in flight
+  //    (one token after another would wait a round trip a token). A partial of weight 0 is loaded,
+  //    never used.
   const bool vec = reinterpret_cast<uintptr_t>(p.o) % (p.o_bf16 ? 8 : 16) == 0 && p.o_split_stride % 4 == 0 &&
                    p.o_s_stride % 4 == 0 && p.o_h_stride % 4 == 0;
-  int t_at = 0, c_at = 0;
+  const int group = tid / (kLatent / 4), q = tid % (kLatent / 4);
+  int t_at = group, c_at = 0;
   auto skip_empty = [&] {
-    while (t_at < tokens && c_at >= sm.tok_count[t_at]) t_at += 1, c_at = 0;
+    while (t_at < tokens && c_at >= sm.tok_count[t_at]) t_at += kWideGroups, c_at = 0;
   };
   skip_empty();
   while (t_at < tokens) {
@@ -334,7 +339,7 @@ __global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_con
     for (int i = 0; i < kPostBatch; ++i) {
       tt[i] = t_at, cc[i] = c_at;
       if (t_at < tokens) {
-        x[i] = load_partial<kBf16>(p, sm.tok_o[t_at] + c_at * p.o_split_stride + 4 * tid, vec);
+        x[i] = load_partial<kBf16>(p, sm.tok_o[t_at] + c_at * p.o_split_stride + 4 * q, vec);
         c_at += 1;
         skip_empty();
       }
@@ -345,7 +350,7 @@ __global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_con
       const float w = sm.weight[tt[i]][cc[i]];
       if (w != 0.0f) {
         const float4 xi = partial_floats<kBf16>(x[i]);
-        float4& o = *reinterpret_cast<float4*>(&sm.o[tt[i]][4 * tid]);
+        float4& o = *reinterpret_cast<float4*>(&sm.o[tt[i]][4 * q]);
         o.x += w * xi.x, o.y += w * xi.y, o.z += w * xi.z, o.w += w * xi.w;
       }
     }
@@ -353,43 +358,37 @@ __global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_con
   ptx::cp_async_wait_all();
   __syncthreads();
 
-  // 3. out^T tiles: warp w's rows v0 + 32 w + 8 j + (0..7), every token.
-  float acc[kWideTiles][4] = {};
-#pragma unroll 2
+  // 3. Warp w's out^T tile: rows v0 + 8 w + (0..7), every token.
+  float acc[4] = {};
+  const int r = 8 * warp + g;
+#pragma unroll 4
   for (int blk = 0; blk < kRowBlocks; ++blk) {
     float x0[8], x1[8], hi0[8], lo0[8], hi1[8], lo1[8];
     mxfp4::load8(&sm.o[g][mxfp4::kBlock * blk + 8 * c], x0);
     mxfp4::load8(&sm.o[g + 8][mxfp4::kBlock * blk + 8 * c], x1);
     mxfp4::split_hi_lo(x0, hi0, lo0);
     mxfp4::split_hi_lo(x1, hi1, lo1);
-    uint32_t a_hi[2][4], a_lo[2][4];
+    uint32_t a_hi[2][4], a_lo[2][4], b[2][2];
     mxfp4::a_fragments(hi0, hi1, a_hi);
     mxfp4::a_fragments(lo0, lo1, a_lo);
+    mxfp4::b_fragments(sm.codes[r][4 * blk + c], sm.scales[r][blk], b);
 #pragma unroll
-    for (int j = 0; j < kWideTiles; ++j) {
-      const int r = 32 * warp + 8 * j + g;
-      uint32_t b[2][2];
-      mxfp4::b_fragments(sm.codes[r][4 * blk + c], sm.scales[r][blk], b);
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        ptx::mma_bf16(acc[j], a_hi[s][0], a_hi[s][1], a_hi[s][2], a_hi[s][3], b[s][0], b[s][1]);
-        ptx::mma_bf16(acc[j], a_lo[s][0], a_lo[s][1], a_lo[s][2], a_lo[s][3], b[s][0], b[s][1]);
-      }
+    for (int s = 0; s < 2; ++s) {
+      ptx::mma_bf16(acc, a_hi[s][0], a_hi[s][1], a_hi[s][2], a_hi[s][3], b[s][0], b[s][1]);
+      ptx::mma_bf16(acc, a_lo[s][0], a_lo[s][1], a_lo[s][2], a_lo[s][3], b[s][0], b[s][1]);
     }
   }
 
-  // 4. Lane (g, c) holds tokens g, g + 8 x rows 2c, 2c + 1 of each tile: times the gate, bf16 out.
+  // 4. Lane (g, c) holds tokens g, g + 8 x rows 2c, 2c + 1: times the gate, bf16 out.
 #pragma unroll
-  for (int j = 0; j < kWideTiles; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = g + 8 * (e >> 1), v = v0 + 32 * warp + 8 * j + 2 * c + (e & 1);
-      if (t >= tokens || v >= p.v_dim) continue;
-      const int64_t s = s0 + t, col = int64_t(n) * p.v_dim + v;
-      float y = acc[j][e];
-      if (p.gate) y *= bf16_to_float(p.gate[s * p.gate_stride + col]);
-      p.out[s * p.out_stride + col] = float_to_bf16(y);
-    }
+  for (int e = 0; e < 4; ++e) {
+    const int t = g + 8 * (e >> 1), v = v0 + 8 * warp + 2 * c + (e & 1);
+    if (t >= tokens || v >= p.v_dim) continue;
+    const int64_t s = s0 + t, col = int64_t(n) * p.v_dim + v;
+    float y = acc[e];
+    if (p.gate) y *= bf16_to_float(p.gate[s * p.gate_stride + col]);
+    p.out[s * p.out_stride + col] = float_to_bf16(y);
+  }
 }
 
 }  // namespace

@@ -327,62 +327,65 @@ __global__ void __launch_bounds__(kQueryThreads) query_kernel(const __grid_const
 }
 
 // --- 16+ tokens: W_UK on the tensor cores (mxfp4_mma.cuh) ----------------------------------------
-// grid (N * L/128, ceil(S / 16)), 4 warps: a CTA multiplies 16 tokens' q_nope of one head (bf16,
-// exact in the MMA) by 128 W_UK^T rows (latent l), warp w rows 32 w .. 32 w + 31 of them as 4 n8
-// tiles; the rows' codes and scales in shared memory, decoded a code word a lane (query_kernel
-// decodes each row for at most 8 tokens on the CUDA cores: 124 us at 64 tokens x 128 heads).
+// grid (N * L/128, ceil(S / 16)), 8 warps: a CTA multiplies 16 tokens' q_nope of one head (bf16,
+// exact in the MMA) by 128 W_UK^T rows (latent l), warp w rows 16 w .. 16 w + 15 as two n8 tiles;
+// the rows' codes and scales in shared memory, decoded a code word a lane (query_kernel decodes
+// each row for at most 8 tokens on the CUDA cores: 124 us at 64 tokens x 128 heads, session 26).
 constexpr int kMmaQTokens = 16;
-constexpr int kMmaQThreads = 128;
-constexpr int kMmaQTiles = 4;
+constexpr int kMmaQThreads = 256;
+constexpr int kMmaQTiles = 2;
 constexpr int kMmaQRows = kMmaQThreads / 32 * kMmaQTiles * 8;  // 128 latent rows a CTA
-constexpr int kMmaQPitch = kMaxNope + 4;                        // floats a q_nope row (conflict-free)
-constexpr int kMmaQWords = kMaxNope / 8 + 4;                    // code-word pitch of a W_UK^T row (at most)
+// q_nope rows as bf16 pairs, P/2 + 16 words apart (16 mod 32): the two rows of an 8-lane phase of a
+// fragment load fall in opposite bank halves. A W_UK^T row's code words P/8 + 4 apart (20 for
+// P = 128): the 8 rows of a fragment load start in different bank quads.
+constexpr int kMmaQPairs = kMaxNope / 2 + 16;
+constexpr int kMmaQWords = kMaxNope / 8 + 4;
 
 __global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_constant__ QueryParams p) {
-  __shared__ __align__(16) float q_nope[kMmaQTokens][kMmaQPitch];
+  __shared__ __align__(16) uint32_t q_nope[kMmaQTokens * kMmaQPairs];
   __shared__ __align__(16) uint32_t codes[kMmaQRows * kMmaQWords];
-  __shared__ uint8_t scales[kMmaQRows][kMaxBlocks];
+  __shared__ __align__(16) uint8_t scales[kMmaQRows * kMaxBlocks];
   constexpr int kChunks = kLatent / kMmaQRows;
   const int n = blockIdx.x / kChunks, l0 = (blockIdx.x % kChunks) * kMmaQRows;
   const int64_t s0 = int64_t(blockIdx.y) * kMmaQTokens;
   const int tokens = int(min(int64_t(kMmaQTokens), int64_t(p.tokens) - s0));
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
   const int head_dim = p.nope_dim + kRope, blocks = p.nope_dim / mxfp4::kBlock;
-  // A row's code words at pitch P/8 + 4 words (20 for P = 128): the 8 rows a fragment load reads
-  // start in different bank quads.
-  const int row_words = p.nope_dim / 8, pitch = row_words + 4;
+  const int row_words = p.nope_dim / 8, pitch = row_words + 4, pairs = p.nope_dim / 2 + 16;
 
-  // 1. The CTA's W_UK^T rows (constant: before waiting for q_b), then the tokens' q_nope.
+  // 1. The CTA's W_UK^T rows and their scales (constant: before waiting for q_b), then the tokens'
+  //    q_nope in 16-byte pieces (launch_query checks the alignment).
   for (int i = tid; i < kMmaQRows * (row_words / 4); i += kMmaQThreads) {
     const int r = i / (row_words / 4), k = i % (row_words / 4);
     ptx::cp_async_16(ptx::smem_addr(&codes[r * pitch + 4 * k]),
                      p.w_codes + (int64_t(n) * kLatent + l0 + r) * (p.nope_dim / 2) + 16 * k, true);
   }
+  for (int i = tid; i < kMmaQRows * blocks / 16; i += kMmaQThreads)  // the rows' scales: contiguous
+    ptx::cp_async_16(ptx::smem_addr(&scales[16 * i]), p.w_scales + (int64_t(n) * kLatent + l0) * blocks + 16 * i, true);
   ptx::cp_async_commit();
-  for (int i = tid; i < kMmaQRows * blocks; i += kMmaQThreads)
-    scales[i / blocks][i % blocks] = p.w_scales[(int64_t(n) * kLatent + l0) * blocks + i];
   allow_dependents();
   wait_for_prior_grids();  // q is q_b's output
-  for (int i = tid; i < kMmaQTokens * p.nope_dim; i += kMmaQThreads) {
-    const int t = i / p.nope_dim, d = i % p.nope_dim;
-    q_nope[t][d] = t < tokens ? bf16_to_float(p.q[(s0 + t) * p.q_stride + int64_t(n) * head_dim + d]) : 0.0f;
+  for (int i = tid; i < kMmaQTokens * (p.nope_dim / 8); i += kMmaQThreads) {
+    const int t = i / (p.nope_dim / 8), k = i % (p.nope_dim / 8);
+    const uint4 v = t < tokens ? *reinterpret_cast<const uint4*>(p.q + (s0 + t) * p.q_stride + int64_t(n) * head_dim + 8 * k)
+                               : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(&q_nope[t * pairs + 4 * k]) = v;
   }
   ptx::cp_async_wait_all();
   __syncthreads();
 
-  // 2. ql_nope^T tiles [16 tokens x 8 rows] over the nope dims, a 32-value block at a time.
+  // 2. ql_nope^T tiles [16 tokens x 8 rows] over the nope dims, a 32-value block at a time: lane
+  //    (g, c)'s A values 8c .. 8c + 7 of the block are four bf16 pairs of one 16-byte load a row.
   float acc[kMmaQTiles][4] = {};
   for (int blk = 0; blk < blocks; ++blk) {
-    float x0[8], x1[8];
-    mxfp4::load8(&q_nope[g][mxfp4::kBlock * blk + 8 * c], x0);
-    mxfp4::load8(&q_nope[g + 8][mxfp4::kBlock * blk + 8 * c], x1);
-    uint32_t a[2][4];
-    mxfp4::a_fragments(x0, x1, a);
+    const uint4 x0 = *reinterpret_cast<const uint4*>(&q_nope[g * pairs + 16 * blk + 4 * c]);
+    const uint4 x1 = *reinterpret_cast<const uint4*>(&q_nope[(g + 8) * pairs + 16 * blk + 4 * c]);
+    const uint32_t a[2][4] = {{x0.x, x1.x, x0.y, x1.y}, {x0.z, x1.z, x0.w, x1.w}};
 #pragma unroll
     for (int j = 0; j < kMmaQTiles; ++j) {
-      const int r = 32 * warp + 8 * j + g;
+      const int r = 16 * warp + 8 * j + g;
       uint32_t b[2][2];
-      mxfp4::b_fragments(codes[r * pitch + 4 * blk + c], scales[r][blk], b);
+      mxfp4::b_fragments(codes[r * pitch + 4 * blk + c], scales[r * blocks + blk], b);
 #pragma unroll
       for (int s = 0; s < 2; ++s) ptx::mma_bf16(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[s][0], b[s][1]);
     }
@@ -394,7 +397,7 @@ __global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_co
   for (int j = 0; j < kMmaQTiles; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int t = g + 8 * (e >> 1), l = l0 + 32 * warp + 8 * j + 2 * c + (e & 1);
+      const int t = g + 8 * (e >> 1), l = l0 + 16 * warp + 8 * j + 2 * c + (e & 1);
       if (t < tokens) store_query(p, (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l, acc[j][e]);
     }
   if (l0 == 0) store_q_pe(p, s0, tokens, n);
@@ -420,7 +423,10 @@ void launch_query(const QueryParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   MLA_REQUIRE(p.nope_dim % 32 == 0 && p.nope_dim <= kMaxNope, "CUDA pre: qk_nope_dim must be a multiple of 32 <= ",
               kMaxNope, ", got ", p.nope_dim);
-  if (p.tokens >= mma_products_min() && reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0) {
+  // (query_mma_kernel's 16-byte loads: codes, scales and q_nope rows aligned)
+  const bool aligned = reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w_scales) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_stride % 8 == 0 && (p.nope_dim + kRope) % 8 == 0;
+  if (p.tokens >= mma_products_min() && aligned) {
     const dim3 grid(unsigned(p.heads * (kLatent / kMmaQRows)), unsigned((p.tokens + kMmaQTokens - 1) / kMmaQTokens));
     launch_dependent(query_mma_kernel, grid, dim3(kMmaQThreads), 0, stream, p);
     MLA_CUDA_CHECK_LAUNCH();
