@@ -266,35 +266,40 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
 // tokens x 12 heads the grid is 48 CTAs).
 constexpr int kWideTokens = 16;                  // a CTA's tokens: the MMA's M
 constexpr int kWideThreads = 512;
-constexpr int kWideRows = kWideThreads / 32 * 8;  // 128 W_UV rows a CTA: an n8 tile a warp
+constexpr int kWideRows = kWideThreads / 32 * 8;  // W_UV rows a CTA at most: an n8 tile a warp
+constexpr int kWideBatch = 8;                     // partial rows a thread loads before it uses any (16 spills at 2 CTAs an SM)
 constexpr int kWideGroups = kWideThreads / (kLatent / 4);  // merge: 4 groups of 128 threads, 4 dims a thread
 constexpr int kOPitch = kLatent + 4;             // floats a merged o row: lanes (g, c) load conflict-free
 constexpr int kWPitch = kLatent / 8 + 4;         // code words a W_UV row: the same
 constexpr int kRowBlocks = kLatent / mxfp4::kBlock;
 static_assert(kWideGroups * kLatent / 4 == kWideThreads && kWideRows == 128, "post_mma_kernel's thread layout");
 
+template <int kRows>
 struct PostWideSmem {
   float o[kWideTokens][kOPitch];            // merged o
   float weight[kWideTokens][kMaxPartials];  // merge weights
-  uint32_t codes[kWideRows][kWPitch];       // the CTA's W_UV rows
-  uint8_t scales[kWideRows][kRowBlocks];
+  uint32_t codes[kRows][kWPitch];           // the CTA's W_UV rows
+  uint8_t scales[kRows][kRowBlocks];
   int tok_count[kWideTokens];
   int64_t tok_o[kWideTokens], tok_lse[kWideTokens];
 };
 
-template <bool kBf16>
-__global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_constant__ PostParams p) {
+// kRows: W_UV rows a CTA (128, or 32 where the grid would fill less than the GPU: each of a head's
+// CTAs then merges the same partials, as post_kernel's do, with 4 x the loads in flight).
+template <bool kBf16, int kRows>
+__global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_constant__ PostParams p) {
+  static_assert(kRows % 8 == 0 && kRows <= kWideRows);
   extern __shared__ __align__(16) uint8_t post_smem[];
-  auto& sm = *reinterpret_cast<PostWideSmem*>(post_smem);
+  auto& sm = *reinterpret_cast<PostWideSmem<kRows>*>(post_smem);
   const int n = blockIdx.x, h = p.head_offset + n;
-  const int v0 = blockIdx.y * kWideRows;
+  const int v0 = blockIdx.y * kRows;
   const int64_t s0 = int64_t(blockIdx.z) * kWideTokens;
   const int tokens = int(min(int64_t(kWideTokens), int64_t(p.tokens) - s0));
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
 
   // 0. The CTA's W_UV rows (constant: before waiting for attend); rows past V are zero.
   constexpr int kRowChunks = kLatent / 2 / 16;  // 16-byte chunks of a row's codes
-  for (int i = tid; i < kWideRows * (kRowChunks + 1); i += kWideThreads) {
+  for (int i = tid; i < kRows * (kRowChunks + 1); i += kWideThreads) {
     const int r = i / (kRowChunks + 1), k = i % (kRowChunks + 1), v = v0 + r;
     const int64_t row = int64_t(n) * p.v_dim + (v < p.v_dim ? v : 0);
     if (k < kRowChunks)
@@ -321,7 +326,7 @@ __global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_con
   __syncthreads();
 
   // 2. o[t] = sum_c weight[t][c] o_c[t]: group k (128 threads, 4 dims 4 q .. 4 q + 3 each) merges
-  //    tokens k, k + 4, .. walking their (token, partial) pairs in order, kPostBatch loads in flight
+  //    tokens k, k + 4, .. walking their (token, partial) pairs in order, kWideBatch loads in flight
   //    (one token after another would wait a round trip a token). A partial of weight 0 is loaded,
   //    never used.
   const bool vec = reinterpret_cast<uintptr_t>(p.o) % (p.o_bf16 ? 8 : 16) == 0 && p.o_split_stride % 4 == 0 &&
@@ -333,10 +338,10 @@ __global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_con
   };
   skip_empty();
   while (t_at < tokens) {
-    uint4 x[kPostBatch];
-    int tt[kPostBatch], cc[kPostBatch];
+    uint4 x[kWideBatch];
+    int tt[kWideBatch], cc[kWideBatch];
 #pragma unroll
-    for (int i = 0; i < kPostBatch; ++i) {
+    for (int i = 0; i < kWideBatch; ++i) {
       tt[i] = t_at, cc[i] = c_at;
       if (t_at < tokens) {
         x[i] = load_partial<kBf16>(p, sm.tok_o[t_at] + c_at * p.o_split_stride + 4 * q, vec);
@@ -345,7 +350,7 @@ __global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_con
       }
     }
 #pragma unroll
-    for (int i = 0; i < kPostBatch; ++i) {
+    for (int i = 0; i < kWideBatch; ++i) {
       if (tt[i] >= tokens) break;
       const float w = sm.weight[tt[i]][cc[i]];
       if (w != 0.0f) {
@@ -359,6 +364,7 @@ __global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_con
   __syncthreads();
 
   // 3. Warp w's out^T tile: rows v0 + 8 w + (0..7), every token.
+  if (8 * warp >= kRows) return;
   float acc[4] = {};
   const int r = 8 * warp + g;
 #pragma unroll 4
@@ -391,6 +397,17 @@ __global__ void __launch_bounds__(kWideThreads) post_mma_kernel(const __grid_con
   }
 }
 
+// The device's SM count, once (post_mma_kernel's CTA height).
+int sm_count() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    MLA_CUDA_CHECK(cudaGetDevice(&device));
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return sms;
+}
+
 }  // namespace
 
 int mma_products_min() {
@@ -407,19 +424,24 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
               p.splits);
   const bool aligned = reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w_scales) % 16 == 0;
   if (p.tokens >= mma_products_min() && aligned) {
-    static const bool smem_set = [] {
-      MLA_CUDA_CHECK(cudaFuncSetAttribute(post_mma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(sizeof(PostWideSmem))));
-      MLA_CUDA_CHECK(cudaFuncSetAttribute(post_mma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(sizeof(PostWideSmem))));
-      return true;
-    }();
-    (void)smem_set;
-    const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + kWideRows - 1) / kWideRows),
-                    unsigned((p.tokens + kWideTokens - 1) / kWideTokens));
-    const size_t smem = sizeof(PostWideSmem);
-    if (p.o_bf16) launch_dependent(post_mma_kernel<true>, grid, dim3(kWideThreads), smem, stream, p);
-    else launch_dependent(post_mma_kernel<false>, grid, dim3(kWideThreads), smem, stream, p);
+    auto launch = [&](auto kernel, int rows, size_t smem) {
+      static const bool smem_set = [&] {
+        MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        return true;
+      }();
+      (void)smem_set;
+      const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + rows - 1) / rows),
+                      unsigned((p.tokens + kWideTokens - 1) / kWideTokens));
+      launch_dependent(kernel, grid, dim3(kWideThreads), smem, stream, p);
+    };
+    // 128-row CTAs where they fill the GPU's SMs, else 32-row ones (4 x the CTAs, each merging).
+    const int64_t ctas = int64_t(p.heads) * ((p.v_dim + kWideRows - 1) / kWideRows) *
+                         ((p.tokens + kWideTokens - 1) / kWideTokens);
+    const bool narrow = ctas < sm_count();
+    if (narrow && p.o_bf16) launch(post_mma_kernel<true, 32>, 32, sizeof(PostWideSmem<32>));
+    else if (narrow) launch(post_mma_kernel<false, 32>, 32, sizeof(PostWideSmem<32>));
+    else if (p.o_bf16) launch(post_mma_kernel<true, kWideRows>, kWideRows, sizeof(PostWideSmem<kWideRows>));
+    else launch(post_mma_kernel<false, kWideRows>, kWideRows, sizeof(PostWideSmem<kWideRows>));
     MLA_CUDA_CHECK_LAUNCH();
     return;
   }
