@@ -424,12 +424,18 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
               p.splits);
   const bool aligned = reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w_scales) % 16 == 0;
   if (p.tokens >= mma_products_min() && aligned) {
-    auto launch = [&](auto kernel, int rows, size_t smem) {
-      static const bool smem_set = [&] {
+    static const bool smem_set = [] {  // (every instance: its dynamic shared memory is over 48 KB)
+      auto set = [](auto kernel, size_t smem) {
         MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        return true;
-      }();
-      (void)smem_set;
+      };
+      set(post_mma_kernel<true, 32>, sizeof(PostWideSmem<32>));
+      set(post_mma_kernel<false, 32>, sizeof(PostWideSmem<32>));
+      set(post_mma_kernel<true, kWideRows>, sizeof(PostWideSmem<kWideRows>));
+      set(post_mma_kernel<false, kWideRows>, sizeof(PostWideSmem<kWideRows>));
+      return true;
+    }();
+    (void)smem_set;
+    auto launch = [&](auto kernel, int rows, size_t smem) {
       const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + rows - 1) / rows),
                       unsigned((p.tokens + kWideTokens - 1) / kWideTokens));
       launch_dependent(kernel, grid, dim3(kWideThreads), smem, stream, p);
