@@ -410,12 +410,13 @@ int sm_count() {
 
 }  // namespace
 
-int mma_products_min() {
-  static const int min_tokens = [] {
+bool mma_products(int64_t tokens, int heads) {
+  static const int forced = [] {  // MLA_MMA_PRODUCTS_MIN, 0 where unset
     const char* env = std::getenv("MLA_MMA_PRODUCTS_MIN");
-    return env && std::atoi(env) > 0 ? std::atoi(env) : kMmaProductsMinTokens;
+    return env && std::atoi(env) > 0 ? std::atoi(env) : 0;
   }();
-  return min_tokens;
+  if (forced > 0) return tokens >= forced;
+  return tokens >= kMmaProductsMinTokens && tokens * heads >= kMmaProductsMinRows;
 }
 
 void launch_post(const PostParams& p, cudaStream_t stream) {
@@ -423,7 +424,7 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
   MLA_REQUIRE(p.splits <= kMaxPartials, "CUDA post: at most ", kMaxPartials, " partials (splits x DCP ranks), got ",
               p.splits);
   const bool aligned = reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w_scales) % 16 == 0;
-  if (p.tokens >= mma_products_min() && aligned) {
+  if (mma_products(p.tokens, p.heads) && aligned) {
     static const bool smem_set = [] {  // (every instance: its dynamic shared memory is over 48 KB)
       auto set = [](auto kernel, size_t smem) {
         MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

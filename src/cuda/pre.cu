@@ -426,7 +426,7 @@ void launch_query(const QueryParams& p, cudaStream_t stream) {
   // (query_mma_kernel's 16-byte loads: codes, scales and q_nope rows aligned)
   const bool aligned = reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w_scales) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_stride % 8 == 0 && (p.nope_dim + kRope) % 8 == 0;
-  if (p.tokens >= mma_products_min() && aligned) {
+  if (mma_products(p.tokens, p.heads) && aligned) {
     const dim3 grid(unsigned(p.heads * (kLatent / kMmaQRows)), unsigned((p.tokens + kMmaQTokens - 1) / kMmaQTokens));
     launch_dependent(query_mma_kernel, grid, dim3(kMmaQThreads), 0, stream, p);
     MLA_CUDA_CHECK_LAUNCH();

@@ -242,10 +242,15 @@ struct PostParams {
 };
 void launch_post(const PostParams& p, cudaStream_t stream);
 
-// From this many tokens on, pre's W_UK and post's W_UV products run on the tensor cores
-// (mxfp4_mma.cuh); below, the CUDA-core kernels built for latency at decode's few tokens.
-// MLA_MMA_PRODUCTS_MIN=N moves it (1: every step, as device-check runs the GPU tests once).
+// pre's W_UK and post's W_UV products run on the tensor cores (mxfp4_mma.cuh) from 16 tokens and
+// 384 (token, head) rows on; below, the CUDA-core kernels built for latency at decode's few
+// tokens. H200, session 26 (graph step, each twice): 16 tokens x 12 heads 83.2-83.6 vs 81.9-82.1 us
+// and 2 x qlen 8 80.4 vs 77.8-77.9 on the tensor cores, but 32 x 12 95.4-95.8 vs 113.1, 16 x 64
+// heads 121.0-121.3 vs 166.4-167.0, 64 x 12 133.6-134.2 vs 164.6-165.5, 64 x 128 417 vs 820.
+// MLA_MMA_PRODUCTS_MIN=N: from N tokens on, whatever the heads (1: every step, as device-check
+// runs the GPU tests once; 1000000: never).
 inline constexpr int kMmaProductsMinTokens = 16;
-int mma_products_min();
+inline constexpr int kMmaProductsMinRows = 384;
+bool mma_products(int64_t tokens, int heads);
 
 }  // namespace mla::cuda

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -183,12 +184,14 @@ TEST(CudaBackend, AttendAndPostMatchCpu) {
   }
 }
 
-// 16+ tokens (kMmaProductsMinTokens): pre's W_UK and post's W_UV take the tensor-core kernels
-// (mxfp4_mma.cuh); the cases above reach them only where their batch and qlen happen to.
+// 16+ tokens: pre's W_UK and post's W_UV take the tensor-core kernels (mxfp4_mma.cuh) where the
+// rows (tokens x heads) are many enough too (cuda::mma_products); the cases above reach them only
+// where their batch and qlen happen to.
 TEST(CudaBackend, ManyTokensMatchCpu) {
   MLA_REQUIRE_GPU();
   testing::RandomCaseLimits lim = limits();
-  lim.min_batch = 16;
+  lim.small_model = false;  // the presets' heads: 32+ tokens x 12+ heads pass the rows rule
+  lim.min_batch = 32;
   lim.max_batch = 40;
   lim.max_qlen = 2;
   lim.max_total_context = 8000;
@@ -196,6 +199,9 @@ TEST(CudaBackend, ManyTokensMatchCpu) {
     Fixture f(300 + k, lim);
     SCOPED_TRACE(f.rc.describe());
     ASSERT_GE(f.s(), cuda::kMmaProductsMinTokens);
+    if (!cuda::mma_products(f.s(), f.cfg.heads()))  // (MLA_MMA_PRODUCTS_MIN says otherwise)
+      std::printf("  case %d takes the CUDA-core products: %lld tokens x %d heads\n", k, (long long)f.s(),
+                  f.cfg.heads());
     check_pre(f);
     check_attend_post(f, k);
   }
