@@ -1,7 +1,8 @@
 // pre on the GPU (SPEC.md pre), around the qkv_a and q_b products: the metadata check (its own
 // kernel, or inside pre_norm at decode sizes), one kernel for the norms, k_pe's RoPE, the cache
 // row and the gate, and the query kernel (q_b's output -> ql_nope through W_UK in MXFP4, q_pe's
-// RoPE, quantization into the query view).
+// RoPE, quantization into the query view): on the CUDA cores at decode's few tokens
+// (query_kernel), on the tensor cores from 16 tokens (query_mma_kernel, mxfp4_mma.cuh).
 // Rounding points match src/cpu/pre.cpp: bf16 after each norm and rotation, fp8 as x / scale.
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
