@@ -77,6 +77,7 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   MLA_REQUIRE(query_heads() <= kMaxQueryHeads, "Backend::cuda: query heads (heads x DCP size) must be at most ",
               kMaxQueryHeads, ", got ", query_heads());
   prepare_attend_kernels();
+  prepare_post_kernels();
 
   const int n = cfg.heads(), g = query_heads(), rows = cfg.qkv_a_rows();
   const int64_t t = opts.max_tokens;
@@ -416,7 +417,8 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
                .tokens = meta.tokens(),
                .heads = cfg.heads(),
                .head_offset = head_offset,
-               .v_dim = cfg.v_head_dim};
+               .v_dim = cfg.v_head_dim,
+               .sms = sms_};
   if (partials_flat_ && attn.o.data == o_.get() && opts.dcp.size == 1) {  // attend's flat plan (above)
     const FlatStrides st = flat_strides(query_heads(), meta.qlen);
     p.part_first = part_first_.get<int32_t>();

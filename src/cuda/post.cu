@@ -1,9 +1,10 @@
 // post on the GPU (SPEC.md post): the merge of split partials (core/softmax_state.hpp, the same
 // code as the CPU's merge and the DCP combine), then out = (o @ W_UV^T) * gate with W_UV in MXFP4
-// dequantized in registers, bf16 out. Below kMmaProductsMinTokens tokens (decode's latency-bound
-// sizes): one CTA per (head, 32 value rows, 8 tokens), each W_UV row decoded once for the 8 tokens
-// on the CUDA cores, every CTA of a head merging that head's partials itself; from there on, one
-// CTA per (head, 128 value rows, 16 tokens) on the tensor cores (post_mma_kernel). A token's
+// dequantized in registers, bf16 out. At decode's latency-bound sizes (below 16 tokens or 384
+// token x head rows: mma_products): one CTA per (head, 32 value rows, 8 tokens), each W_UV row
+// decoded once for the 8 tokens on the CUDA cores, every CTA of a head merging that head's
+// partials itself; from there on, one CTA per (head, 128 or 32 value rows, 16 tokens) on the
+// tensor cores (post_mma_kernel). A token's
 // partials: the `splits` at its own row, or with attend's flat plan (PostParams.part_first) the
 // run of partials its request's segments wrote.
 #include <cstdlib>
@@ -262,8 +263,7 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
 // head once (post_kernel merges them in each of a head's V / 32 CTAs, one token after another) and
 // multiplies them by 128 W_UV rows, warp w rows 8 w .. 8 w + 7: out^T tile [16 tokens x 8 rows] +=
 // o [16 x 16] . W^T [16 x 8] by mma.sync, o as hi + lo bf16 (two MMAs a step), W decoded from
-// shared memory a code word a lane. 512 threads keep a head's partials in flight at once (at 64
-// tokens x 12 heads the grid is 48 CTAs).
+// shared memory a code word a lane. 512 threads keep many of a head's partials in flight at once.
 constexpr int kWideTokens = 16;                  // a CTA's tokens: the MMA's M
 constexpr int kWideThreads = 512;
 constexpr int kWideRows = kWideThreads / 32 * 8;  // W_UV rows a CTA at most: an n8 tile a warp
@@ -397,17 +397,6 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
   }
 }
 
-// The device's SM count, once (post_mma_kernel's CTA height).
-int sm_count() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    MLA_CUDA_CHECK(cudaGetDevice(&device));
-    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
-  return sms;
-}
-
 }  // namespace
 
 bool mma_products(int64_t tokens, int heads) {
@@ -419,23 +408,22 @@ bool mma_products(int64_t tokens, int heads) {
   return tokens >= kMmaProductsMinTokens && tokens * heads >= kMmaProductsMinRows;
 }
 
+void prepare_post_kernels() {  // (every instance's dynamic shared memory is over 48 KB)
+  auto set = [](auto kernel, size_t smem) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  };
+  set(post_mma_kernel<true, 32>, sizeof(PostWideSmem<32>));
+  set(post_mma_kernel<false, 32>, sizeof(PostWideSmem<32>));
+  set(post_mma_kernel<true, kWideRows>, sizeof(PostWideSmem<kWideRows>));
+  set(post_mma_kernel<false, kWideRows>, sizeof(PostWideSmem<kWideRows>));
+}
+
 void launch_post(const PostParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
   MLA_REQUIRE(p.splits <= kMaxPartials, "CUDA post: at most ", kMaxPartials, " partials (splits x DCP ranks), got ",
               p.splits);
   const bool aligned = reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w_scales) % 16 == 0;
   if (mma_products(p.tokens, p.heads) && aligned) {
-    static const bool smem_set = [] {  // (every instance: its dynamic shared memory is over 48 KB)
-      auto set = [](auto kernel, size_t smem) {
-        MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      };
-      set(post_mma_kernel<true, 32>, sizeof(PostWideSmem<32>));
-      set(post_mma_kernel<false, 32>, sizeof(PostWideSmem<32>));
-      set(post_mma_kernel<true, kWideRows>, sizeof(PostWideSmem<kWideRows>));
-      set(post_mma_kernel<false, kWideRows>, sizeof(PostWideSmem<kWideRows>));
-      return true;
-    }();
-    (void)smem_set;
     auto launch = [&](auto kernel, int rows, size_t smem) {
       const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + rows - 1) / rows),
                       unsigned((p.tokens + kWideTokens - 1) / kWideTokens));
@@ -444,7 +432,7 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
     // 128-row CTAs where they fill the GPU's SMs, else 32-row ones (4 x the CTAs, each merging).
     const int64_t ctas = int64_t(p.heads) * ((p.v_dim + kWideRows - 1) / kWideRows) *
                          ((p.tokens + kWideTokens - 1) / kWideTokens);
-    const bool narrow = ctas < sm_count();
+    const bool narrow = ctas < p.sms;
     if (narrow && p.o_bf16) launch(post_mma_kernel<true, 32>, 32, sizeof(PostWideSmem<32>));
     else if (narrow) launch(post_mma_kernel<false, 32>, 32, sizeof(PostWideSmem<32>));
     else if (p.o_bf16) launch(post_mma_kernel<true, kWideRows>, kWideRows, sizeof(PostWideSmem<kWideRows>));

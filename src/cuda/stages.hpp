@@ -239,8 +239,11 @@ struct PostParams {
   const int32_t* part_first = nullptr;
   const int32_t* part_count = nullptr;
   int qlen = 1;
+  int sms = 0;  // the device's SMs (post_mma_kernel's CTA height: 32 rows where 128 would not fill them)
 };
 void launch_post(const PostParams& p, cudaStream_t stream);
+// Sets post_mma_kernel's shared-memory limit on the current device (the backend's constructor).
+void prepare_post_kernels();
 
 // pre's W_UK and post's W_UV products run on the tensor cores (mxfp4_mma.cuh) from 16 tokens and
 // 384 (token, head) rows on; below, the CUDA-core kernels built for latency at decode's few
