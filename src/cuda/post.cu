@@ -61,6 +61,12 @@ __device__ __forceinline__ float4 partial_floats(const uint4& v) {
   }
 }
 
+// Whether a partial o row's 4-element pieces load as one vector (16 bytes f32, 8 bytes bf16).
+__device__ __forceinline__ bool partials_vectorizable(const PostParams& p) {
+  return reinterpret_cast<uintptr_t>(p.o) % (p.o_bf16 ? 8 : 16) == 0 && p.o_split_stride % 4 == 0 &&
+         p.o_s_stride % 4 == 0 && p.o_h_stride % 4 == 0;
+}
+
 // Token s's partials: their count and the offsets of partial 0's o row and lse (partial c: + c
 // strides): `splits` at its own row, or (attend's flat plan) its request's run of them.
 struct TokenPartials {
@@ -168,8 +174,7 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
     c_begin = min(g * per_group, count);
     c_end = min(c_begin + per_group, count);
   };
-  const bool vec = reinterpret_cast<uintptr_t>(p.o) % (p.o_bf16 ? 8 : 16) == 0 && p.o_split_stride % 4 == 0 &&
-                   p.o_s_stride % 4 == 0 && p.o_h_stride % 4 == 0;
+  const bool vec = partials_vectorizable(p);
   uint4 x[kPostBatch];  // as loaded (load_partial)
   auto load_batch = [&](int t, int c) {
     const int64_t base = tok_o[t] + 4 * q;
@@ -267,7 +272,6 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
 constexpr int kWideTokens = 16;                  // a CTA's tokens: the MMA's M
 constexpr int kWideThreads = 512;
 constexpr int kWideRows = kWideThreads / 32 * 8;  // W_UV rows a CTA at most: an n8 tile a warp
-constexpr int kWideBatch = 8;                     // partial rows a thread loads before it uses any (16 spills at 2 CTAs an SM)
 constexpr int kWideGroups = kWideThreads / (kLatent / 4);  // merge: 4 groups of 128 threads, 4 dims a thread
 constexpr int kOPitch = kLatent + 4;             // floats a merged o row: lanes (g, c) load conflict-free
 constexpr int kWPitch = kLatent / 8 + 4;         // code words a W_UV row: the same
@@ -326,11 +330,10 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
   __syncthreads();
 
   // 2. o[t] = sum_c weight[t][c] o_c[t]: group k (128 threads, 4 dims 4 q .. 4 q + 3 each) merges
-  //    tokens k, k + 4, .. walking their (token, partial) pairs in order, kWideBatch loads in flight
-  //    (one token after another would wait a round trip a token). A partial of weight 0 is loaded,
-  //    never used.
-  const bool vec = reinterpret_cast<uintptr_t>(p.o) % (p.o_bf16 ? 8 : 16) == 0 && p.o_split_stride % 4 == 0 &&
-                   p.o_s_stride % 4 == 0 && p.o_h_stride % 4 == 0;
+  //    tokens k, k + 4, .. walking their (token, partial) pairs in order, kPostBatch loads in flight
+  //    (16 spilled at 2 CTAs an SM; one token after another would wait a round trip a token). A
+  //    partial of weight 0 is loaded, never used.
+  const bool vec = partials_vectorizable(p);
   const int group = tid / (kLatent / 4), q = tid % (kLatent / 4);
   int t_at = group, c_at = 0;
   auto skip_empty = [&] {
@@ -338,10 +341,10 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
   };
   skip_empty();
   while (t_at < tokens) {
-    uint4 x[kWideBatch];
-    int tt[kWideBatch], cc[kWideBatch];
+    uint4 x[kPostBatch];
+    int tt[kPostBatch], cc[kPostBatch];
 #pragma unroll
-    for (int i = 0; i < kWideBatch; ++i) {
+    for (int i = 0; i < kPostBatch; ++i) {
       tt[i] = t_at, cc[i] = c_at;
       if (t_at < tokens) {
         x[i] = load_partial<kBf16>(p, sm.tok_o[t_at] + c_at * p.o_split_stride + 4 * q, vec);
@@ -350,7 +353,7 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
       }
     }
 #pragma unroll
-    for (int i = 0; i < kWideBatch; ++i) {
+    for (int i = 0; i < kPostBatch; ++i) {
       if (tt[i] >= tokens) break;
       const float w = sm.weight[tt[i]][cc[i]];
       if (w != 0.0f) {
