@@ -291,7 +291,8 @@ void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCa
                 .heads = n,
                 .nope_dim = cfg.qk_nope_dim,
                 .inv_freq = inv_freq_.get<double>(),
-                .rope_mscale = rope_mscale_},
+                .rope_mscale = rope_mscale_,
+                .sms = sms_},
                stream_);
   // 8. W > 1: the query gather along heads, in place, on this stream (core/dcp.cpp).
   detail::gather_query(cfg, opts, out.q, stream_);

@@ -280,7 +280,13 @@ static_assert(kWideGroups * kLatent / 4 == kWideThreads && kWideRows == 128, "po
 
 template <int kRows>
 struct PostWideSmem {
-  float o[kWideTokens][kOPitch];            // merged o
+  // merged o; then (step 2b) the same bytes hold its MMA A fragments: hi + lo bf16, 16 words a
+  // lane and 32-value block, [block][4 uint4][lane] so a warp's 16-byte stores and loads are
+  // contiguous (conflict-free)
+  union {
+    float o[kWideTokens][kOPitch];
+    uint4 afrag[kRowBlocks][4][32];
+  };
   float weight[kWideTokens][kMaxPartials];  // merge weights
   uint32_t codes[kRows][kWPitch];           // the CTA's W_UV rows
   uint8_t scales[kRows][kRowBlocks];
@@ -314,6 +320,17 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
   ptx::cp_async_commit();
   allow_dependents();
   wait_for_prior_grids();  // o and lse come from attend (or the DCP exchange), the gate from pre
+
+  // The gate values of lane (g, c)'s outputs (step 4), loaded now: at the end they were a DRAM round
+  // trip of their own (ncu at B64, session 27).
+  const int out_warp = 8 * warp < kRows;  // warps with an out^T tile (step 3)
+  uint16_t gate_bits[4] = {0x3F80, 0x3F80, 0x3F80, 0x3F80};  // 1.0
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int t = g + 8 * (e >> 1), v = v0 + 8 * warp + 2 * c + (e & 1);
+    if (p.gate && out_warp && t < tokens && v < p.v_dim)
+      gate_bits[e] = p.gate[(s0 + t) * p.gate_stride + int64_t(n) * p.v_dim + v];
+  }
 
   // 1. Each token's partials (post_kernel's rule), then their merge weights, a warp a token.
   if (tid < kWideTokens) {
@@ -366,25 +383,41 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
   ptx::cp_async_wait_all();
   __syncthreads();
 
-  // 3. Warp w's out^T tile: rows v0 + 8 w + (0..7), every token.
-  if (8 * warp >= kRows) return;
-  float acc[4] = {};
-  const int r = 8 * warp + g;
-#pragma unroll 4
-  for (int blk = 0; blk < kRowBlocks; ++blk) {
+  // 2b. The merged o as MMA A fragments, once a CTA (every warp's tile takes the same ones; made in
+  //     each warp they were ~100 of its ~170 instructions a block, ncu at D, session 27): thread
+  //     (blk, lane) splits its 16 values into hi + lo bf16, then overwrites o with them.
+  {
+    static_assert(kRowBlocks * 32 == kWideThreads && sizeof(sm.afrag) <= sizeof(sm.o));
+    const int blk = tid / 32;
     float x0[8], x1[8], hi0[8], lo0[8], hi1[8], lo1[8];
     mxfp4::load8(&sm.o[g][mxfp4::kBlock * blk + 8 * c], x0);
     mxfp4::load8(&sm.o[g + 8][mxfp4::kBlock * blk + 8 * c], x1);
     mxfp4::split_hi_lo(x0, hi0, lo0);
     mxfp4::split_hi_lo(x1, hi1, lo1);
-    uint32_t a_hi[2][4], a_lo[2][4], b[2][2];
+    uint32_t a_hi[2][4], a_lo[2][4];
     mxfp4::a_fragments(hi0, hi1, a_hi);
     mxfp4::a_fragments(lo0, lo1, a_lo);
+    __syncthreads();  // every thread has read o
+    sm.afrag[blk][0][lane] = make_uint4(a_hi[0][0], a_hi[0][1], a_hi[0][2], a_hi[0][3]);
+    sm.afrag[blk][1][lane] = make_uint4(a_hi[1][0], a_hi[1][1], a_hi[1][2], a_hi[1][3]);
+    sm.afrag[blk][2][lane] = make_uint4(a_lo[0][0], a_lo[0][1], a_lo[0][2], a_lo[0][3]);
+    sm.afrag[blk][3][lane] = make_uint4(a_lo[1][0], a_lo[1][1], a_lo[1][2], a_lo[1][3]);
+    __syncthreads();
+  }
+
+  // 3. Warp w's out^T tile: rows v0 + 8 w + (0..7), every token.
+  if (!out_warp) return;
+  float acc[4] = {};
+  const int r = 8 * warp + g;
+#pragma unroll 4
+  for (int blk = 0; blk < kRowBlocks; ++blk) {
+    uint32_t b[2][2];
     mxfp4::b_fragments(sm.codes[r][4 * blk + c], sm.scales[r][blk], b);
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      ptx::mma_bf16(acc, a_hi[s][0], a_hi[s][1], a_hi[s][2], a_hi[s][3], b[s][0], b[s][1]);
-      ptx::mma_bf16(acc, a_lo[s][0], a_lo[s][1], a_lo[s][2], a_lo[s][3], b[s][0], b[s][1]);
+      const uint4 hi = sm.afrag[blk][s][lane], lo = sm.afrag[blk][2 + s][lane];
+      ptx::mma_bf16(acc, hi.x, hi.y, hi.z, hi.w, b[s][0], b[s][1]);
+      ptx::mma_bf16(acc, lo.x, lo.y, lo.z, lo.w, b[s][0], b[s][1]);
     }
   }
 
@@ -395,7 +428,7 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
     if (t >= tokens || v >= p.v_dim) continue;
     const int64_t s = s0 + t, col = int64_t(n) * p.v_dim + v;
     float y = acc[e];
-    if (p.gate) y *= bf16_to_float(p.gate[s * p.gate_stride + col]);
+    if (p.gate) y *= bf16_to_float(gate_bits[e]);
     p.out[s * p.out_stride + col] = float_to_bf16(y);
   }
 }

@@ -328,28 +328,34 @@ __global__ void __launch_bounds__(kQueryThreads) query_kernel(const __grid_const
 }
 
 // --- 16+ tokens: W_UK on the tensor cores (mxfp4_mma.cuh) ----------------------------------------
-// grid (N * L/128, ceil(S / 16)), 8 warps: a CTA multiplies 16 tokens' q_nope of one head (bf16,
-// exact in the MMA) by 128 W_UK^T rows (latent l), warp w rows 16 w .. 16 w + 15 as two n8 tiles;
-// the rows' codes and scales in shared memory, decoded a code word a lane (query_kernel decodes
-// each row for at most 8 tokens on the CUDA cores: 124 us at 64 tokens x 128 heads, session 26).
-constexpr int kMmaQTokens = 16;
+// grid (N * L/128, ceil(S / (16 kMT))), 8 warps: a CTA multiplies 16 kMT tokens' q_nope of one head
+// (bf16, exact in the MMA) by 128 W_UK^T rows (latent l), warp w rows 16 w .. 16 w + 15 as two n8
+// tiles; the rows' codes and scales in shared memory, decoded a code word a lane once for the kMT
+// m16 tiles of tokens (query_kernel decodes each row for at most 8 tokens on the CUDA cores: 124 us
+// at 64 tokens x 128 heads, session 26; with one m16 tile a CTA the decode was most of the
+// instructions, 35 us there, session 27's ncu).
+constexpr int kMmaQTokens = 16;  // an m16 tile
 constexpr int kMmaQThreads = 256;
 constexpr int kMmaQTiles = 2;
 constexpr int kMmaQRows = kMmaQThreads / 32 * kMmaQTiles * 8;  // 128 latent rows a CTA
 // q_nope rows as bf16 pairs, P/2 + 16 words apart (16 mod 32): the two rows of an 8-lane phase of a
 // fragment load fall in opposite bank halves. A W_UK^T row's code words P/8 + 4 apart (20 for
 // P = 128): the 8 rows of a fragment load start in different bank quads.
-constexpr int kMmaQPairs = kMaxNope / 2 + 16;
 constexpr int kMmaQWords = kMaxNope / 8 + 4;
+constexpr size_t kMmaQStatic = kMmaQRows * kMmaQWords * 4 + kMmaQRows * kMaxBlocks;  // codes, scales
+// The dynamic shared memory of query_mma_kernel<mt>: its tokens' q_nope rows, P/2 + 16 words each.
+size_t query_mma_smem(int mt, int nope_dim) { return size_t(16 * mt) * (nope_dim / 2 + 16) * 4; }
 
+template <int kMT>
 __global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_constant__ QueryParams p) {
-  __shared__ __align__(16) uint32_t q_nope[kMmaQTokens * kMmaQPairs];
+  constexpr int kTokens = kMT * kMmaQTokens;
+  extern __shared__ __align__(16) uint32_t q_nope[];  // kTokens rows of `pairs` words (query_mma_smem)
   __shared__ __align__(16) uint32_t codes[kMmaQRows * kMmaQWords];
   __shared__ __align__(16) uint8_t scales[kMmaQRows * kMaxBlocks];
   constexpr int kChunks = kLatent / kMmaQRows;
   const int n = blockIdx.x / kChunks, l0 = (blockIdx.x % kChunks) * kMmaQRows;
-  const int64_t s0 = int64_t(blockIdx.y) * kMmaQTokens;
-  const int tokens = int(min(int64_t(kMmaQTokens), int64_t(p.tokens) - s0));
+  const int64_t s0 = int64_t(blockIdx.y) * kTokens;
+  const int tokens = int(min(int64_t(kTokens), int64_t(p.tokens) - s0));
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
   const int head_dim = p.nope_dim + kRope, blocks = p.nope_dim / mxfp4::kBlock;
   const int row_words = p.nope_dim / 8, pitch = row_words + 4, pairs = p.nope_dim / 2 + 16;
@@ -366,7 +372,7 @@ __global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_co
   ptx::cp_async_commit();
   allow_dependents();
   wait_for_prior_grids();  // q is q_b's output
-  for (int i = tid; i < kMmaQTokens * (p.nope_dim / 8); i += kMmaQThreads) {
+  for (int i = tid; i < kTokens * (p.nope_dim / 8); i += kMmaQThreads) {
     const int t = i / (p.nope_dim / 8), k = i % (p.nope_dim / 8);
     const uint4 v = t < tokens ? *reinterpret_cast<const uint4*>(p.q + (s0 + t) * p.q_stride + int64_t(n) * head_dim + 8 * k)
                                : make_uint4(0, 0, 0, 0);
@@ -377,30 +383,39 @@ __global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_co
 
   // 2. ql_nope^T tiles [16 tokens x 8 rows] over the nope dims, a 32-value block at a time: lane
   //    (g, c)'s A values 8c .. 8c + 7 of the block are four bf16 pairs of one 16-byte load a row.
-  float acc[kMmaQTiles][4] = {};
+  float acc[kMT][kMmaQTiles][4] = {};
   for (int blk = 0; blk < blocks; ++blk) {
-    const uint4 x0 = *reinterpret_cast<const uint4*>(&q_nope[g * pairs + 16 * blk + 4 * c]);
-    const uint4 x1 = *reinterpret_cast<const uint4*>(&q_nope[(g + 8) * pairs + 16 * blk + 4 * c]);
-    const uint32_t a[2][4] = {{x0.x, x1.x, x0.y, x1.y}, {x0.z, x1.z, x0.w, x1.w}};
+    uint32_t b[kMmaQTiles][2][2];
 #pragma unroll
     for (int j = 0; j < kMmaQTiles; ++j) {
       const int r = 16 * warp + 8 * j + g;
-      uint32_t b[2][2];
-      mxfp4::b_fragments(codes[r * pitch + 4 * blk + c], scales[r * blocks + blk], b);
+      mxfp4::b_fragments(codes[r * pitch + 4 * blk + c], scales[r * blocks + blk], b[j]);
+    }
 #pragma unroll
-      for (int s = 0; s < 2; ++s) ptx::mma_bf16(acc[j], a[s][0], a[s][1], a[s][2], a[s][3], b[s][0], b[s][1]);
+    for (int mt = 0; mt < kMT; ++mt) {
+      const uint32_t* q = &q_nope[(16 * mt + g) * pairs + 16 * blk + 4 * c];
+      const uint4 x0 = *reinterpret_cast<const uint4*>(q), x1 = *reinterpret_cast<const uint4*>(q + 8 * pairs);
+      const uint32_t a[2][4] = {{x0.x, x1.x, x0.y, x1.y}, {x0.z, x1.z, x0.w, x1.w}};
+#pragma unroll
+      for (int j = 0; j < kMmaQTiles; ++j)
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+          ptx::mma_bf16(acc[mt][j], a[s][0], a[s][1], a[s][2], a[s][3], b[j][s][0], b[j][s][1]);
     }
   }
 
-  // 3. Lane (g, c): tokens g, g + 8 x latent rows 2c, 2c + 1 of each tile, quantized as query_kernel.
+  // 3. Lane (g, c): tokens 16 mt + g, + 8 x latent rows 2c, 2c + 1 of each tile, quantized as
+  //    query_kernel.
   const int h = p.head_offset + n;
 #pragma unroll
-  for (int j = 0; j < kMmaQTiles; ++j)
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = g + 8 * (e >> 1), l = l0 + 16 * warp + 8 * j + 2 * c + (e & 1);
-      if (t < tokens) store_query(p, (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l, acc[j][e]);
-    }
+    for (int j = 0; j < kMmaQTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = 16 * mt + g + 8 * (e >> 1), l = l0 + 16 * warp + 8 * j + 2 * c + (e & 1);
+        if (t < tokens) store_query(p, (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l, acc[mt][j][e]);
+      }
   if (l0 == 0) store_q_pe(p, s0, tokens, n);
 }
 
@@ -428,8 +443,20 @@ void launch_query(const QueryParams& p, cudaStream_t stream) {
   const bool aligned = reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w_scales) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_stride % 8 == 0 && (p.nope_dim + kRope) % 8 == 0;
   if (mma_products(p.tokens, p.heads) && aligned) {
-    const dim3 grid(unsigned(p.heads * (kLatent / kMmaQRows)), unsigned((p.tokens + kMmaQTokens - 1) / kMmaQTokens));
-    launch_dependent(query_mma_kernel, grid, dim3(kMmaQThreads), 0, stream, p);
+    // Up to 4 m16 tiles of tokens a CTA (each decoded W_UK row used 4 x as often) while the grid
+    // still gives every SM a CTA.
+    const int chunks = p.heads * (kLatent / kMmaQRows);
+    auto ctas = [&](int mt) { return int64_t(chunks) * ((p.tokens + 16 * mt - 1) / (16 * mt)); };
+    // (and all its shared memory within the default 48 KB: no attribute to set)
+    auto fits = [&](int mt) { return kMmaQStatic + query_mma_smem(mt, p.nope_dim) <= 48 * 1024; };
+    const int mt = ctas(4) >= p.sms && fits(4) ? 4 : ctas(2) >= p.sms && fits(2) ? 2 : 1;
+    auto go = [&](auto kernel) {
+      const dim3 grid(unsigned(chunks), unsigned((p.tokens + kMmaQTokens * mt - 1) / (kMmaQTokens * mt)));
+      launch_dependent(kernel, grid, dim3(kMmaQThreads), query_mma_smem(mt, p.nope_dim), stream, p);
+    };
+    if (mt == 4) go(query_mma_kernel<4>);
+    else if (mt == 2) go(query_mma_kernel<2>);
+    else go(query_mma_kernel<1>);
     MLA_CUDA_CHECK_LAUNCH();
     return;
   }

@@ -97,6 +97,7 @@ struct QueryParams {
   int qlen, tokens, heads, nope_dim;  // nope_dim = P (a multiple of 32)
   const double* inv_freq;   // [R/2], null for NoPE
   double rope_mscale;
+  int sms = 0;  // the device's SMs (query_mma_kernel's tokens a CTA: as many as still fill them)
 };
 void launch_query(const QueryParams& p, cudaStream_t stream);
 
