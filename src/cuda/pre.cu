@@ -224,21 +224,38 @@ __device__ __forceinline__ void store_query(const QueryParams& p, int64_t offset
 
 // q_pe of tokens s0 .. s0 + tokens - 1, head n: rotated (RoPE models), rounded to bf16, then
 // quantized like ql_nope (the CTAs of a head's first latent rows).
-__device__ __forceinline__ void store_q_pe(const QueryParams& p, int64_t s0, int tokens, int n) {
+// (part, parts: this CTA takes the pairs i = part * blockDim.x + threadIdx.x (mod parts * blockDim.x),
+// so the CTAs of a head share the work.)
+__device__ __forceinline__ void store_q_pe(const QueryParams& p, int64_t s0, int tokens, int n, int part = 0,
+                                           int parts = 1) {
   const int h = p.head_offset + n, head_dim = p.nope_dim + kRope;
-  for (int i = threadIdx.x; i < tokens * (kRope / 2); i += blockDim.x) {
-    const int t = i / (kRope / 2), pair = i % (kRope / 2);
-    const int64_t s = s0 + t;
-    const uint16_t* qpe = p.q + s * p.q_stride + int64_t(n) * head_dim + p.nope_dim;
-    float x0 = bf16_to_float(qpe[2 * pair]), x1 = bf16_to_float(qpe[2 * pair + 1]);
-    if (p.inv_freq) {
-      rope_pair(x0, x1, token_position(p.seq_lens, p.qlen, s), p.inv_freq, pair, p.rope_mscale);
-      x0 = round_bf16(x0);
-      x1 = round_bf16(x1);
+  const int stride = parts * blockDim.x, pairs = tokens * (kRope / 2);
+  // two of the thread's pairs at a time, both loaded before either is stored (the stores may alias
+  // q for all the compiler knows, so it would not hoist the second load)
+  for (int i = threadIdx.x + part * blockDim.x; i < pairs; i += 2 * stride) {
+    float x[2][2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int k = i + u * stride, t = k / (kRope / 2), pair = k % (kRope / 2);
+      if (k >= pairs) continue;
+      const uint16_t* qpe = p.q + (s0 + t) * p.q_stride + int64_t(n) * head_dim + p.nope_dim;
+      x[u][0] = bf16_to_float(qpe[2 * pair]), x[u][1] = bf16_to_float(qpe[2 * pair + 1]);
     }
-    const int64_t base = s * p.out_s_stride + int64_t(h) * p.out_h_stride + kLatent + 2 * pair;
-    store_query(p, base, x0);
-    store_query(p, base + 1, x1);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int k = i + u * stride, t = k / (kRope / 2), pair = k % (kRope / 2);
+      if (k >= pairs) continue;
+      const int64_t s = s0 + t;
+      float x0 = x[u][0], x1 = x[u][1];
+      if (p.inv_freq) {
+        rope_pair(x0, x1, token_position(p.seq_lens, p.qlen, s), p.inv_freq, pair, p.rope_mscale);
+        x0 = round_bf16(x0);
+        x1 = round_bf16(x1);
+      }
+      const int64_t base = s * p.out_s_stride + int64_t(h) * p.out_h_stride + kLatent + 2 * pair;
+      store_query(p, base, x0);
+      store_query(p, base + 1, x1);
+    }
   }
 }
 
@@ -405,18 +422,36 @@ __global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_co
   }
 
   // 3. Lane (g, c): tokens 16 mt + g, + 8 x latent rows 2c, 2c + 1 of each tile, quantized as
-  //    query_kernel.
+  //    query_kernel, the two rows as one store where the output allows (its scale and dtype in
+  //    registers: read per element they were a constant-bank load on each store's path, and the
+  //    stores most of the kernel's stalls at D, ncu in session 27).
   const int h = p.head_offset + n;
+  const bool fp8 = p.out_fp8, paired = p.out_pairs;
+  const float q_scale = p.q_scale;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int j = 0; j < kMmaQTiles; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = 16 * mt + g + 8 * (e >> 1), l = l0 + 16 * warp + 8 * j + 2 * c + (e & 1);
-        if (t < tokens) store_query(p, (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l, acc[mt][j][e]);
+      for (int u = 0; u < 2; ++u) {
+        const int t = 16 * mt + g + 8 * u, l = l0 + 16 * warp + 8 * j + 2 * c;
+        if (t >= tokens) continue;
+        const int64_t off = (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l;
+        const float v0 = acc[mt][j][2 * u], v1 = acc[mt][j][2 * u + 1];
+        if (fp8) {
+          const uint8_t b0 = float_to_fp8(v0 / q_scale), b1 = float_to_fp8(v1 / q_scale);
+          uint8_t* out = static_cast<uint8_t*>(p.out) + off;
+          if (paired) *reinterpret_cast<uint16_t*>(out) = uint16_t(b0 | b1 << 8);
+          else out[0] = b0, out[1] = b1;
+        } else {
+          uint16_t* out = static_cast<uint16_t*>(p.out) + off;
+          if (paired) *reinterpret_cast<uint32_t*>(out) = ptx::pack_bf16x2(v0, v1);
+          else out[0] = float_to_bf16(v0), out[1] = float_to_bf16(v1);
+        }
       }
-  if (l0 == 0) store_q_pe(p, s0, tokens, n);
+  // q_pe: shared by the head's kLatent / kMmaQRows CTAs (one CTA took it all, a DRAM round trip
+  // per pair and thread in turn: 8 at 64 tokens).
+  store_q_pe(p, s0, tokens, n, l0 / kMmaQRows, kChunks);
 }
 
 }  // namespace
@@ -443,6 +478,10 @@ void launch_query(const QueryParams& p, cudaStream_t stream) {
   const bool aligned = reinterpret_cast<uintptr_t>(p.w_codes) % 16 == 0 && reinterpret_cast<uintptr_t>(p.w_scales) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(p.q) % 16 == 0 && p.q_stride % 8 == 0 && (p.nope_dim + kRope) % 8 == 0;
   if (mma_products(p.tokens, p.heads) && aligned) {
+    // Two adjacent latent rows as one store: the output and its strides 2-element aligned.
+    QueryParams q = p;
+    q.out_pairs = reinterpret_cast<uintptr_t>(p.out) % (p.out_fp8 ? 2 : 4) == 0 && p.out_s_stride % 2 == 0 &&
+                  p.out_h_stride % 2 == 0;
     // Up to 4 m16 tiles of tokens a CTA (each decoded W_UK row used 4 x as often) while the grid
     // still gives every SM a CTA.
     const int chunks = p.heads * (kLatent / kMmaQRows);
@@ -452,7 +491,7 @@ void launch_query(const QueryParams& p, cudaStream_t stream) {
     const int mt = ctas(4) >= p.sms && fits(4) ? 4 : ctas(2) >= p.sms && fits(2) ? 2 : 1;
     auto go = [&](auto kernel) {
       const dim3 grid(unsigned(chunks), unsigned((p.tokens + kMmaQTokens * mt - 1) / (kMmaQTokens * mt)));
-      launch_dependent(kernel, grid, dim3(kMmaQThreads), query_mma_smem(mt, p.nope_dim), stream, p);
+      launch_dependent(kernel, grid, dim3(kMmaQThreads), query_mma_smem(mt, p.nope_dim), stream, q);
     };
     if (mt == 4) go(query_mma_kernel<4>);
     else if (mt == 2) go(query_mma_kernel<2>);

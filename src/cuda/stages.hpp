@@ -98,6 +98,7 @@ struct QueryParams {
   const double* inv_freq;   // [R/2], null for NoPE
   double rope_mscale;
   int sms = 0;  // the device's SMs (query_mma_kernel's tokens a CTA: as many as still fill them)
+  bool out_pairs = false;  // query_mma_kernel: out and its strides allow 2-element stores (launch_query)
 };
 void launch_query(const QueryParams& p, cudaStream_t stream);
 
