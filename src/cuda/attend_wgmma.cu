@@ -77,8 +77,7 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // host's multiply-shifts (CtaWork's blockIdx / m_tiles and / splits, the flat plan's T / CTAs,
 // KeyStream's last row / heads once a CTA: FastDivs) and the box counts by shifts (TMA pages are a
 // power of two rows): 8 32-bit divisions left in the SASS instead of 16, 0-2% faster (B1, page 16).
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false,
-          bool kFp8Pv = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -379,14 +378,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         }
       }
 
-      // The first k16 step of V^T (kFp8Pv: the first two, one k32 step), loaded now: its
-      // shared-memory latency hides behind the softmax.
-      constexpr int kVSteps = kFp8Pv ? 2 : 1;
-      uint32_t vraw[kVSteps][kDimBlocks / 2][4];
+      // The first k16 step of V^T, loaded now: its shared-memory latency hides behind the softmax.
+      uint32_t vraw[kDimBlocks / 2][4];
 #pragma unroll
-      for (int u = 0; u < kVSteps; ++u)
-#pragma unroll
-        for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTiles>(kv_addr, u, j, warp, lane, vraw[u][j]);
+      for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTiles>(kv_addr, 0, j, warp, lane, vraw[j]);
 
       // The thread's two keys (accumulator rows g and g + 8 of its warp): global positions, INT_MAX
       // where masked (past the chunk, causal limit of every row of the CTA, bad page).
@@ -458,8 +453,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         w[i] = exp2_ftz(s[i] - (m == -INFINITY ? 0.0f : m));
         d_run[row_slot(i)] += w[i];
       }
-      if constexpr (kFp8Pv) store_p_t_fp8(ptx::smem_addr(sm.p), w, warp, lane);
-      else store_p_t<kN>(ptx::smem_addr(sm.p), w, 0, warp, lane);
+      store_p_t<kN>(ptx::smem_addr(sm.p), w, 0, warp, lane);
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
       sync_consumers<kProducer, kThreads>();  // the whole P tile; every warp has read red
 
@@ -474,9 +468,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         for (int ks = 0; ks < kPvSteps; ++ks) {
 #pragma unroll
           for (int j = 0; j < kDimBlocks / 2; ++j) {
-            if constexpr (decltype(masked)::value) v_mask(vraw[0][j], key_mask, ks, c);
-            v_convert(vraw[0][j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
-            if (ks + 1 < kPvSteps) v_load<kTiles>(kv_addr, ks + 1, j, warp, lane, vraw[0][j]);  // the next step's, early
+            if constexpr (decltype(masked)::value) v_mask(vraw[j], key_mask, ks, c);
+            v_convert(vraw[j], frag[ks & 1][2 * j], frag[ks & 1][2 * j + 1]);
+            if (ks + 1 < kPvSteps) v_load<kTiles>(kv_addr, ks + 1, j, warp, lane, vraw[j]);  // the next step's, early
           }
           if constexpr (kProducer) {  // this warp's last read of the stage (K, V by ldmatrix; its key mask)
             if (ks == kPvSteps - 1) {
@@ -493,50 +487,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           else if (ks > 0) wgmma::wait<1>();
         }
       };
-      // kFp8Pv: per k32 step, V^T's e4m3 bytes as they are (v_pack_fp8) times P^T's hi and lo halves:
-      // two QGMMA a dim block where the f16 form has two HGMMA (k16 steps), no widening.
-      auto pv_fp8 = [&](auto masked) {
-        constexpr int kSteps = kPvSteps / 2;
-        uint32_t frag[2][kDimBlocks][4];
-#pragma unroll
-        for (int s = 0; s < kSteps; ++s) {
-#pragma unroll
-          for (int j = 0; j < kDimBlocks / 2; ++j) {
-            if constexpr (decltype(masked)::value) {
-              v_mask(vraw[0][j], key_mask, 2 * s, c);
-              v_mask(vraw[1][j], key_mask, 2 * s + 1, c);
-            }
-            v_pack_fp8(vraw[0][j], vraw[1][j], frag[s & 1][2 * j], frag[s & 1][2 * j + 1]);
-            if (s + 1 < kSteps) {  // the next step's, early
-              v_load<kTiles>(kv_addr, 2 * s + 2, j, warp, lane, vraw[0][j]);
-              v_load<kTiles>(kv_addr, 2 * s + 3, j, warp, lane, vraw[1][j]);
-            }
-          }
-          if constexpr (kProducer) {
-            if (s == kSteps - 1) {
-              __syncwarp();
-              if (lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
-            }
-          }
-          wgmma::fence();
-          const uint64_t b_hi = wgmma::advance(p_desc, s * 2 * kBChunkStride);
-          const uint64_t b_lo = wgmma::advance(p_desc, kN * kTileKeys + s * 2 * kBChunkStride);
-#pragma unroll
-          for (int blk = 0; blk < kDimBlocks; ++blk) {
-            wgmma::mma_m64n16k32_f8_rs_acc<false>(o[blk], frag[s & 1][blk], b_hi);
-            wgmma::mma_m64n16k32_f8_rs_acc<true>(o[blk], frag[s & 1][blk], b_lo);
-          }
-          wgmma::commit();
-          if (s == kSteps - 1) wgmma::wait<0>();
-        }
-      };
-      if constexpr (kFp8Pv) {
-        if (kTma && key_mask != ~0ull) pv_fp8(std::true_type{});
-        else pv_fp8(std::false_type{});
-      } else {
-        if (kTma && key_mask != ~0ull) pv(std::true_type{});
-        else pv(std::false_type{});
-      }
+      if (kTma && key_mask != ~0ull) pv(std::true_type{});
+      else pv(std::false_type{});
     }
     wgmma::wait<0>();
 #pragma unroll
@@ -592,10 +544,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
 }
 
-template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false,
-          bool kFp8Pv = false>
+template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false>
 void set_smem_limit() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kFastDivs, kFp8Pv>,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_wgmma_kernel<kStages, kGroupSteps, kTiles, kTimeline, kFastDivs>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages, kTiles>()));
 }
 
@@ -634,17 +585,6 @@ int qk_group_steps() {
     return env && std::atoi(env) == 1 ? 1 : 2;
   }();
   return steps;
-}
-
-// MLA_ATTEND_PV=fp8 (s27, measured as an A/B instance): the 16-row TMA kernel's p.v on the fp8
-// tensor cores, P^T as hi (e4m3) + lo (e5m2) halves and V^T's bytes as they are (no widening): o
-// ~2e-3 relative against f16 P's ~3e-4 (bench/p_fp8_error.py).
-bool fp8_pv() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_PV");
-    return env && std::string_view(env) == "fp8";
-  }();
-  return on;
 }
 
 // The cache's tensor map for TMA boxes of box_rows rows, encoded once per (cache, shape) and reused
@@ -728,7 +668,6 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
   set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
-  set_smem_limit<2, 2, Tiles::kBoxes, false, true, true>();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -761,10 +700,7 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
     AttendParams q = p;
-    if (qk_group_steps() == 2 && with_fast_divs(q, grid) && fp8_pv())
-      attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, true>
-          <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
-    else if (qk_group_steps() == 2 && with_fast_divs(q, grid))
+    if (qk_group_steps() == 2 && with_fast_divs(q, grid))
       attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>
           <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
     else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());

@@ -198,60 +198,6 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[3], 0, 0x3120), a1[2], a1[3]);
 }
 
-// The fp8 p.v (AttendParams.fp8_pv): one k32 step of V^T as e4m3 A fragments (m64n16k32's layout,
-// mma_m64n16k32_e4m3_rs) for dim blocks 2j and 2j+1 from v_load's registers of k16 steps 2s (r0)
-// and 2s+1 (r1), with no widening: a byte permute a register. Rows as v_convert's (row g: dim 2g,
-// row g + 8: dim 2g + 1), so o's layout is the f16 form's. K is permuted: fragment k 4c .. 4c + 3
-// holds keys 2c, 2c + 1, 8 + 2c, 9 + 2c of the step's first 16 (and 16 + the same), which P^T's
-// store follows (fp8_p_key).
-__device__ __forceinline__ void v_pack_fp8(const uint32_t (&r0)[4], const uint32_t (&r1)[4], uint32_t (&a0)[4],
-                                           uint32_t (&a1)[4]) {
-  // (prmt in asm: with __byte_perm ptxas serialized every wgmma of the kernel, C7520)
-  auto perm = [](uint32_t x, uint32_t y, uint32_t& lo, uint32_t& hi) {
-    asm("prmt.b32 %0, %2, %3, 0x6420;\n prmt.b32 %1, %2, %3, 0x7531;\n" : "=r"(lo), "=r"(hi) : "r"(x), "r"(y));
-  };
-  perm(r0[0], r0[1], a0[0], a0[1]);
-  perm(r1[0], r1[1], a0[2], a0[3]);
-  perm(r0[2], r0[3], a1[0], a1[1]);
-  perm(r1[2], r1[3], a1[2], a1[3]);
-}
-// Key q (0..15) of a 16-key group at P^T's K position (v_pack_fp8's permutation).
-__host__ __device__ constexpr int fp8_p_key(int q) { return 4 * ((q & 7) >> 1) + (q & 1) + 2 * (q >> 3); }
-
-// P^T for the fp8 p.v (16 rows, b_offset_n<kN> in bytes: K position k of row n at chunk k / 16, byte
-// k % 16), hi + lo: hi = e4m3(w) at p_smem, lo = e5m2(w - hi) at p_smem + kN * kTileKeys. Warp w's
-// keys 16 w + g and 16 w + g + 8 land at K positions 16 w + fp8_p_key(g) and + 2, so lanes g and g ^ 1
-// together hold 4 consecutive positions of each row: one exchange (shfl 4), and each lane stores
-// one 32-bit word of two of its four rows, hi and lo.
-__device__ __forceinline__ void store_p_t_fp8(uint32_t p_smem, const float (&w)[8], int warp, int lane) {
-  const int g = lane / 4, c = lane % 4, odd = g & 1;
-  uint32_t hi[4], lo[4];  // row slot r: byte 0 key g, byte 1 key g + 8
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const float a = w[(r >> 1) * 4 + (r & 1)], b = w[(r >> 1) * 4 + (r & 1) + 2];
-    hi[r] = ptx::f32x2_to_e4m3x2(b, a);
-    const float2 back = ptx::e4m3x2_to_f32x2(hi[r]);
-    lo[r] = ptx::f32x2_to_e5m2x2(b - back.y, a - back.x);
-  }
-  // Even lanes keep row slots 0 and 2 and send 1 and 3; odd ones the other way round.
-  const uint32_t send_hi = odd ? hi[0] | hi[2] << 16 : hi[1] | hi[3] << 16;
-  const uint32_t send_lo = odd ? lo[0] | lo[2] << 16 : lo[1] | lo[3] << 16;
-  const uint32_t recv_hi = __shfl_xor_sync(0xffffffffu, send_hi, 4);
-  const uint32_t recv_lo = __shfl_xor_sync(0xffffffffu, send_lo, 4);
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int n = slot_col(2 * j + odd, c);
-    const uint32_t mh = odd ? hi[2 * j + 1] : hi[2 * j], ml = odd ? lo[2 * j + 1] : lo[2 * j];  // (no local array)
-    const uint32_t th = (recv_hi >> (16 * j)) & 0xFFFFu, tl = (recv_lo >> (16 * j)) & 0xFFFFu;
-    // positions 4 (g >> 1) + 0..3: [even's key g, odd's key g, even's key g + 8, odd's key g + 8]
-    const uint32_t word_hi = odd ? __byte_perm(th, mh, 0x5140) : __byte_perm(mh, th, 0x5140);
-    const uint32_t word_lo = odd ? __byte_perm(tl, ml, 0x5140) : __byte_perm(ml, tl, 0x5140);
-    const uint32_t addr = p_smem + b_offset_n<kN>(n, warp) + 4 * (g >> 1);
-    ptx::st_shared_b32(addr, word_hi);
-    ptx::st_shared_b32(addr + kN * kTileKeys, word_lo);
-  }
-}
-
 // TMA key tiles (all wgmma kernels): a tile is kTileKeys / box_rows boxes, box_rows = min(page,
 // 64) keys of one page (the whole tile for pages of 64 or more), five 128-byte slabs each. The
 // boxes are shared by up to 4 warps (slots(p): one a box, at most 4): lane i of warp k < slots

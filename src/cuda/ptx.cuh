@@ -123,24 +123,6 @@ __device__ __forceinline__ void fp8x4_to_f16x2x2(uint32_t v, uint32_t& lo, uint3
       : "r"(v));
 }
 
-// Two floats as fp8 pairs in the low 16 bits (lo's byte first), round to nearest even, saturated to
-// the format's finite range; and an e4m3 pair back (x: the low byte).
-__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float hi, float lo) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-__device__ __forceinline__ uint32_t f32x2_to_e5m2x2(float hi, float lo) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-__device__ __forceinline__ float2 e4m3x2_to_f32x2(uint32_t v) {
-  uint32_t h;
-  asm("{\n .reg .b16 a;\n cvt.u16.u32 a, %1;\n cvt.rn.f16x2.e4m3x2 %0, a;\n}\n" : "=r"(h) : "r"(v));
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
-
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);

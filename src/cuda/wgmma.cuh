@@ -170,34 +170,6 @@ __device__ __forceinline__ void mma_m64n16k16_f16_rs(float (&d)[8], const uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-// d += A (64 x 32 e4m3 from registers, mma_m64n16k32_e4m3_rs's layout) . B (32 x 16 fp8 from shared
-// memory, K-major: e4m3, or e5m2 with kBE5m2): the 16-row kernel's fp8 p.v (AttendParams.fp8_pv),
-// V^T as A and P^T's hi (e4m3) and lo (e5m2) halves as B.
-template <bool kBE5m2>
-__device__ __forceinline__ void mma_m64n16k32_f8_rs_acc(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
-  if constexpr (kBE5m2) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e5m2 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
-}
-
 // d (64 x 64 f32, 32 a thread, the m64n64 layout above) += A (64 x 16 f16 from registers, each warp
 // its 16 rows in the mma.sync m16n8k16 A layout) * B (64 N x 16 K f16 in shared memory): K-major
 // (kTransB = false: the many-rows kernel's p.v, attend_rows.cu, A = V^T, B = P^T) or MN-major (the
