@@ -223,9 +223,9 @@ __device__ __forceinline__ void store_query(const QueryParams& p, int64_t offset
 }
 
 // q_pe of tokens s0 .. s0 + tokens - 1, head n: rotated (RoPE models), rounded to bf16, then
-// quantized like ql_nope (the CTAs of a head's first latent rows).
-// (part, parts: this CTA takes the pairs i = part * blockDim.x + threadIdx.x (mod parts * blockDim.x),
-// so the CTAs of a head share the work.)
+// quantized like ql_nope: by the CTA of a head's first latent rows (query_kernel), or shared by
+// the head's CTAs (query_mma_kernel: part of parts, this CTA taking the pairs i with
+// i / blockDim.x = part mod parts).
 __device__ __forceinline__ void store_q_pe(const QueryParams& p, int64_t s0, int tokens, int n, int part = 0,
                                            int parts = 1) {
   const int h = p.head_offset + n, head_dim = p.nope_dim + kRope;
