@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "cuda/device_math.cuh"
+#include "cuda/mxfp4_bits.hpp"
 #include "cuda/ptx.cuh"
 
 namespace mla::cuda::mxfp4 {
@@ -27,32 +28,17 @@ namespace mla::cuda::mxfp4 {
 constexpr int kBlock = 32;  // values a scale covers: two k16 steps
 
 // Code word c of a block and the block's scale as both steps' B fragments (b[s][0], b[s][1]), in
-// bf16 bits without floats (~30 instructions a word; through e2m1_to_float and f32 products, ~60,
-// most of a warp's work a block at D, ncu in session 27): the magnitudes' bf16 bytes by table
-// (prmt: 4 values an instruction), the signs moved to bit 15 of each half by a multiply (two
-// distinct bits, no carries), then one bf16x2 product by the scale 2^(E - 127), exact (E8M0's
-// E = 0 is bf16's subnormal 2^-127, E = 255 NaN, as e8m0_to_float).
+// bf16 bits without floats (mxfp4_bits.hpp: ~30 instructions a word; through e2m1_to_float and f32
+// products ~60, most of a warp's work a block at D, ncu in session 27), then one exact bf16x2
+// product by the scale.
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
 __device__ __forceinline__ void b_fragments(uint32_t word, uint32_t scale_bits, uint32_t (&b)[2][2]) {
-  // bf16 of {0, 0.5, 1, 1.5, 2, 3, 4, 6}: high bytes 00 3F 3F 3F 40 40 40 40, low 00 00 80 C0 00 40 80 C0
-  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u, kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
-  const uint32_t top = word >> 16;
-  const uint32_t sel0 = word & 0x7777u, sel1 = top & 0x7777u;  // the magnitudes (a set bit 3 would sign-fill)
-  const uint32_t hi0 = __byte_perm(kHi0, kHi1, sel0), lo0 = __byte_perm(kLo0, kLo1, sel0);  // values 0..3
-  const uint32_t hi1 = __byte_perm(kHi0, kHi1, sel1), lo1 = __byte_perm(kLo0, kLo1, sel1);  // values 4..7
-  // value pairs (2k, 2k + 1) as bf16x2; a pair's signs (bits 3, 7 or 11, 15 of its half word) to 15, 31
-  auto sign01 = [](uint32_t w) { return ((w & 0x88u) * 0x01001000u) & 0x80008000u; };
-  auto sign23 = [](uint32_t w) { return ((w & 0x8800u) * 0x00010010u) & 0x80008000u; };
-  const uint32_t e = scale_bits == 0xFFu ? 0x7FC0u : scale_bits == 0u ? 0x0040u : scale_bits << 7;
-  const uint32_t scale = e | e << 16;
-  b[0][0] = bf16x2_mul(__byte_perm(lo0, hi0, 0x5140) | sign01(word), scale);
-  b[0][1] = bf16x2_mul(__byte_perm(lo0, hi0, 0x7362) | sign23(word), scale);
-  b[1][0] = bf16x2_mul(__byte_perm(lo1, hi1, 0x5140) | sign01(top), scale);
-  b[1][1] = bf16x2_mul(__byte_perm(lo1, hi1, 0x7362) | sign23(top), scale);
+  word_bf16x2(word, scale_bits,
+              [&](int k, uint32_t pair, uint32_t scale) { b[k >> 1][k & 1] = bf16x2_mul(pair, scale); });
 }
 
 // Lane (g, c)'s A fragments of a block's two steps from its rows' 8 values (x0: row g, x1: row
