@@ -221,6 +221,22 @@ __device__ __forceinline__ void store_query(const QueryParams& p, int64_t offset
   if (p.out_fp8) static_cast<uint8_t*>(p.out)[offset] = float_to_fp8(v / p.q_scale);
   else static_cast<uint16_t*>(p.out)[offset] = float_to_bf16(v);
 }
+// The same for two adjacent outputs (offset even), as one store where `paired` (launch_query's
+// out_pairs), the dtype and scale passed in (registers in query_mma_kernel's loop: read from the
+// parameters at each store they were a constant-bank load on its path).
+__device__ __forceinline__ void store_query_pair(const QueryParams& p, bool fp8, float q_scale, bool paired,
+                                                 int64_t offset, float v0, float v1) {
+  if (fp8) {
+    const uint8_t b0 = float_to_fp8(v0 / q_scale), b1 = float_to_fp8(v1 / q_scale);
+    uint8_t* out = static_cast<uint8_t*>(p.out) + offset;
+    if (paired) *reinterpret_cast<uint16_t*>(out) = uint16_t(b0 | b1 << 8);
+    else out[0] = b0, out[1] = b1;
+  } else {
+    uint16_t* out = static_cast<uint16_t*>(p.out) + offset;
+    if (paired) *reinterpret_cast<uint32_t*>(out) = ptx::pack_bf16x2(v0, v1);
+    else out[0] = float_to_bf16(v0), out[1] = float_to_bf16(v1);
+  }
+}
 
 // q_pe of tokens s0 .. s0 + tokens - 1, head n: rotated (RoPE models), rounded to bf16, then
 // quantized like ql_nope: by the CTA of a head's first latent rows (query_kernel), or shared by
@@ -367,7 +383,7 @@ template <int kMT>
 __global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_constant__ QueryParams p) {
   constexpr int kTokens = kMT * kMmaQTokens;
   extern __shared__ __align__(16) uint32_t q_nope[];  // kTokens rows of `pairs` words (query_mma_smem)
-  __shared__ __align__(16) uint32_t codes[kMmaQRows * kMmaQWords];
+  __shared__ __align__(16) uint32_t codes[kMmaQRows * kMmaQWords];  // (kMmaQStatic: these two)
   __shared__ __align__(16) uint8_t scales[kMmaQRows * kMaxBlocks];
   constexpr int kChunks = kLatent / kMmaQRows;
   const int n = blockIdx.x / kChunks, l0 = (blockIdx.x % kChunks) * kMmaQRows;
@@ -422,9 +438,8 @@ __global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_co
   }
 
   // 3. Lane (g, c): tokens 16 mt + g, + 8 x latent rows 2c, 2c + 1 of each tile, quantized as
-  //    query_kernel, the two rows as one store where the output allows (its scale and dtype in
-  //    registers: read per element they were a constant-bank load on each store's path, and the
-  //    stores most of the kernel's stalls at D, ncu in session 27).
+  //    query_kernel, the two rows a store (store_query_pair; per element, each store behind a
+  //    constant-bank load, they were most of the kernel's stalls at D, ncu in session 27).
   const int h = p.head_offset + n;
   const bool fp8 = p.out_fp8, paired = p.out_pairs;
   const float q_scale = p.q_scale;
@@ -436,18 +451,8 @@ __global__ void __launch_bounds__(kMmaQThreads) query_mma_kernel(const __grid_co
       for (int u = 0; u < 2; ++u) {
         const int t = 16 * mt + g + 8 * u, l = l0 + 16 * warp + 8 * j + 2 * c;
         if (t >= tokens) continue;
-        const int64_t off = (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l;
-        const float v0 = acc[mt][j][2 * u], v1 = acc[mt][j][2 * u + 1];
-        if (fp8) {
-          const uint8_t b0 = float_to_fp8(v0 / q_scale), b1 = float_to_fp8(v1 / q_scale);
-          uint8_t* out = static_cast<uint8_t*>(p.out) + off;
-          if (paired) *reinterpret_cast<uint16_t*>(out) = uint16_t(b0 | b1 << 8);
-          else out[0] = b0, out[1] = b1;
-        } else {
-          uint16_t* out = static_cast<uint16_t*>(p.out) + off;
-          if (paired) *reinterpret_cast<uint32_t*>(out) = ptx::pack_bf16x2(v0, v1);
-          else out[0] = float_to_bf16(v0), out[1] = float_to_bf16(v1);
-        }
+        store_query_pair(p, fp8, q_scale, paired, (s0 + t) * p.out_s_stride + int64_t(h) * p.out_h_stride + l,
+                         acc[mt][j][2 * u], acc[mt][j][2 * u + 1]);
       }
   // q_pe: shared by the head's kLatent / kMmaQRows CTAs (one CTA took it all, a DRAM round trip
   // per pair and thread in turn: 8 at 64 tokens).
