@@ -35,15 +35,6 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
   }
 }
 
-// A weight load that is used once: read-only path, not kept in L1.
-__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 __host__ __device__ inline int padded_chunks(int k) { return (k / 8 + kSkinnyChunk - 1) / kSkinnyChunk * kSkinnyChunk; }
 
 // x staged in shared memory: [kTokens][padded_chunks(k)] 16-byte chunks, zeros past k.

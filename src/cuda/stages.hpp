@@ -48,6 +48,14 @@ struct SkinnyGemmParams {
 };
 bool skinny_gemm_applies(int s, int k, int64_t ldx);
 void launch_skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream);
+// The same product for kSkinnyMaxTokens < S <= kSkinnyMmaMaxTokens on the tensor cores, split-K over
+// a cluster (skinny_mma.cu): k a multiple of 32, x 16-byte aligned. prepare_skinny_mma() sets the
+// kernels' attributes and reads the device's cluster occupancy (the backend's constructor, so that
+// no step, captured or not, does).
+inline constexpr int kSkinnyMmaMaxTokens = 64;
+void prepare_skinny_mma();
+bool skinny_mma_applies(int s, int n, int k, int64_t ldx, const void* x);
+void launch_skinny_mma(const SkinnyGemmParams& p, cudaStream_t stream);
 
 // Per token: RMSNorm of q_c and kv_c, RoPE of k_pe, the cache row [kv_c | k_pe], sigmoid gate.
 // For S <= kFusedCheckTokens (check_meta) it also does meta_check's work, with the same error bits
