@@ -168,7 +168,8 @@ const Device& device() {
     for (Kernel k : kKernels) MLA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
     for (int s = 1; s <= kMaxSplits; ++s) {
       cudaLaunchAttribute attrs[2];
-      const cudaLaunchConfig_t cfg = config(dim3(1, s), red_bytes(kSkinnyMmaMaxTokens / 8), nullptr, attrs);
+      cudaLaunchConfig_t cfg = config(dim3(1, s), red_bytes(kSkinnyMmaMaxTokens / 8), nullptr, attrs);
+      cfg.numAttrs = 1;  // the cluster's shape only
       MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&d.clusters[s], kKernels[kSkinnyMmaMaxTokens / 8 - 1], &cfg));
     }
     return d;
