@@ -35,7 +35,6 @@ namespace cg = cooperative_groups;
 
 constexpr int kWarps = 16;                 // 512 threads, one CTA an SM
 constexpr int kCtaRows = kWarps * 16;      // weight rows a CTA: a warp's m16 tile each
-constexpr int kAhead = 4;                  // k blocks of weights a lane has in flight (2 x 16 B each)
 constexpr int kMaxSplits = 8;              // the portable cluster size
 constexpr int kRedPitch = kCtaRows + 4;    // floats a token's partial row (conflict-free stores)
 constexpr int kBlockBytes = 64;            // 32 bf16 values
@@ -46,7 +45,8 @@ constexpr size_t kMaxSmem = 227 << 10;
 __host__ __device__ constexpr int x_pitch(int blocks) { return (blocks * kBlockBytes + 127) / 128 * 128 + 64; }
 constexpr size_t red_bytes(int tiles) { return size_t(8 * tiles) * kRedPitch * sizeof(float); }
 
-template <int kTiles>
+// kAhead: k blocks of weights a lane has in flight (2 x 16 B each).
+template <int kTiles, int kAhead>
 __global__ void __launch_bounds__(kWarps * 32, 1) skinny_mma_kernel(const __grid_constant__ SkinnyGemmParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = warp_uniform(int(threadIdx.x / 32)), lane = int(threadIdx.x % 32), g = lane / 4, c = lane % 4;
@@ -71,11 +71,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) skinny_mma_kernel(const __grid
   wait_for_prior_grids();
 
   // The tokens' x slice: [S][nb blocks], row pitch `pitch` bytes.
-  const int chunks = nb * 4;  // 16-byte chunks a token
-  for (int i = int(threadIdx.x); i < p.s * chunks; i += int(blockDim.x)) {
-    const int t = i / chunks, ch = i - t * chunks;
-    *reinterpret_cast<uint4*>(smem + t * pitch + ch * 16) =
-        *reinterpret_cast<const uint4*>(p.x + t * p.ldx + int64_t(b_begin) * 32 + ch * 8);
+  // Four loads a thread in flight before their stores (L2 round trips, not one at a time).
+  const int chunks = nb * 4, total = p.s * chunks;  // 16-byte chunks a token, all
+  for (int i0 = int(threadIdx.x); i0 < total; i0 += 4 * int(blockDim.x)) {
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = i0 + j * int(blockDim.x), t = i / chunks, ch = i - t * chunks;
+      if (i < total) v[j] = *reinterpret_cast<const uint4*>(p.x + t * p.ldx + int64_t(b_begin) * 32 + ch * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = i0 + j * int(blockDim.x), t = i / chunks, ch = i - t * chunks;
+      if (i < total) *reinterpret_cast<uint4*>(smem + t * pitch + ch * 16) = v[j];
+    }
   }
   __syncthreads();
 
@@ -130,11 +139,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) skinny_mma_kernel(const __grid
   tma::cluster_sync();  // no CTA leaves while another reads its partial
 }
 
-// One instance a count of n8 token tiles (S = 5..64: 1..8).
+// One instance a count of n8 token tiles (S = 5..64: 1..8) and depth (MLA_SKINNY_AHEAD=4: 4 blocks).
 using Kernel = void (*)(SkinnyGemmParams);
-const Kernel kKernels[] = {skinny_mma_kernel<1>, skinny_mma_kernel<2>, skinny_mma_kernel<3>, skinny_mma_kernel<4>,
-                           skinny_mma_kernel<5>, skinny_mma_kernel<6>, skinny_mma_kernel<7>, skinny_mma_kernel<8>};
-static_assert(sizeof(kKernels) / sizeof(Kernel) == kSkinnyMmaMaxTokens / 8);
+template <int kAhead>
+constexpr Kernel kKernels[] = {skinny_mma_kernel<1, kAhead>, skinny_mma_kernel<2, kAhead>, skinny_mma_kernel<3, kAhead>,
+                               skinny_mma_kernel<4, kAhead>, skinny_mma_kernel<5, kAhead>, skinny_mma_kernel<6, kAhead>,
+                               skinny_mma_kernel<7, kAhead>, skinny_mma_kernel<8, kAhead>};
+int ahead_env() {
+  static const int ahead = [] {
+    const char* env = std::getenv("MLA_SKINNY_AHEAD");
+    return env && std::atoi(env) == 4 ? 4 : 8;
+  }();
+  return ahead;
+}
+Kernel kernel_for(int s) { return (ahead_env() == 4 ? kKernels<4> : kKernels<8>)[(s + 7) / 8 - 1]; }
 
 cudaLaunchConfig_t config(dim3 grid, size_t smem, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
   cudaLaunchConfig_t cfg{};
@@ -165,12 +183,13 @@ const Device& device() {
     int dev = 0;
     MLA_CUDA_CHECK(cudaGetDevice(&dev));
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-    for (Kernel k : kKernels) MLA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+    for (Kernel k : kKernels<4>) MLA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+    for (Kernel k : kKernels<8>) MLA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
     for (int s = 1; s <= kMaxSplits; ++s) {
       cudaLaunchAttribute attrs[2];
       cudaLaunchConfig_t cfg = config(dim3(1, s), red_bytes(kSkinnyMmaMaxTokens / 8), nullptr, attrs);
       cfg.numAttrs = 1;  // the cluster's shape only
-      MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&d.clusters[s], kKernels[kSkinnyMmaMaxTokens / 8 - 1], &cfg));
+      MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&d.clusters[s], kernel_for(kSkinnyMmaMaxTokens), &cfg));
     }
     return d;
   }();
@@ -221,7 +240,7 @@ void launch_skinny_mma(const SkinnyGemmParams& p, cudaStream_t stream) {
               ", k = ", p.k, " (at most ", kMaxSmem, ")");
   cudaLaunchAttribute attrs[2];
   const cudaLaunchConfig_t cfg = config(dim3(unsigned(pl.tiles), unsigned(pl.splits)), pl.smem, stream, attrs);
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernels[(p.s + 7) / 8 - 1], p));
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_for(p.s), p));
 }
 
 }  // namespace mla::cuda
