@@ -1,20 +1,27 @@
 // y [S, n] = x [S, k] @ w [n, k]^T for 5..64 tokens on the tensor cores (mma.sync m16n8k16 bf16,
 // f32 sums, bf16 out): pre's projections at 16-64-token steps. The product is still a stream over
 // the weights (qkv_a is 52 MB for kimi-k3: ~12 us of bytes on an H200), which cuBLASLt's choice
-// for these shapes (split-K GEMM + reduce: 17 + 4 us at 64 tokens under ncu, session 27) streams
-// at well under the copy rate, and skinny_gemm.cu's CUDA-core FMAs cannot feed 64 tokens.
+// for these shapes (split-K GEMM + reduce: 17.9 + 4.3 us at 64 tokens under ncu, session 28)
+// streams at ~2.9 TB/s, and skinny_gemm.cu's CUDA-core FMAs cannot feed 64 tokens.
 //
 // Weight rows on M (a warp's m16 tile), tokens on N (n8 tiles, kTiles of them), K in blocks of 32
-// values taken in mxfp4_mma.cuh's order: lane (g, c) loads values 8c .. 8c + 7 of a block from
-// weight rows g and g + 8 (two 16-byte loads, the A fragments of both k16 steps) and from token g
-// of each n8 tile (one 16-byte shared load, that tile's B fragments of both steps). A CTA (16
-// warps, one an SM) takes 256 weight rows over one k slice: its x slice is staged in shared memory
-// (rows 64 bytes off a 128-byte line from each other, so a warp's shared loads are conflict-free)
-// while the first kAhead blocks of weights are already in flight (issued before the PDL wait:
-// cuda/pdl.cuh). Split-K goes across the CTAs of a cluster (up to 8 along y): each CTA leaves its
-// f32 partial tile in its shared memory and, after a cluster barrier, sums one slice of the
-// tile's rows over the cluster's partials in rank order (DSMEM): deterministic, no workspace, one
-// launch.
+// values taken in mxfp4_mma.cuh's order: lane (g, c) reads values 8c .. 8c + 7 of a block from
+// weight rows g and g + 8 (two 16-byte shared loads: the A fragments of both k16 steps) and from
+// token g of each n8 tile (one: that tile's B fragments of both steps). A CTA takes 256 weight rows
+// over one k slice: 16 consumer warps and a producer warp whose lane 0 streams the slice through a
+// ring of kStages stages by TMA, each stage kStageBlocks k blocks of the weights (a 64-byte x 256-row
+// box each) and of the tokens' x (64 bytes x 8 kTiles rows, zeros past S). A box lands as 64-byte
+// rows, so the 8 lanes of a shared-load phase read two whole rows: no bank conflicts.
+//
+// Why TMA and not each lane's own loads (session 28, call 1-2, H200): with lane (g, c) loading its
+// 16-byte pieces straight into registers, a warp instruction asked for 64 bytes of each of 8 rows
+// 14 KB apart, and 4 or 8 blocks in flight a lane made no difference: DRAM at 28-33% of its peak,
+// qkv_a 34-41 us at 64 tokens against cuBLASLt's 22. The weights' first stages go out before the
+// PDL wait (cuda/pdl.cuh), the x boxes after it.
+//
+// Split-K goes across the CTAs of a cluster (up to 8 along y): each CTA leaves its f32 partial tile
+// in its shared memory and, after a cluster barrier, sums one slice of the tile's rows over the
+// cluster's partials in rank order (DSMEM): deterministic, no workspace, one launch.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -27,109 +34,132 @@
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 #include "cuda/tma.cuh"
+#include "cuda/tma.hpp"
 
 namespace mla::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kWarps = 16;                 // 512 threads, one CTA an SM
-constexpr int kCtaRows = kWarps * 16;      // weight rows a CTA: a warp's m16 tile each
-constexpr int kMaxSplits = 8;              // the portable cluster size
-constexpr int kRedPitch = kCtaRows + 4;    // floats a token's partial row (conflict-free stores)
-constexpr int kBlockBytes = 64;            // 32 bf16 values
-constexpr size_t kMaxSmem = 227 << 10;
+constexpr int kWarps = 16;               // consumer warps; one more produces
+constexpr int kThreads = (kWarps + 1) * 32;
+constexpr int kCtaRows = kWarps * 16;    // weight rows a CTA: a consumer warp's m16 tile each
+constexpr int kBlockBytes = 64;          // 32 bf16 values of k
+constexpr int kStageBlocks = 2;          // k blocks a stage
+constexpr int kStages = 5;
+constexpr int kMaxSplits = 8;            // the portable cluster size
+constexpr int kRedPitch = kCtaRows + 4;  // floats a token's partial row (conflict-free stores)
 
-// Bytes a token's staged x slice of `blocks` k blocks takes: 64 bytes past a multiple of 128, so
-// the two token rows one phase of a warp's 16-byte loads reads fall on different banks.
-__host__ __device__ constexpr int x_pitch(int blocks) { return (blocks * kBlockBytes + 127) / 128 * 128 + 64; }
-constexpr size_t red_bytes(int tiles) { return size_t(8 * tiles) * kRedPitch * sizeof(float); }
+template <int kTiles>
+struct Layout {
+  static constexpr int kWBlock = kCtaRows * kBlockBytes;    // one k block of the CTA's weight rows
+  static constexpr int kXBlock = 8 * kTiles * kBlockBytes;  // and of the (padded) tokens
+  static constexpr int kStage = kStageBlocks * (kWBlock + kXBlock);
+  static constexpr int kRing = kStages * kStage;
+  static constexpr int kRed = 8 * kTiles * kRedPitch * 4;  // the partial tile, over the ring after the loop
+  static constexpr int kBars = (std::max(kRing, kRed) + 127) / 128 * 128;
+  static constexpr size_t kSmem = kBars + 2 * kStages * sizeof(uint64_t);
+  static_assert(kSmem <= (227 << 10));
+};
 
-// kAhead: k blocks of weights a lane has in flight (2 x 16 B each).
-template <int kTiles, int kAhead>
-__global__ void __launch_bounds__(kWarps * 32, 1) skinny_mma_kernel(const __grid_constant__ SkinnyGemmParams p) {
+template <int kTiles>
+__global__ void __launch_bounds__(kThreads, 1)
+    skinny_mma_kernel(const __grid_constant__ SkinnyGemmParams p, const __grid_constant__ CUtensorMap w_map,
+                      const __grid_constant__ CUtensorMap x_map) {
+  using L = Layout<kTiles>;
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = warp_uniform(int(threadIdx.x / 32)), lane = int(threadIdx.x % 32), g = lane / 4, c = lane % 4;
   const int split = int(blockIdx.y), splits = int(gridDim.y);
   const int blocks = p.k / 32;
   const int b_begin = int(int64_t(split) * blocks / splits);
   const int nb = int(int64_t(split + 1) * blocks / splits) - b_begin;
-  const int pitch = x_pitch(nb);
+  const int n_stages = (nb + kStageBlocks - 1) / kStageBlocks;
+  const uint32_t ring = ptx::smem_addr(smem), full = ring + L::kBars, empty = full + 8 * kStages;
+  auto stage_blocks = [&](int st) { return min(kStageBlocks, nb - st * kStageBlocks); };
 
-  // Weight rows g and g + 8 of the warp's tile (past n the last row again: loaded, never stored).
-  const int row0 = int(blockIdx.x) * kCtaRows + warp * 16;
-  const uint4* w0 = reinterpret_cast<const uint4*>(p.w + int64_t(min(row0 + g, p.n - 1)) * p.k) + 4 * b_begin + c;
-  const uint4* w1 = reinterpret_cast<const uint4*>(p.w + int64_t(min(row0 + g + 8, p.n - 1)) * p.k) + 4 * b_begin + c;
-  uint4 wa[kAhead][2];
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i)
-    if (i < nb) {
-      wa[i][0] = load_streaming(w0 + 4 * i);
-      wa[i][1] = load_streaming(w1 + 4 * i);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      tma::mbarrier_init(full + 8 * i, 1);
+      tma::mbarrier_init(empty + 8 * i, kWarps);
     }
-  allow_dependents();
-  wait_for_prior_grids();
-
-  // The tokens' x slice: [S][nb blocks], row pitch `pitch` bytes.
-  // Four loads a thread in flight before their stores (L2 round trips, not one at a time).
-  const int chunks = nb * 4, total = p.s * chunks;  // 16-byte chunks a token, all
-  for (int i0 = int(threadIdx.x); i0 < total; i0 += 4 * int(blockDim.x)) {
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = i0 + j * int(blockDim.x), t = i / chunks, ch = i - t * chunks;
-      if (i < total) v[j] = *reinterpret_cast<const uint4*>(p.x + t * p.ldx + int64_t(b_begin) * 32 + ch * 8);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = i0 + j * int(blockDim.x), t = i / chunks, ch = i - t * chunks;
-      if (i < total) *reinterpret_cast<uint4*>(smem + t * pitch + ch * 16) = v[j];
-    }
+    tma::fence_barrier_init();
   }
   __syncthreads();
+  allow_dependents();
 
-  // Lane (g, c)'s chunk of token 8t + g in tile t (the last token again past S: its column is
-  // computed and never stored).
-  uint32_t x_off[kTiles];
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) x_off[t] = uint32_t(min(8 * t + g, p.s - 1) * pitch + 16 * c);
-  float acc[kTiles][4] = {};
-  for (int b0 = 0; b0 < nb; b0 += kAhead) {
-#pragma unroll
-    for (int i = 0; i < kAhead; ++i) {
-      const int b = b0 + i;
-      if (b < nb) {
-        const uint4 a0 = wa[i][0], a1 = wa[i][1];
-        if (b + kAhead < nb) {
-          wa[i][0] = load_streaming(w0 + 4 * (b + kAhead));
-          wa[i][1] = load_streaming(w1 + 4 * (b + kAhead));
-        }
-#pragma unroll
-        for (int t = 0; t < kTiles; ++t) {
-          const uint4 xv = *reinterpret_cast<const uint4*>(smem + x_off[t] + b * kBlockBytes);
-          ptx::mma_bf16(acc[t], a0.x, a1.x, a0.y, a1.y, xv.x, xv.y);  // values 8c .. 8c + 3
-          ptx::mma_bf16(acc[t], a0.z, a1.z, a0.w, a1.w, xv.z, xv.w);  // values 8c + 4 .. 8c + 7
-        }
+  if (warp == kWarps) {
+    // The producer. Stage st's blocks: weights at ring + slot * kStage + j * kWBlock, x after them.
+    if (lane == 0) {
+      const int row0 = int(blockIdx.x) * kCtaRows;
+      auto issue_w = [&](int st) {
+        const uint32_t slot = ring + uint32_t(st % kStages) * L::kStage, bar = full + 8 * (st % kStages);
+        for (int j = 0; j < stage_blocks(st); ++j)
+          tma::load_2d(slot + j * L::kWBlock, &w_map, (b_begin + st * kStageBlocks + j) * kBlockBytes, row0, bar);
+      };
+      auto issue_x = [&](int st) {
+        const uint32_t slot = ring + uint32_t(st % kStages) * L::kStage + kStageBlocks * L::kWBlock,
+                       bar = full + 8 * (st % kStages);
+        for (int j = 0; j < stage_blocks(st); ++j)
+          tma::load_2d(slot + j * L::kXBlock, &x_map, (b_begin + st * kStageBlocks + j) * kBlockBytes, 0, bar);
+      };
+      auto expect = [&](int st) {
+        tma::arrive_expect_tx(full + 8 * (st % kStages), uint32_t(stage_blocks(st) * (L::kWBlock + L::kXBlock)));
+      };
+      const int first = min(kStages, n_stages);
+      for (int st = 0; st < first; ++st) expect(st), issue_w(st);  // the weights: before the PDL wait
+      wait_for_prior_grids();
+      for (int st = 0; st < first; ++st) issue_x(st);
+      for (int st = kStages; st < n_stages; ++st) {
+        tma::wait_parity_forever(empty + 8 * (st % kStages), uint32_t((st / kStages - 1) & 1));
+        expect(st);
+        issue_w(st);
+        issue_x(st);
       }
     }
-  }
-
-  // The CTA's partial tile [tokens][rows] over x's shared memory (every warp is done reading it).
-  __syncthreads();
-  float* red = reinterpret_cast<float*>(smem);
+    __syncwarp();
+    wait_for_prior_grids();  // (every lane: the whole warp writes y below)
+  } else {
+    wait_for_prior_grids();  // (y is written below: every earlier kernel of the stream is done)
+    const uint32_t a_off = uint32_t((warp * 16 + g) * kBlockBytes + 16 * c);  // row g; row g + 8 at + 512
+    const uint32_t b_off = uint32_t(g * kBlockBytes + 16 * c);               // token 8t + g at + 512 t
+    float acc[kTiles][4] = {};
+    for (int st = 0; st < n_stages; ++st) {
+      const uint32_t slot = ring + uint32_t(st % kStages) * L::kStage;
+      tma::wait_parity_forever(full + 8 * (st % kStages), uint32_t((st / kStages) & 1));
+      for (int j = 0; j < stage_blocks(st); ++j) {
+        uint32_t a0[4], a1[4];
+        ptx::lds128(slot + j * L::kWBlock + a_off, a0);
+        ptx::lds128(slot + j * L::kWBlock + a_off + 8 * kBlockBytes, a1);
+        const uint32_t xb = slot + kStageBlocks * L::kWBlock + j * L::kXBlock + b_off;
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // accumulator rows g and g + 8, tokens 8t + 2c and 8t + 2c + 1
-      const int r = warp * 16 + g + 8 * h, tok = 8 * t + 2 * c;
-      red[tok * kRedPitch + r] = acc[t][2 * h];
-      red[(tok + 1) * kRedPitch + r] = acc[t][2 * h + 1];
+        for (int t = 0; t < kTiles; ++t) {
+          uint32_t b[4];
+          ptx::lds128(xb + t * 8 * kBlockBytes, b);
+          ptx::mma_bf16(acc[t], a0[0], a1[0], a0[1], a1[1], b[0], b[1]);  // values 8c .. 8c + 3
+          ptx::mma_bf16(acc[t], a0[2], a1[2], a0[3], a1[3], b[2], b[3]);  // values 8c + 4 .. 8c + 7
+        }
+      }
+      __syncwarp();
+      if (lane == 0) tma::arrive(empty + 8 * (st % kStages));
     }
-  tma::cluster_sync();  // every partial of the cluster written and visible
+    __syncthreads();  // every stage read: the partial tile [tokens][rows] goes over the ring
+    float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // accumulator rows g and g + 8, tokens 8t + 2c and 8t + 2c + 1
+        const int r = warp * 16 + g + 8 * h, tok = 8 * t + 2 * c;
+        red[tok * kRedPitch + r] = acc[t][2 * h];
+        red[(tok + 1) * kRedPitch + r] = acc[t][2 * h + 1];
+      }
+  }
+  if (warp == kWarps) __syncthreads();  // (the producer's side of the barrier above)
+  tma::cluster_sync();                  // every partial of the cluster written and visible
 
   // This CTA's slice of the tile's rows, summed over the splits in rank order.
   cg::cluster_group cluster = cg::this_cluster();
   const int lo = split * kCtaRows / splits, rows = (split + 1) * kCtaRows / splits - lo;
+  const float* red = reinterpret_cast<const float*>(smem);
   for (int i = int(threadIdx.x); i < p.s * rows; i += int(blockDim.x)) {
     const int t = i / rows, r = lo + (i - t * rows), row = int(blockIdx.x) * kCtaRows + r;
     float v = 0.0f;
@@ -139,25 +169,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) skinny_mma_kernel(const __grid
   tma::cluster_sync();  // no CTA leaves while another reads its partial
 }
 
-// One instance a count of n8 token tiles (S = 5..64: 1..8) and depth (MLA_SKINNY_AHEAD=4: 4 blocks).
-using Kernel = void (*)(SkinnyGemmParams);
-template <int kAhead>
-constexpr Kernel kKernels[] = {skinny_mma_kernel<1, kAhead>, skinny_mma_kernel<2, kAhead>, skinny_mma_kernel<3, kAhead>,
-                               skinny_mma_kernel<4, kAhead>, skinny_mma_kernel<5, kAhead>, skinny_mma_kernel<6, kAhead>,
-                               skinny_mma_kernel<7, kAhead>, skinny_mma_kernel<8, kAhead>};
-int ahead_env() {
-  static const int ahead = [] {
-    const char* env = std::getenv("MLA_SKINNY_AHEAD");
-    return env && std::atoi(env) == 4 ? 4 : 8;
-  }();
-  return ahead;
+// One instance a count of n8 token tiles (S = 5..64: 1..8).
+using Kernel = void (*)(SkinnyGemmParams, CUtensorMap, CUtensorMap);
+constexpr Kernel kKernels[] = {skinny_mma_kernel<1>, skinny_mma_kernel<2>, skinny_mma_kernel<3>, skinny_mma_kernel<4>,
+                               skinny_mma_kernel<5>, skinny_mma_kernel<6>, skinny_mma_kernel<7>, skinny_mma_kernel<8>};
+template <int... kT>
+constexpr std::array<size_t, sizeof...(kT)> smem_table(std::integer_sequence<int, kT...>) {
+  return {Layout<kT + 1>::kSmem...};
 }
-Kernel kernel_for(int s) { return (ahead_env() == 4 ? kKernels<4> : kKernels<8>)[(s + 7) / 8 - 1]; }
+constexpr auto kSmemBytes = smem_table(std::make_integer_sequence<int, kSkinnyMmaMaxTokens / 8>());
 
 cudaLaunchConfig_t config(dim3 grid, size_t smem, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kWarps * 32);
+  cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   attrs[0] = cudaLaunchAttribute{};
@@ -183,31 +208,30 @@ const Device& device() {
     int dev = 0;
     MLA_CUDA_CHECK(cudaGetDevice(&dev));
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-    for (Kernel k : kKernels<4>) MLA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
-    for (Kernel k : kKernels<8>) MLA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
+    for (int i = 0; i < kSkinnyMmaMaxTokens / 8; ++i)
+      MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes[i])));
+    constexpr int kLast = kSkinnyMmaMaxTokens / 8 - 1;  // the largest: one CTA an SM for every instance anyway
     for (int s = 1; s <= kMaxSplits; ++s) {
       cudaLaunchAttribute attrs[2];
-      cudaLaunchConfig_t cfg = config(dim3(1, s), red_bytes(kSkinnyMmaMaxTokens / 8), nullptr, attrs);
+      cudaLaunchConfig_t cfg = config(dim3(1, s), kSmemBytes[kLast], nullptr, attrs);
       cfg.numAttrs = 1;  // the cluster's shape only
-      MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&d.clusters[s], kernel_for(kSkinnyMmaMaxTokens), &cfg));
+      MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&d.clusters[s], kKernels[kLast], &cfg));
     }
     return d;
   }();
   return d;
 }
 
+// The grid: 256-row tiles x splits of k, the most splits (up to 8) that keep it in one wave.
 struct Plan {
   int tiles, splits;
-  size_t smem;
 };
-Plan plan(int s, int n, int k) {
+Plan plan(int n, int k) {
   const Device& d = device();
   const int tiles = (n + kCtaRows - 1) / kCtaRows, blocks = k / 32;
   int splits = std::clamp(d.sms / tiles, 1, std::min(kMaxSplits, blocks));
   while (splits > 1 && tiles > d.clusters[splits]) --splits;
-  const int max_nb = (blocks + splits - 1) / splits;
-  const int token_tiles = (s + 7) / 8;
-  return {tiles, splits, std::max(size_t(s) * x_pitch(max_nb), red_bytes(token_tiles))};
+  return {tiles, splits};
 }
 
 // MLA_SKINNY_MMA=0: cuBLASLt takes these token counts (comparisons).
@@ -223,9 +247,14 @@ bool enabled() {
 
 void prepare_skinny_mma() { (void)device(); }
 
+// Not where the weights are so many rows that one split of 256-row tiles leaves a tenth of the SMs
+// idle (kimi-k3 at 128 heads: qkv_a's 73 tiles, q_b's 96): cuBLASLt streams those at ~3.9 TB/s.
 bool skinny_mma_applies(int s, int n, int k, int64_t ldx, const void* x) {
-  return enabled() && s > kSkinnyMaxTokens && s <= kSkinnyMmaMaxTokens && n >= 1 && k >= 32 && k % 32 == 0 &&
-         ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && plan(s, n, k).smem <= kMaxSmem;
+  if (!(enabled() && s > kSkinnyMaxTokens && s <= kSkinnyMmaMaxTokens && n >= 1 && k >= 32 && k % 32 == 0 &&
+        ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0))
+    return false;
+  const Plan pl = plan(n, k);
+  return pl.splits > 1 || 10 * pl.tiles >= 9 * device().sms;
 }
 
 void launch_skinny_mma(const SkinnyGemmParams& p, cudaStream_t stream) {
@@ -235,12 +264,15 @@ void launch_skinny_mma(const SkinnyGemmParams& p, cudaStream_t stream) {
               "skinny MMA GEMM: k = ", p.k, " (a multiple of 32), ldx = ", p.ldx,
               " (a multiple of 8) and x 16-byte aligned expected");
   if (p.n <= 0) return;
-  const Plan pl = plan(p.s, p.n, p.k);
-  MLA_REQUIRE(pl.smem <= kMaxSmem, "skinny MMA GEMM: ", pl.smem, " bytes of shared memory for S = ", p.s,
-              ", k = ", p.k, " (at most ", kMaxSmem, ")");
+  const Plan pl = plan(p.n, p.k);
+  const int tiles8 = (p.s + 7) / 8;
+  // Boxes: 64 bytes (a k block) x 256 weight rows, and x 64 bytes x 8 tiles8 token rows (zeros past S).
+  const CUtensorMap w_map = make_tensor_map_bytes(p.w, p.n, int64_t(p.k) * 2, int64_t(p.k) * 2, kBlockBytes, kCtaRows);
+  const CUtensorMap x_map = make_tensor_map_bytes(p.x, p.s, int64_t(p.k) * 2, p.ldx * 2, kBlockBytes, 8 * tiles8);
   cudaLaunchAttribute attrs[2];
-  const cudaLaunchConfig_t cfg = config(dim3(unsigned(pl.tiles), unsigned(pl.splits)), pl.smem, stream, attrs);
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_for(p.s), p));
+  const cudaLaunchConfig_t cfg =
+      config(dim3(unsigned(pl.tiles), unsigned(pl.splits)), kSmemBytes[tiles8 - 1], stream, attrs);
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernels[tiles8 - 1], p, w_map, x_map));
 }
 
 }  // namespace mla::cuda
