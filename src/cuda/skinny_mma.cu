@@ -9,9 +9,10 @@
 // weight rows g and g + 8 (two 16-byte shared loads: the A fragments of both k16 steps) and from
 // token g of each n8 tile (one: that tile's B fragments of both steps). A CTA takes 256 weight rows
 // over one k slice: 16 consumer warps and a producer warp whose lane 0 streams the slice through a
-// ring of kStages stages by TMA, each stage kStageBlocks k blocks of the weights (a 64-byte x 256-row
-// box each) and of the tokens' x (64 bytes x 8 kTiles rows, zeros past S). A box lands as 64-byte
-// rows, so the 8 lanes of a shared-load phase read two whole rows: no bank conflicts.
+// ring of kStages stages by TMA, each stage kStageBlocks k blocks of the weights (one box of 128
+// bytes x 256 rows) and of the tokens' x (a box of 64 bytes x 8 kTiles rows a block, zeros past S:
+// landing as 64-byte rows, the 8 lanes of a shared-load phase read two whole rows, no bank conflicts;
+// the weights' 128-byte rows cost the A loads a 2-way conflict, two wavefronts a block and warp).
 //
 // Why TMA and not each lane's own loads (session 28, call 1-2, H200): with lane (g, c) loading its
 // 16-byte pieces straight into registers, a warp instruction asked for 64 bytes of each of 8 rows
@@ -52,9 +53,10 @@ constexpr int kRedPitch = kCtaRows + 4;  // floats a token's partial row (confli
 
 template <int kTiles>
 struct Layout {
-  static constexpr int kWBlock = kCtaRows * kBlockBytes;    // one k block of the CTA's weight rows
-  static constexpr int kXBlock = 8 * kTiles * kBlockBytes;  // and of the (padded) tokens
-  static constexpr int kStage = kStageBlocks * (kWBlock + kXBlock);
+  static constexpr int kWRow = kStageBlocks * kBlockBytes;  // a weight row's bytes in a stage (one box)
+  static constexpr int kW = kCtaRows * kWRow;
+  static constexpr int kXBlock = 8 * kTiles * kBlockBytes;  // one k block of the (padded) tokens (a box)
+  static constexpr int kStage = kW + kStageBlocks * kXBlock;
   static constexpr int kRing = kStages * kStage;
   static constexpr int kRed = 8 * kTiles * kRedPitch * 4;  // the partial tile, over the ring after the loop
   static constexpr int kBars = (std::max(kRing, kRed) + 127) / 128 * 128;
@@ -87,23 +89,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   allow_dependents();
 
+  float acc[kTiles][4] = {};  // (the consumers')
   if (warp == kWarps) {
-    // The producer. Stage st's blocks: weights at ring + slot * kStage + j * kWBlock, x after them.
+    // The producer. Stage st: the weights' box at ring + slot * kStage, x's block boxes after it.
     if (lane == 0) {
       const int row0 = int(blockIdx.x) * kCtaRows;
-      auto issue_w = [&](int st) {
-        const uint32_t slot = ring + uint32_t(st % kStages) * L::kStage, bar = full + 8 * (st % kStages);
-        for (int j = 0; j < stage_blocks(st); ++j)
-          tma::load_2d(slot + j * L::kWBlock, &w_map, (b_begin + st * kStageBlocks + j) * kBlockBytes, row0, bar);
+      auto issue_w = [&](int st) {  // (a last odd block's box reads one block past the slice: unused)
+        tma::load_2d(ring + uint32_t(st % kStages) * L::kStage, &w_map, (b_begin + st * kStageBlocks) * kBlockBytes,
+                     row0, full + 8 * (st % kStages));
       };
       auto issue_x = [&](int st) {
-        const uint32_t slot = ring + uint32_t(st % kStages) * L::kStage + kStageBlocks * L::kWBlock,
+        const uint32_t slot = ring + uint32_t(st % kStages) * L::kStage + L::kW,
                        bar = full + 8 * (st % kStages);
         for (int j = 0; j < stage_blocks(st); ++j)
           tma::load_2d(slot + j * L::kXBlock, &x_map, (b_begin + st * kStageBlocks + j) * kBlockBytes, 0, bar);
       };
       auto expect = [&](int st) {
-        tma::arrive_expect_tx(full + 8 * (st % kStages), uint32_t(stage_blocks(st) * (L::kWBlock + L::kXBlock)));
+        tma::arrive_expect_tx(full + 8 * (st % kStages), uint32_t(L::kW + stage_blocks(st) * L::kXBlock));
       };
       const int first = min(kStages, n_stages);
       for (int st = 0; st < first; ++st) expect(st), issue_w(st);  // the weights: before the PDL wait
@@ -120,17 +122,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     wait_for_prior_grids();  // (every lane: the whole warp writes y below)
   } else {
     wait_for_prior_grids();  // (y is written below: every earlier kernel of the stream is done)
-    const uint32_t a_off = uint32_t((warp * 16 + g) * kBlockBytes + 16 * c);  // row g; row g + 8 at + 512
+    const uint32_t a_off = uint32_t((warp * 16 + g) * L::kWRow + 16 * c);  // row g; row g + 8 at + 8 rows
     const uint32_t b_off = uint32_t(g * kBlockBytes + 16 * c);               // token 8t + g at + 512 t
-    float acc[kTiles][4] = {};
     for (int st = 0; st < n_stages; ++st) {
       const uint32_t slot = ring + uint32_t(st % kStages) * L::kStage;
       tma::wait_parity_forever(full + 8 * (st % kStages), uint32_t((st / kStages) & 1));
       for (int j = 0; j < stage_blocks(st); ++j) {
         uint32_t a0[4], a1[4];
-        ptx::lds128(slot + j * L::kWBlock + a_off, a0);
-        ptx::lds128(slot + j * L::kWBlock + a_off + 8 * kBlockBytes, a1);
-        const uint32_t xb = slot + kStageBlocks * L::kWBlock + j * L::kXBlock + b_off;
+        ptx::lds128(slot + j * kBlockBytes + a_off, a0);
+        ptx::lds128(slot + j * kBlockBytes + a_off + 8 * L::kWRow, a1);
+        const uint32_t xb = slot + L::kW + j * L::kXBlock + b_off;
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
           uint32_t b[4];
@@ -142,7 +143,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       if (lane == 0) tma::arrive(empty + 8 * (st % kStages));
     }
-    __syncthreads();  // every stage read: the partial tile [tokens][rows] goes over the ring
+  }
+  __syncthreads();  // every stage read: the partial tile [tokens][rows] goes over the ring
+  if (warp < kWarps) {
     float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
     for (int t = 0; t < kTiles; ++t)
@@ -153,7 +156,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         red[(tok + 1) * kRedPitch + r] = acc[t][2 * h + 1];
       }
   }
-  if (warp == kWarps) __syncthreads();  // (the producer's side of the barrier above)
   tma::cluster_sync();                  // every partial of the cluster written and visible
 
   // This CTA's slice of the tile's rows, summed over the splits in rank order.
@@ -266,8 +268,10 @@ void launch_skinny_mma(const SkinnyGemmParams& p, cudaStream_t stream) {
   if (p.n <= 0) return;
   const Plan pl = plan(p.n, p.k);
   const int tiles8 = (p.s + 7) / 8;
-  // Boxes: 64 bytes (a k block) x 256 weight rows, and x 64 bytes x 8 tiles8 token rows (zeros past S).
-  const CUtensorMap w_map = make_tensor_map_bytes(p.w, p.n, int64_t(p.k) * 2, int64_t(p.k) * 2, kBlockBytes, kCtaRows);
+  // Boxes: 128 bytes (a stage's 2 k blocks) x 256 weight rows, and x 64 bytes x 8 tiles8 token rows
+  // (zeros past S and past k).
+  const CUtensorMap w_map =
+      make_tensor_map_bytes(p.w, p.n, int64_t(p.k) * 2, int64_t(p.k) * 2, kStageBlocks * kBlockBytes, kCtaRows);
   const CUtensorMap x_map = make_tensor_map_bytes(p.x, p.s, int64_t(p.k) * 2, p.ldx * 2, kBlockBytes, 8 * tiles8);
   cudaLaunchAttribute attrs[2];
   const cudaLaunchConfig_t cfg =
