@@ -245,6 +245,14 @@ bool enabled() {
   return on;
 }
 
+int l2_env() {  // (measuring: MLA_SKINNY_L2=0/64/128/256)
+  static const int v = [] {
+    const char* env = std::getenv("MLA_SKINNY_L2");
+    return env ? std::atoi(env) : 256;
+  }();
+  return v;
+}
+
 }  // namespace
 
 void prepare_skinny_mma() { (void)device(); }
@@ -271,7 +279,7 @@ void launch_skinny_mma(const SkinnyGemmParams& p, cudaStream_t stream) {
   // Boxes: 128 bytes (a stage's 2 k blocks) x 256 weight rows, and x 64 bytes x 8 tiles8 token rows
   // (zeros past S and past k).
   const CUtensorMap w_map =
-      make_tensor_map_bytes(p.w, p.n, int64_t(p.k) * 2, int64_t(p.k) * 2, kStageBlocks * kBlockBytes, kCtaRows);
+      make_tensor_map_bytes(p.w, p.n, int64_t(p.k) * 2, int64_t(p.k) * 2, kStageBlocks * kBlockBytes, kCtaRows, l2_env());
   const CUtensorMap x_map = make_tensor_map_bytes(p.x, p.s, int64_t(p.k) * 2, p.ldx * 2, kBlockBytes, 8 * tiles8);
   cudaLaunchAttribute attrs[2];
   const cudaLaunchConfig_t cfg =

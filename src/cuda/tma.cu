@@ -11,7 +11,8 @@ namespace mla::cuda {
 namespace {
 
 CUtensorMap encode_2d(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride, int box_bytes,
-                      int box_rows, CUtensorMapSwizzle swizzle) {
+                      int box_rows, CUtensorMapSwizzle swizzle,
+                      CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   MLA_REQUIRE(row_stride % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0,
               "tensor map: base and row stride must be 16-byte aligned, got stride ", row_stride);
   MLA_REQUIRE(box_rows >= 1 && box_rows <= 256, "tensor map: box_rows must be in [1, 256], got ", box_rows);
@@ -28,7 +29,7 @@ CUtensorMap encode_2d(const void* base, int64_t rows, int64_t row_bytes, int64_t
   const cuuint32_t box[2] = {cuuint32_t(box_bytes), cuuint32_t(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MLA_REQUIRE(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed with CUresult ", int(r));
   return map;
@@ -42,10 +43,14 @@ CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t 
 }
 
 CUtensorMap make_tensor_map_bytes(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride, int box_bytes,
-                                  int box_rows) {
+                                  int box_rows, int l2_promotion) {
   MLA_REQUIRE(box_bytes % 16 == 0 && box_bytes >= 16 && box_bytes <= 256,
               "tensor map: box_bytes must be a multiple of 16 in [16, 256], got ", box_bytes);
-  return encode_2d(base, rows, row_bytes, row_stride, box_bytes, box_rows, CU_TENSOR_MAP_SWIZZLE_NONE);
+  const CUtensorMapL2promotion promotion = l2_promotion >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                           : l2_promotion >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                           : l2_promotion >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                                                 : CU_TENSOR_MAP_L2_PROMOTION_NONE;
+  return encode_2d(base, rows, row_bytes, row_stride, box_bytes, box_rows, CU_TENSOR_MAP_SWIZZLE_NONE, promotion);
 }
 
 }  // namespace mla::cuda
