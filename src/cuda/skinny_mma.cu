@@ -236,11 +236,11 @@ Plan plan(int n, int k) {
   return {tiles, splits};
 }
 
-// MLA_SKINNY_MMA=0: cuBLASLt takes these token counts (comparisons).
+// Off by default (MLA_SKINNY_MMA=1: on): measured slower than cuBLASLt in session 28 (below).
 bool enabled() {
   static const bool on = [] {
     const char* env = std::getenv("MLA_SKINNY_MMA");
-    return !env || std::atoi(env) != 0;
+    return env && std::atoi(env) != 0;
   }();
   return on;
 }
@@ -255,14 +255,19 @@ int l2_env() {  // (measuring: MLA_SKINNY_L2=0/64/128/256)
 
 }  // namespace
 
-void prepare_skinny_mma() { (void)device(); }
+void prepare_skinny_mma() {
+  if (enabled()) (void)device();
+}
+
+bool skinny_mma_supports(int s, int n, int k, int64_t ldx, const void* x) {
+  return s > kSkinnyMaxTokens && s <= kSkinnyMmaMaxTokens && n >= 1 && k >= 32 && k % 32 == 0 && ldx % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
 
 // Not where the weights are so many rows that one split of 256-row tiles leaves a tenth of the SMs
 // idle (kimi-k3 at 128 heads: qkv_a's 73 tiles, q_b's 96): cuBLASLt streams those at ~3.9 TB/s.
 bool skinny_mma_applies(int s, int n, int k, int64_t ldx, const void* x) {
-  if (!(enabled() && s > kSkinnyMaxTokens && s <= kSkinnyMmaMaxTokens && n >= 1 && k >= 32 && k % 32 == 0 &&
-        ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0))
-    return false;
+  if (!enabled() || !skinny_mma_supports(s, n, k, ldx, x)) return false;
   const Plan pl = plan(n, k);
   return pl.splits > 1 || 10 * pl.tiles >= 9 * device().sms;
 }

@@ -1,15 +1,13 @@
-// The tensor-core projection for 5..64 tokens (src/cuda/skinny_mma.cu) against a float64 product on
-// fresh random bf16 inputs: every element within its bf16 rounding (plus f32 summation slack),
-// strided x and y, y poisoned first and its columns past n left as they were. The shapes take
-// every split count the planner can give (k of 3 blocks to kimi-k3's qkv_a) and both the whole and
-// partial n8 token tiles and 256-row weight tiles. The step tests (test_cuda_backend.cpp) run it
-// inside pre where their token counts fall in 5..64.
+// The tensor-core projection for 5..64 tokens (src/cuda/skinny_mma.cu, a step takes it only with
+// MLA_SKINNY_MMA=1) against a float64 product on fresh random bf16 inputs: every element within
+// its bf16 rounding (plus f32 summation slack), strided x and y, y poisoned first and its columns
+// past n left as they were. The shapes take 2, 3 and 8 splits (k of 2 and 3 blocks to kimi-k3's qkv_a),
+// whole and partial n8 token tiles and 256-row weight tiles, a k slice with an odd block count.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -20,12 +18,7 @@
 namespace mla {
 namespace {
 
-#define MLA_REQUIRE_GPU()                                                                          \
-  do {                                                                                             \
-    MLA_SKIP_WITHOUT_GPU("the skinny MMA GEMM tests");                                             \
-    if (const char* env = std::getenv("MLA_SKINNY_MMA"); env && std::atoi(env) == 0)                 \
-      GTEST_SKIP() << "MLA_SKINNY_MMA=0: the kernel is switched off";                                \
-  } while (0)
+#define MLA_REQUIRE_GPU() MLA_SKIP_WITHOUT_GPU("the skinny MMA GEMM tests")
 
 template <class T>
 struct DeviceArray {
@@ -52,7 +45,7 @@ struct Shape {
 void check(const Shape& sh, uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << "S " << sh.s << ", n " << sh.n << ", k " << sh.k << ", ldx " << sh.ldx
                                   << ", ldy " << sh.ldy);
-  ASSERT_TRUE(cuda::skinny_mma_applies(sh.s, sh.n, sh.k, sh.ldx, reinterpret_cast<const void*>(16)));
+  ASSERT_TRUE(cuda::skinny_mma_supports(sh.s, sh.n, sh.k, sh.ldx, reinterpret_cast<const void*>(16)));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> x(size_t(sh.s) * sh.ldx), w(size_t(sh.n) * sh.k);
@@ -109,15 +102,17 @@ TEST(SkinnyMma, MatchesFloat64) {
   for (const Shape& sh : shapes) check(sh, seed++);
 }
 
-TEST(SkinnyMma, AppliesOnlyWhereItCan) {
-  MLA_REQUIRE_GPU();
+// Host logic only (no GPU needed): what a launch can take.
+TEST(SkinnyMma, SupportsOnlyWhatItCan) {
   const void* aligned = reinterpret_cast<const void*>(256);
-  EXPECT_FALSE(cuda::skinny_mma_applies(4, 100, 64, 64, aligned));   // the CUDA-core kernel's
-  EXPECT_FALSE(cuda::skinny_mma_applies(65, 100, 64, 64, aligned));  // cuBLASLt's
-  EXPECT_FALSE(cuda::skinny_mma_applies(16, 100, 48, 48, aligned));  // k not a multiple of 32
-  EXPECT_FALSE(cuda::skinny_mma_applies(16, 100, 64, 68, aligned));  // ldx not a multiple of 8
-  EXPECT_FALSE(cuda::skinny_mma_applies(16, 100, 64, 64, reinterpret_cast<const void*>(264)));  // x misaligned
-  EXPECT_TRUE(cuda::skinny_mma_applies(16, 100, 64, 64, aligned));
+  EXPECT_FALSE(cuda::skinny_mma_supports(4, 100, 64, 64, aligned));   // the CUDA-core kernel's
+  EXPECT_FALSE(cuda::skinny_mma_supports(65, 100, 64, 64, aligned));  // cuBLASLt's
+  EXPECT_FALSE(cuda::skinny_mma_supports(16, 100, 48, 48, aligned));  // k not a multiple of 32
+  EXPECT_FALSE(cuda::skinny_mma_supports(16, 100, 64, 68, aligned));  // ldx not a multiple of 8
+  EXPECT_FALSE(cuda::skinny_mma_supports(16, 100, 64, 64, reinterpret_cast<const void*>(264)));  // x misaligned
+  EXPECT_FALSE(cuda::skinny_mma_supports(16, 0, 64, 64, aligned));    // no weight rows
+  EXPECT_TRUE(cuda::skinny_mma_supports(5, 1, 32, 8, aligned));
+  EXPECT_TRUE(cuda::skinny_mma_supports(64, 3648, 7168, 7168, aligned));
 }
 
 }  // namespace
