@@ -19,15 +19,6 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-// 16 bytes from a shared-memory address (after an mbarrier wait for the TMA that wrote them: volatile,
-// with a memory clobber, so the compiler keeps it after the wait).
-__device__ __forceinline__ void lds128(uint32_t addr, uint32_t (&v)[4]) {
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-               : "r"(addr)
-               : "memory");
-}
-
 // Named barriers (ids 1..15; __syncthreads is 0) over `threads` threads, a multiple of 32: sync
 // waits for them all; arrive counts this warp in without waiting (a producer's signal: its earlier
 // shared-memory writes are visible to the threads that sync).

@@ -1,28 +1,31 @@
 // y [S, n] = x [S, k] @ w [n, k]^T for 5..64 tokens on the tensor cores (mma.sync m16n8k16 bf16,
-// f32 sums, bf16 out): pre's projections at 16-64-token steps. The product is still a stream over
-// the weights (qkv_a is 52 MB for kimi-k3: ~12 us of bytes on an H200), which cuBLASLt's choice
-// for these shapes (split-K GEMM + reduce: 17.9 + 4.3 us at 64 tokens under ncu, session 28)
-// streams at ~2.9 TB/s, and skinny_gemm.cu's CUDA-core FMAs cannot feed 64 tokens.
+// f32 sums, bf16 out): pre's projections at 16-64-token steps, an experiment that a step takes only
+// with MLA_SKINNY_MMA=1. The product is a stream over the weights (qkv_a is 52 MB for kimi-k3: ~12
+// us of bytes on an H200), which cuBLASLt runs as a split-K GEMM and a reduce (17.4 + 4.0 us at 64
+// tokens under ncu, session 28, DRAM at 66% of peak in the GEMM); skinny_gemm.cu's CUDA-core FMAs
+// cannot feed 64 tokens.
 //
-// Weight rows on M (a warp's m16 tile), tokens on N (n8 tiles, kTiles of them), K in blocks of 32
-// values taken in mxfp4_mma.cuh's order: lane (g, c) reads values 8c .. 8c + 7 of a block from
-// weight rows g and g + 8 (two 16-byte shared loads: the A fragments of both k16 steps) and from
-// token g of each n8 tile (one: that tile's B fragments of both steps). A CTA takes 256 weight rows
-// over one k slice: 16 consumer warps and a producer warp whose lane 0 streams the slice through a
-// ring of kStages stages by TMA, each stage kStageBlocks k blocks of the weights (one box of 128
-// bytes x 256 rows) and of the tokens' x (a box of 64 bytes x 8 kTiles rows a block, zeros past S:
-// landing as 64-byte rows, the 8 lanes of a shared-load phase read two whole rows, no bank conflicts;
-// the weights' 128-byte rows cost the A loads a 2-way conflict, two wavefronts a block and warp).
-//
-// Why TMA and not each lane's own loads (session 28, call 1-2, H200): with lane (g, c) loading its
-// 16-byte pieces straight into registers, a warp instruction asked for 64 bytes of each of 8 rows
-// 14 KB apart, and 4 or 8 blocks in flight a lane made no difference: DRAM at 28-33% of its peak,
-// qkv_a 34-41 us at 64 tokens against cuBLASLt's 22. The weights' first stages go out before the
-// PDL wait (cuda/pdl.cuh), the x boxes after it.
+// Weight rows on M (m16 tiles, kRowTiles a consumer warp), tokens on N (n8 tiles, kTiles of them),
+// K in blocks of 32 values taken in mxfp4_mma.cuh's order: lane (g, c) reads values 8c .. 8c + 7 of
+// a block from weight rows g and g + 8 of a row tile (two 16-byte shared loads: the A fragments of
+// both k16 steps) and from token g of each n8 tile (one: that tile's B fragments of both steps). A
+// CTA takes 256 weight rows over one k slice: its consumer warps and a producer warp whose lane 0
+// streams the slice through a ring of kStages stages by TMA, each stage kStageBlocks k blocks of the
+// weights (one box of 128 bytes x 256 rows) and of the tokens' x (a box of 64 bytes x 8 kTiles rows
+// a block, zeros past S: landing as 64-byte rows, the 8 lanes of a shared-load phase read two whole
+// rows, no bank conflicts; the weights' 128-byte rows cost the A loads a 2-way conflict).
 //
 // Split-K goes across the CTAs of a cluster (up to 8 along y): each CTA leaves its f32 partial tile
 // in its shared memory and, after a cluster barrier, sums one slice of the tile's rows over the
 // cluster's partials in rank order (DSMEM): deterministic, no workspace, one launch.
+//
+// Measured (session 28, H200, docs/attention.md "pre and post at decode sizes"): slower than
+// cuBLASLt. Each lane loading its own pieces into registers (a warp instruction: 64 bytes of each
+// of 8 rows 14 KB apart; 4 or 8 blocks ahead alike) held DRAM at ~30% of peak, qkv_a 34-41 us at 64
+// tokens; TMA boxes of 64 bytes x 256 rows at 45%, 25.5 us. Not measured yet: this form (128-byte
+// weight boxes, shared loads the compiler may schedule), MLA_SKINNY_WARP_ROWS=32 (two row tiles a
+// warp: each x fragment feeds two MMAs, half the shared traffic of x, ~230 KB a stage at 64 tokens
+// with 16 warps) and MLA_SKINNY_L2 (the weights' L2 promotion: 256 by default, 128, 64, 0).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -42,9 +45,14 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kWarps = 16;               // consumer warps; one more produces
-constexpr int kThreads = (kWarps + 1) * 32;
-constexpr int kCtaRows = kWarps * 16;    // weight rows a CTA: a consumer warp's m16 tile each
+constexpr int kCtaRows = 256;           // weight rows a CTA (a box's most)
+// kRowTiles: m16 tiles of weight rows a consumer warp (MLA_SKINNY_WARP_ROWS=32: 2, each x fragment
+// feeding two, half the shared traffic of x at 64 tokens; 16: 1, measured in call 3). One more
+// warp produces.
+template <int kRowTiles>
+constexpr int kWarps = kCtaRows / (16 * kRowTiles);
+template <int kRowTiles>
+constexpr int kThreads = (kWarps<kRowTiles> + 1) * 32;
 constexpr int kBlockBytes = 64;          // 32 bf16 values of k
 constexpr int kStageBlocks = 2;          // k blocks a stage
 constexpr int kStages = 5;
@@ -64,8 +72,8 @@ struct Layout {
   static_assert(kSmem <= (227 << 10));
 };
 
-template <int kTiles>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int kTiles, int kRowTiles>
+__global__ void __launch_bounds__(kThreads<kRowTiles>, 1)
     skinny_mma_kernel(const __grid_constant__ SkinnyGemmParams p, const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map) {
   using L = Layout<kTiles>;
@@ -82,15 +90,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       tma::mbarrier_init(full + 8 * i, 1);
-      tma::mbarrier_init(empty + 8 * i, kWarps);
+      tma::mbarrier_init(empty + 8 * i, kWarps<kRowTiles>);
     }
     tma::fence_barrier_init();
   }
   __syncthreads();
   allow_dependents();
 
-  float acc[kTiles][4] = {};  // (the consumers')
-  if (warp == kWarps) {
+  float acc[kRowTiles][kTiles][4] = {};  // (the consumers')
+  if (warp == kWarps<kRowTiles>) {
     // The producer. Stage st: the weights' box at ring + slot * kStage, x's block boxes after it.
     if (lane == 0) {
       const int row0 = int(blockIdx.x) * kCtaRows;
@@ -122,22 +130,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     wait_for_prior_grids();  // (every lane: the whole warp writes y below)
   } else {
     wait_for_prior_grids();  // (y is written below: every earlier kernel of the stream is done)
-    const uint32_t a_off = uint32_t((warp * 16 + g) * L::kWRow + 16 * c);  // row g; row g + 8 at + 8 rows
+    // Row g of the warp's row tile i at a_off + 16 i rows, row g + 8 8 rows further.
+    const uint32_t a_off = uint32_t((warp * 16 * kRowTiles + g) * L::kWRow + 16 * c);
     const uint32_t b_off = uint32_t(g * kBlockBytes + 16 * c);               // token 8t + g at + 512 t
     for (int st = 0; st < n_stages; ++st) {
-      const uint32_t slot = ring + uint32_t(st % kStages) * L::kStage;
+      // Plain loads after the wait (its asm has a memory clobber): the compiler may move them among
+      // the MMAs, which an asm load would pin in program order.
+      const uint8_t* slot = smem + (st % kStages) * L::kStage;
       tma::wait_parity_forever(full + 8 * (st % kStages), uint32_t((st / kStages) & 1));
       for (int j = 0; j < stage_blocks(st); ++j) {
-        uint32_t a0[4], a1[4];
-        ptx::lds128(slot + j * kBlockBytes + a_off, a0);
-        ptx::lds128(slot + j * kBlockBytes + a_off + 8 * L::kWRow, a1);
-        const uint32_t xb = slot + L::kW + j * L::kXBlock + b_off;
+        uint4 a0[kRowTiles], a1[kRowTiles];
+#pragma unroll
+        for (int i = 0; i < kRowTiles; ++i) {
+          a0[i] = *reinterpret_cast<const uint4*>(slot + j * kBlockBytes + a_off + 16 * i * L::kWRow);
+          a1[i] = *reinterpret_cast<const uint4*>(slot + j * kBlockBytes + a_off + (16 * i + 8) * L::kWRow);
+        }
+        const uint8_t* xb = slot + L::kW + j * L::kXBlock + b_off;
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
-          uint32_t b[4];
-          ptx::lds128(xb + t * 8 * kBlockBytes, b);
-          ptx::mma_bf16(acc[t], a0[0], a1[0], a0[1], a1[1], b[0], b[1]);  // values 8c .. 8c + 3
-          ptx::mma_bf16(acc[t], a0[2], a1[2], a0[3], a1[3], b[2], b[3]);  // values 8c + 4 .. 8c + 7
+          const uint4 b = *reinterpret_cast<const uint4*>(xb + t * 8 * kBlockBytes);
+#pragma unroll
+          for (int i = 0; i < kRowTiles; ++i) {
+            ptx::mma_bf16(acc[i][t], a0[i].x, a1[i].x, a0[i].y, a1[i].y, b.x, b.y);  // values 8c .. 8c + 3
+            ptx::mma_bf16(acc[i][t], a0[i].z, a1[i].z, a0[i].w, a1[i].w, b.z, b.w);  // 8c + 4 .. 8c + 7
+          }
         }
       }
       __syncwarp();
@@ -145,16 +161,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();  // every stage read: the partial tile [tokens][rows] goes over the ring
-  if (warp < kWarps) {
+  if (warp < kWarps<kRowTiles>) {
     float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t)
+    for (int i = 0; i < kRowTiles; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // accumulator rows g and g + 8, tokens 8t + 2c and 8t + 2c + 1
-        const int r = warp * 16 + g + 8 * h, tok = 8 * t + 2 * c;
-        red[tok * kRedPitch + r] = acc[t][2 * h];
-        red[(tok + 1) * kRedPitch + r] = acc[t][2 * h + 1];
-      }
+      for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // accumulator rows g and g + 8, tokens 8t + 2c and 8t + 2c + 1
+          const int r = (warp * kRowTiles + i) * 16 + g + 8 * h, tok = 8 * t + 2 * c;
+          red[tok * kRedPitch + r] = acc[i][t][2 * h];
+          red[(tok + 1) * kRedPitch + r] = acc[i][t][2 * h + 1];
+        }
   }
   tma::cluster_sync();                  // every partial of the cluster written and visible
 
@@ -171,21 +189,41 @@ __global__ void __launch_bounds__(kThreads, 1)
   tma::cluster_sync();  // no CTA leaves while another reads its partial
 }
 
-// One instance a count of n8 token tiles (S = 5..64: 1..8).
+// One instance a count of n8 token tiles (S = 5..64: 1..8) and of row tiles a warp.
 using Kernel = void (*)(SkinnyGemmParams, CUtensorMap, CUtensorMap);
-constexpr Kernel kKernels[] = {skinny_mma_kernel<1>, skinny_mma_kernel<2>, skinny_mma_kernel<3>, skinny_mma_kernel<4>,
-                               skinny_mma_kernel<5>, skinny_mma_kernel<6>, skinny_mma_kernel<7>, skinny_mma_kernel<8>};
+template <int kR>
+constexpr Kernel kKernels[] = {skinny_mma_kernel<1, kR>, skinny_mma_kernel<2, kR>, skinny_mma_kernel<3, kR>,
+                               skinny_mma_kernel<4, kR>, skinny_mma_kernel<5, kR>, skinny_mma_kernel<6, kR>,
+                               skinny_mma_kernel<7, kR>, skinny_mma_kernel<8, kR>};
 template <int... kT>
 constexpr std::array<size_t, sizeof...(kT)> smem_table(std::integer_sequence<int, kT...>) {
   return {Layout<kT + 1>::kSmem...};
 }
 constexpr auto kSmemBytes = smem_table(std::make_integer_sequence<int, kSkinnyMmaMaxTokens / 8>());
 
-cudaLaunchConfig_t config(dim3 grid, size_t smem, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
+int row_tiles_env() {  // (measuring: MLA_SKINNY_WARP_ROWS=32: two m16 row tiles a warp)
+  static const int v = [] {
+    const char* env = std::getenv("MLA_SKINNY_WARP_ROWS");
+    return env && std::atoi(env) == 32 ? 2 : 1;
+  }();
+  return v;
+}
+struct Instance {
+  Kernel kernel;
+  int threads;
+  size_t smem;
+};
+Instance instance(int s) {
+  const int i = (s + 7) / 8 - 1;
+  return row_tiles_env() == 2 ? Instance{kKernels<2>[i], kThreads<2>, kSmemBytes[i]}
+                              : Instance{kKernels<1>[i], kThreads<1>, kSmemBytes[i]};
+}
+
+cudaLaunchConfig_t config(dim3 grid, const Instance& in, cudaStream_t stream, cudaLaunchAttribute (&attrs)[2]) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
+  cfg.blockDim = dim3(unsigned(in.threads));
+  cfg.dynamicSmemBytes = in.smem;
   cfg.stream = stream;
   attrs[0] = cudaLaunchAttribute{};
   attrs[0].id = cudaLaunchAttributeClusterDimension;
@@ -211,13 +249,15 @@ const Device& device() {
     MLA_CUDA_CHECK(cudaGetDevice(&dev));
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
     for (int i = 0; i < kSkinnyMmaMaxTokens / 8; ++i)
-      MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes[i])));
-    constexpr int kLast = kSkinnyMmaMaxTokens / 8 - 1;  // the largest: one CTA an SM for every instance anyway
+      for (Kernel k : {kKernels<1>[i], kKernels<2>[i]})
+        MLA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes[i])));
+    // The largest instance: one CTA an SM for every instance anyway (shared memory).
+    const Instance largest = instance(kSkinnyMmaMaxTokens);
     for (int s = 1; s <= kMaxSplits; ++s) {
       cudaLaunchAttribute attrs[2];
-      cudaLaunchConfig_t cfg = config(dim3(1, s), kSmemBytes[kLast], nullptr, attrs);
+      cudaLaunchConfig_t cfg = config(dim3(1, s), largest, nullptr, attrs);
       cfg.numAttrs = 1;  // the cluster's shape only
-      MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&d.clusters[s], kKernels[kLast], &cfg));
+      MLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&d.clusters[s], largest.kernel, &cfg));
     }
     return d;
   }();
@@ -286,10 +326,10 @@ void launch_skinny_mma(const SkinnyGemmParams& p, cudaStream_t stream) {
   const CUtensorMap w_map =
       make_tensor_map_bytes(p.w, p.n, int64_t(p.k) * 2, int64_t(p.k) * 2, kStageBlocks * kBlockBytes, kCtaRows, l2_env());
   const CUtensorMap x_map = make_tensor_map_bytes(p.x, p.s, int64_t(p.k) * 2, p.ldx * 2, kBlockBytes, 8 * tiles8);
+  const Instance in = instance(p.s);
   cudaLaunchAttribute attrs[2];
-  const cudaLaunchConfig_t cfg =
-      config(dim3(unsigned(pl.tiles), unsigned(pl.splits)), kSmemBytes[tiles8 - 1], stream, attrs);
-  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernels[tiles8 - 1], p, w_map, x_map));
+  const cudaLaunchConfig_t cfg = config(dim3(unsigned(pl.tiles), unsigned(pl.splits)), in, stream, attrs);
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, in.kernel, p, w_map, x_map));
 }
 
 }  // namespace mla::cuda
