@@ -46,9 +46,9 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kCtaRows = 256;           // weight rows a CTA (a box's most)
-// kRowTiles: m16 tiles of weight rows a consumer warp (MLA_SKINNY_WARP_ROWS=32: 2, each x fragment
-// feeding two, half the shared traffic of x at 64 tokens; 16: 1, measured in call 3). One more
-// warp produces.
+// kRowTiles: m16 tiles of weight rows a consumer warp (1 by default, the split calls 1-3 measured;
+// MLA_SKINNY_WARP_ROWS=32: 2, each x fragment feeding two, half the shared traffic of x at 64
+// tokens). One more warp produces.
 template <int kRowTiles>
 constexpr int kWarps = kCtaRows / (16 * kRowTiles);
 template <int kRowTiles>
