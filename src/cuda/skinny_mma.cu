@@ -313,16 +313,15 @@ bool skinny_mma_applies(int s, int n, int k, int64_t ldx, const void* x) {
 }
 
 void launch_skinny_mma(const SkinnyGemmParams& p, cudaStream_t stream) {
-  MLA_REQUIRE(p.s > kSkinnyMaxTokens && p.s <= kSkinnyMmaMaxTokens, "skinny MMA GEMM: S = ", p.s, " (",
-              kSkinnyMaxTokens + 1, "..", kSkinnyMmaMaxTokens, ") expected");
-  MLA_REQUIRE(p.k >= 32 && p.k % 32 == 0 && p.ldx % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0,
-              "skinny MMA GEMM: k = ", p.k, " (a multiple of 32), ldx = ", p.ldx,
-              " (a multiple of 8) and x 16-byte aligned expected");
   if (p.n <= 0) return;
+  MLA_REQUIRE(skinny_mma_supports(p.s, p.n, p.k, p.ldx, p.x), "skinny MMA GEMM: S = ", p.s, " (",
+              kSkinnyMaxTokens + 1, "..", kSkinnyMmaMaxTokens, "), k = ", p.k, " (a multiple of 32), ldx = ", p.ldx,
+              " (a multiple of 8) and x 16-byte aligned expected");
   const Plan pl = plan(p.n, p.k);
   const int tiles8 = (p.s + 7) / 8;
   // Boxes: 128 bytes (a stage's 2 k blocks) x 256 weight rows, and x 64 bytes x 8 tiles8 token rows
-  // (zeros past S and past k).
+  // (zeros past S and past k). Both maps are encoded at every launch (two driver calls of host time
+  // a projection): if this kernel is kept, the weights' map belongs with the weights, made once.
   const CUtensorMap w_map =
       make_tensor_map_bytes(p.w, p.n, int64_t(p.k) * 2, int64_t(p.k) * 2, kStageBlocks * kBlockBytes, kCtaRows, l2_env());
   const CUtensorMap x_map = make_tensor_map_bytes(p.x, p.s, int64_t(p.k) * 2, p.ldx * 2, kBlockBytes, 8 * tiles8);

@@ -14,27 +14,12 @@
 #include "cuda/stages.hpp"
 #include "gpu/gpu_test_util.hpp"
 #include "mla/formats.hpp"
+#include "mla/tensor.hpp"
 
 namespace mla {
 namespace {
 
 #define MLA_REQUIRE_GPU() MLA_SKIP_WITHOUT_GPU("the skinny MMA GEMM tests")
-
-template <class T>
-struct DeviceArray {
-  explicit DeviceArray(const std::vector<T>& host) : n(host.size()) {
-    EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceArray() { cudaFree(p); }
-  std::vector<T> to_host() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-  T* p = nullptr;
-  size_t n;
-};
 
 struct Shape {
   int s, n, k;
@@ -53,12 +38,18 @@ void check(const Shape& sh, uint64_t seed) {
   for (auto& v : w) v = float_to_bf16(0.05f * normal(rng));
   constexpr uint16_t kPoison = 0x7FC1;  // a NaN the kernel never writes
   std::vector<uint16_t> y0(size_t(sh.s) * sh.ldy, kPoison);
-  DeviceArray<uint16_t> dx(x), dw(w), dy(y0);
-  cuda::launch_skinny_mma({.x = dx.p, .ldx = sh.ldx, .w = dw.p, .y = dy.p, .ldy = sh.ldy, .s = sh.s, .n = sh.n,
-                           .k = sh.k},
+  auto device_copy = [](const std::vector<uint16_t>& host, int64_t rows, int64_t cols) {
+    Tensor t = Tensor::empty(DType::bf16, {rows, cols}, Device::cuda);
+    t.copy_from(TensorView::contiguous(host.data(), DType::bf16, {rows, cols}));
+    return t;
+  };
+  const Tensor dx = device_copy(x, sh.s, sh.ldx), dw = device_copy(w, sh.n, sh.k), dy = device_copy(y0, sh.s, sh.ldy);
+  cuda::launch_skinny_mma({.x = dx.ptr<uint16_t>(), .ldx = sh.ldx, .w = dw.ptr<uint16_t>(), .y = dy.ptr<uint16_t>(),
+                           .ldy = sh.ldy, .s = sh.s, .n = sh.n, .k = sh.k},
                           nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<uint16_t> y = dy.to_host();
+  const Tensor y_host = dy.to_host();
+  const uint16_t* y = y_host.ptr<uint16_t>();
 
   int bad = 0;
   for (int t = 0; t < sh.s; ++t) {
