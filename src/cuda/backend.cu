@@ -126,7 +126,6 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   gemm_qkv_a_ = std::make_unique<Gemm>(lt_->get(), rows, cfg.hidden, cublas_workspace_.get(), kCublasWorkspace);
   gemm_q_b_ = std::make_unique<Gemm>(lt_->get(), n * cfg.qk_head_dim(), cfg.q_lora_rank, cublas_workspace_.get(),
                                      kCublasWorkspace);
-  prepare_skinny_mma();
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -236,15 +235,12 @@ void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCa
                        .num_slots = num_slots,
                        .error = error},
                       stream_);
-  // Both projections: weight-streaming kernels at decode batch sizes (CUDA cores to 4 tokens, tensor
-  // cores to 64), cuBLASLt above.
+  // Both projections: the weight-streaming kernel at decode batch sizes, cuBLASLt above.
   auto project = [&](Gemm& gemm, const void* x, int64_t ldx, const DeviceBuffer& w, void* y, int n_out, int k) {
-    const SkinnyGemmParams p{.x = static_cast<const uint16_t*>(x), .ldx = ldx, .w = w.get<uint16_t>(),
-                             .y = static_cast<uint16_t*>(y), .ldy = n_out, .s = int(s), .n = n_out, .k = k};
     if (skinny_gemm_applies(int(s), k, ldx) && reinterpret_cast<uintptr_t>(x) % 16 == 0)
-      launch_skinny_gemm(p, stream_);
-    else if (skinny_mma_applies(int(s), n_out, k, ldx, x))
-      launch_skinny_mma(p, stream_);
+      launch_skinny_gemm({.x = static_cast<const uint16_t*>(x), .ldx = ldx, .w = w.get<uint16_t>(),
+                          .y = static_cast<uint16_t*>(y), .ldy = n_out, .s = int(s), .n = n_out, .k = k},
+                         stream_);
     else
       gemm.run(x, ldx, w.get(), y, n_out, int(s), stream_);
   };

@@ -48,17 +48,6 @@ struct SkinnyGemmParams {
 };
 bool skinny_gemm_applies(int s, int k, int64_t ldx);
 void launch_skinny_gemm(const SkinnyGemmParams& p, cudaStream_t stream);
-// The same product for kSkinnyMaxTokens < S <= kSkinnyMmaMaxTokens on the tensor cores, split-K over
-// a cluster (skinny_mma.cu): supports() says what a launch needs (k a multiple of 32, x 16-byte
-// aligned), applies() whether a step takes it: only with MLA_SKINNY_MMA=1, as it is slower than
-// cuBLASLt so far (docs/attention.md, session 28). prepare_skinny_mma() (the backend's constructor,
-// so that no step, captured or not, does) sets the kernels' attributes and reads the device's
-// cluster occupancy where it is switched on.
-inline constexpr int kSkinnyMmaMaxTokens = 64;
-void prepare_skinny_mma();
-bool skinny_mma_supports(int s, int n, int k, int64_t ldx, const void* x);
-bool skinny_mma_applies(int s, int n, int k, int64_t ldx, const void* x);
-void launch_skinny_mma(const SkinnyGemmParams& p, cudaStream_t stream);
 
 // Per token: RMSNorm of q_c and kv_c, RoPE of k_pe, the cache row [kv_c | k_pe], sigmoid gate.
 // For S <= kFusedCheckTokens (check_meta) it also does meta_check's work, with the same error bits

@@ -42,15 +42,4 @@ CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t 
   return encode_2d(base, rows, row_bytes, row_stride, 128, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-CUtensorMap make_tensor_map_bytes(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride, int box_bytes,
-                                  int box_rows, int l2_promotion) {
-  MLA_REQUIRE(box_bytes % 16 == 0 && box_bytes >= 16 && box_bytes <= 256,
-              "tensor map: box_bytes must be a multiple of 16 in [16, 256], got ", box_bytes);
-  const CUtensorMapL2promotion promotion = l2_promotion >= 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
-                                           : l2_promotion >= 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                                           : l2_promotion >= 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-                                                                 : CU_TENSOR_MAP_L2_PROMOTION_NONE;
-  return encode_2d(base, rows, row_bytes, row_stride, box_bytes, box_rows, CU_TENSOR_MAP_SWIZZLE_NONE, promotion);
-}
-
 }  // namespace mla::cuda

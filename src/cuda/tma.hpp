@@ -13,12 +13,6 @@ namespace mla::cuda {
 CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride,
                                         int box_rows);
 
-// The same without swizzle, boxes of box_bytes (a multiple of 16, <= 256) x box_rows rows, each box
-// packed row after row in shared memory (skinny_mma.cu's weight and activation blocks); L2 fills of
-// l2_promotion bytes (256, 128, 64 or 0: none).
-CUtensorMap make_tensor_map_bytes(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride, int box_bytes,
-                                  int box_rows, int l2_promotion = 256);
-
 struct AttendParams;
 // The many-rows attend kernel's launch (attend_rows.cu), with the cache's tensor map.
 // tma: the cache's tiles as TMA boxes (map); else gathered by cp.async (pages not a power of two).
