@@ -69,9 +69,7 @@ template <int kRowsN>
 struct RowShape {
   static_assert(kRowsN == 64 || kRowsN == 48 || kRowsN == 32, "64-, 48- or 32-row CTAs");
   static constexpr int kWgRows = kRowsN / kGroups;         // q.k's N: a warpgroup's rows (32, 24, 16)
-  static constexpr int kQkAcc = kWgRows / 2;               // a thread's q.k accumulator (16, 12, 8)
   static constexpr int kPvAcc = kRowsN / 2;                // a thread's o of one dim block (32, 24, 16)
-  static constexpr int kSlots = kWgRows / 4;               // a thread's own query rows (softmax state)
   static constexpr int kRowChunkStride = kRowsN / 8 * 128;  // B operands' leading byte offset
 };
 
@@ -124,8 +122,18 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // are published and copied at pair j's barrier (the session-15 order).
 // kMapUniform (page 1): TmaTiles::issue's tensor map address warp-uniform (its box loop then has no
 // per-box ELECT and no R2UR of the map: 122 instructions for four boxes instead of 158 at 32 rows).
+// kSplitQk (s29, an A/B instance: MLA_ATTEND_SPLIT_QK=1 at pages of 8+ rows): q.k split by tile
+// instead of by rows: warpgroup w scores tile w of the pair for all the CTA's rows (QGMMA
+// m64n{64,48,32}k32 where each took m64n{32,24,16}k32 of both tiles). A QGMMA from shared memory
+// takes as long as reading its operands at 128 bytes a clock (H200, mb/wgmma_rate.cu: 16 + N / 4
+// clocks an m64nNk32 with two warpgroups issuing: A's 2 KB of keys, then N rows x 32 bytes), so
+// reading each key block once for all the rows instead of once a warpgroup takes a pair's q.k from
+// 1728 to 1152 clocks at 64 rows and from 1584 to 1008 at 48. The softmax state then covers all the
+// rows in each warpgroup (a thread's rows are its o columns: the lazy rescale's alpha stays in
+// registers), the maxima meet only where a row grows (as before), and each warpgroup's row sums
+// cover its tile (added at the end).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
-          bool kMapUniform = false>
+          bool kMapUniform = false, bool kSplitQk = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -146,7 +154,15 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   constexpr int kEmptyArrivals = kRowThreads / 32 * (kMulticast ? 2 : 1);
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
-  constexpr int kWgRows = Shape::kWgRows, kQkAcc = Shape::kQkAcc, kPvAcc = Shape::kPvAcc, kSlots = Shape::kSlots;
+  constexpr int kWgRows = Shape::kWgRows, kPvAcc = Shape::kPvAcc;
+  constexpr int kQkN = kSplitQk ? kRowsN : kWgRows;     // q.k's N: the rows a warpgroup scores
+  constexpr int kQkAcc = kQkN / 2, kSlots = kQkN / 4;  // a thread's q.k accumulator; its rows (softmax state)
+  constexpr int kQkTiles = kSplitQk ? 1 : kGroups;     // the tiles of a pair a warpgroup scores
+  // q.k's accumulators in flight: one a tile, or (kSplitQk) one a group, two groups in flight but at
+  // 64 rows, where a second m64n64 accumulator spills (1.4 KB a thread): there the other warpgroup's
+  // groups keep the tensor pipe busy while one sums.
+  constexpr int kQkAccs = kSplitQk && kRowsN == 64 ? 1 : 2;
+  static_assert(!kSplitQk || kTma, "the split q.k: TMA tiles (the cp.async gathers copy tile wg)");
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
@@ -295,11 +311,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
       for (int i = 0; i < kPvAcc; ++i) o[blk][i] = 0.0f;
     // q.k's B operand: this warpgroup's kWgRows query rows (8-row core-matrix groups, 128 bytes apart).
-    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + kWgRows * wg / 8 * 128, kRowChunkStride, 128);
+    // (kSplitQk: all the CTA's rows)
+    const int q_row0 = kSplitQk ? 0 : kWgRows * wg;
+    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + q_row0 / 8 * 128, kRowChunkStride, 128);
 
-    float acc[kGroups][kQkAcc];  // q.k's group accumulators (each group's first MMA overwrites them)
+    float acc[kQkAccs][kQkAcc];  // q.k's group accumulators (each group's first MMA overwrites them)
 #pragma unroll
-    for (int u = 0; u < kGroups; ++u)
+    for (int u = 0; u < kQkAccs; ++u)
 #pragma unroll
       for (int i = 0; i < kQkAcc; ++i) acc[u][i] = 0.0f;
     for (int j = 0; j < n_pairs; ++j) {
@@ -307,7 +325,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       const uint32_t parity = (at >> 1) & 1;
       // q.k of both tiles for this warpgroup's rows (kWgRows wg ..): S^T [64 keys x kWgRows rows].
       const bool both = 2 * j + 1 < n_tiles;
-      float x[kGroups][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
+      float x[kQkTiles][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
       uint64_t key_mask[kGroups];
       uint64_t kd[kGroups];
       auto land = [&](int u) {  // tile u landed: its real keys (the issuing warps' masks)
@@ -318,9 +336,48 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
-        if (u == 1 && (!both || kTileRelease)) continue;  // (kTileRelease: tile 1 below)
+        if (kSplitQk || (u == 1 && (!both || kTileRelease))) continue;  // (kTileRelease: tile 1 below)
         land(u);
       }
+      if constexpr (kSplitQk) {
+        // Tile wg for all the rows, in f32-summed groups of kQkGroup k32 steps, kQkAccs groups in
+        // flight (acc[grp % kQkAccs]); the other tile's keys and mask before p.v (below).
+        key_mask[0] = key_mask[1] = 0;
+        if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
+        else if (both) land(1);
+        const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
+        auto issue_split = [&](int slot, int grp) {
+          wgmma::fence();
+#pragma unroll
+          for (int v = 0; v < kQkGroup; ++v) {
+            const int step = grp * kQkGroup + v;
+            wgmma::mma_qk_e4m3<kQkN>(acc[slot], wgmma::advance(kd0, key_step_offset<Tiles::kBoxes>(step)),
+                                     wgmma::advance(q_desc, step * 2 * kRowChunkStride), v > 0);
+          }
+          wgmma::commit();
+          wgmma::fence_operand(acc[slot]);
+        };
+#pragma unroll
+        for (int grp = 0; grp < kQkAccs; ++grp) issue_split(grp, grp);
+        if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
+          wgmma::wait<0>();
+#pragma unroll
+          for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+        }
+        ptx::named_arrive(kPtBarrier + wg, kRowThreads);  // (as below)
+#pragma unroll
+        for (int grp = 0; grp < kQkGroups; ++grp) {
+          const int slot = grp % kQkAccs;
+          if (grp + 1 == kQkGroups || kQkAccs == 1) wgmma::wait<0>();
+          else wgmma::wait<1>();  // group grp (grp + 1 may still run)
+          wgmma::fence_operand(acc[slot]);
+#pragma unroll
+          for (int i = 0; i < kQkAcc; ++i) x[0][i] = grp == 0 ? acc[slot][i] : x[0][i] + acc[slot][i];
+          if (grp + kQkAccs < kQkGroups) issue_split(slot, grp + kQkAccs);
+        }
+        if (wg == 1) land(0);  // p.v reads both tiles' V, masked by both tiles' keys
+        else if (both) land(1);
+      } else {
       // Gathered rows are generic-proxy writes, seen complete through the mbarrier: ordered before
       // the tensor cores' reads (async proxy) by each reading thread (TMA writes are async already).
       if constexpr (!kTma) wgmma::fence_proxy_async();
@@ -373,6 +430,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           if (grp + 1 < kQkGroups) issue_group(u, grp + 1);
         }
       }
+      }  // kSplitQk
       // Scores masked by a select (a NaN of a masked key goes too). The thread's two keys of tile u:
       // 16 warp + g (+ 8); its rows: kWgRows wg + acc_col(i, c). Positions grow with the local index, so
       // the warp's last key decides whether every row sees all 16. The scale (> 0: its factors are
@@ -386,19 +444,21 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) grow_at[r] = (m_run[r] + kLazyRescale) * inv_scale_log2;
 #pragma unroll
-      for (int u = 0; u < kGroups; ++u) {
+      for (int t = 0; t < kQkTiles; ++t) {
+        const int u = kSplitQk ? wg : t;  // the tile x[t] scores
         const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
 #pragma unroll
         for (int i = 0; i < kQkAcc; ++i)
-          if (!((key_mask[u] >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[u][i] = -INFINITY;
+          if (!(((kSplitQk ? (wg ? key_mask[1] : key_mask[0]) : key_mask[t]) >> (16 * warp + g + 8 * acc_half(i))) & 1))
+            x[t][i] = -INFINITY;
         if (position(key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
           const int32_t pos0 = int32_t(position(key0)), pos1 = int32_t(position(key0 + 8));
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i)
-            if ((acc_half(i) ? pos1 : pos0) > sm.limit[kWgRows * wg + acc_col(i, c)]) x[u][i] = -INFINITY;
+            if ((acc_half(i) ? pos1 : pos0) > sm.limit[q_row0 + acc_col(i, c)]) x[t][i] = -INFINITY;
         }
 #pragma unroll
-        for (int i = 0; i < kQkAcc; ++i) grows |= x[u][i] > grow_at[row_slot(i)];
+        for (int i = 0; i < kQkAcc; ++i) grows |= x[t][i] > grow_at[row_slot(i)];
       }
       if constexpr (!kTma) {  // both warpgroups finished pair j - 1: its stage takes pair j + 1
         sync_rows();
@@ -414,16 +474,16 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // CTA grows, the maxima move and P^T is written again; `sums` takes the weights' row sums.
       auto write_p = [&](float (&sums)[kSlots]) {
 #pragma unroll
-        for (int u = 0; u < kGroups; ++u) {
+        for (int t = 0; t < kQkTiles; ++t) {
           float w[kQkAcc];
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) {
             const float m = m_run[row_slot(i)];
             // (exp2_ftz: 1.3-3% faster than exp2f's subnormal fix-up at D, F, G, qlen 2; s15c)
-            w[i] = exp2_ftz(fmaf(x[u][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
+            w[i] = exp2_ftz(fmaf(x[t][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
             sums[row_slot(i)] += w[i];
           }
-          store_p_t<kRowsN>(ptx::smem_addr(sm.p[u]), w, kWgRows * wg, warp, lane);
+          store_p_t<kRowsN>(ptx::smem_addr(sm.p[kSplitQk ? wg : t]), w, q_row0, warp, lane);
         }
         wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
       };
@@ -443,9 +503,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) mx[r] = -INFINITY;
 #pragma unroll
-        for (int u = 0; u < kGroups; ++u)
+        for (int t = 0; t < kQkTiles; ++t)
 #pragma unroll
-          for (int i = 0; i < kQkAcc; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], x[u][i]);
+          for (int i = 0; i < kQkAcc; ++i) mx[row_slot(i)] = fmaxf(mx[row_slot(i)], x[t][i]);
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
@@ -454,6 +514,28 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           if (g == 0) sm.red[cwarp][slot_col(r, c)] = mx[r];
         }
         sync_rows();  // every warp's row maxima
+        if constexpr (kSplitQk) {
+          // Every row's maxima over both tiles (all 8 warps' keys), the same in both warpgroups; a
+          // thread's rows are its o columns, so alpha scales o from registers.
+          float alpha[kSlots];
+#pragma unroll
+          for (int r = 0; r < kSlots; ++r) {
+            const int n = slot_col(r, c);
+            float m_raw = sm.red[0][n];
+#pragma unroll
+            for (int w = 1; w < kGroups * 4; ++w) m_raw = fmaxf(m_raw, sm.red[w][n]);
+            const float m_new = fmaxf(m_run[r], m_raw * scale_log2);  // -inf stays -inf
+            alpha[r] = exp2_ftz(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
+            m_run[r] = m_new;
+            d_run[r] *= alpha[r];
+          }
+#pragma unroll
+          for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
+#pragma unroll
+            for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= alpha[row_slot(i)];
+            wgmma::fence_operand(o[blk]);
+          }
+        } else {
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           const int n = slot_col(r, c);
@@ -473,6 +555,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
           wgmma::fence_operand(o[blk]);
         }
+        }  // kSplitQk
         write_p(d_run);
         sync_rows();  // both tiles' P^T again; every warp has read red and alpha
       }
@@ -535,17 +618,21 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) sm.red[cwarp][slot_col(r, c)] = d[r];
     sync_rows();
-    if (warp == 0 && g == 0)
+    if (warp == 0 && g == 0 && (!kSplitQk || wg == 0))
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) {
         const int n = slot_col(r, c);
-        sm.final_d[kWgRows * wg + n] = (sm.red[4 * wg][n] + sm.red[4 * wg + 1][n]) + (sm.red[4 * wg + 2][n] + sm.red[4 * wg + 3][n]);
-        sm.final_m[kWgRows * wg + n] = m_run[r];
+        if constexpr (kSplitQk)  // all rows: both warpgroups' tiles
+          sm.final_d[n] = ((sm.red[0][n] + sm.red[1][n]) + (sm.red[2][n] + sm.red[3][n])) +
+                          ((sm.red[4][n] + sm.red[5][n]) + (sm.red[6][n] + sm.red[7][n]));
+        else
+          sm.final_d[kWgRows * wg + n] = (sm.red[4 * wg][n] + sm.red[4 * wg + 1][n]) + (sm.red[4 * wg + 2][n] + sm.red[4 * wg + 3][n]);
+        sm.final_m[q_row0 + n] = m_run[r];
       }
     sync_rows();
 
 #pragma unroll
-    for (int r = 0; r < 2 * kSlots; ++r) {  // the p.v accumulator's 16 columns of this thread
+    for (int r = 0; r < kRowsN / 4; ++r) {  // the p.v accumulator's columns of this thread
       const int n = slot_col(r, c), m = m_base + n;
       if (m >= rows_total) continue;
       // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
@@ -616,9 +703,20 @@ bool rows_multicast_env() {
 // tensor map's address warp-uniform (kMapUniform), as a 2-CTA cluster (kCluster: rows_cluster) or not.
 template <int kRowsN, bool kCluster>
 constexpr auto kPage1Kernel = attend_rows_kernel<true, kRowsN, kRowsN != 48, kRowsN != 48 ? 4 : 1, kCluster, true>;
+// MLA_ATTEND_SPLIT_QK=1: q.k split by tile (kSplitQk) at pages of 8+ rows (an A/B instance, s29).
+bool split_qk_env() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ATTEND_SPLIT_QK");
+    return env && std::atoi(env) != 0;
+  }();
+  return on;
+}
+template <int kRowsN>
+constexpr auto kSplitQkKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, true>;
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
+  prepare_kernel<kSplitQkKernel<kRowsN>, kRowsN>();
   if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();  // pages 2 and 4
   prepare_kernel<kPage1Kernel<kRowsN, false>, kRowsN>();
   if constexpr (kRowsN != 32) prepare_kernel<kPage1Kernel<kRowsN, true>, kRowsN>();  // (rows_cluster)
@@ -701,7 +799,8 @@ void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma,
       return;
     }
   }
-  if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  if (tma && split_qk_env()) kSplitQkKernel<kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
 }
 }  // namespace

@@ -125,6 +125,21 @@ __device__ __forceinline__ void mma_m64n24k32_e4m3(float (&d)[12], uint64_t a, u
       : "l"(a), "l"(b), "r"(int32_t(accumulate)));
 }
 
+// The same at N = 48 (24 a thread, n8 blocks j < 6): the 48-row many-rows kernel's q.k split by tile
+// (attend_rows.cu, kSplitQk).
+__device__ __forceinline__ void mma_m64n48k32_e4m3(float (&d)[24], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23}, %24, %25, p, 1, 1;\n"
+      "}\n"
+      : MLA_WGMMA_D24(d)
+      : "l"(a), "l"(b), "r"(int32_t(accumulate)));
+}
+
 // d (64 x 16 f32, 8 a thread) (+)= A (64 x 32 e4m3, K-major, smem) * B (16 x 32 e4m3, K-major,
 // smem)^T. Thread t: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2].
 __device__ __forceinline__ void mma_m64n16k32_e4m3(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
@@ -218,11 +233,14 @@ __device__ __forceinline__ void mma_m64n32k16_f16_rs(float (&d)[16], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-// q.k of a many-rows warpgroup's kN rows (attend_rows.cu: half of a 64-, 48- or 32-row CTA).
+// q.k of a many-rows warpgroup's kN rows (attend_rows.cu: half of a 64-, 48- or 32-row CTA, or all
+// of it where the warpgroups split q.k by tile).
 template <int kN>
 __device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate) {
-  static_assert(kN == 32 || kN == 24 || kN == 16, "q.k: N = 32, 24 or 16");
-  if constexpr (kN == 32) mma_m64n32k32_e4m3(d, a, b, accumulate);
+  static_assert(kN == 64 || kN == 48 || kN == 32 || kN == 24 || kN == 16, "q.k: N = 64, 48, 32, 24 or 16");
+  if constexpr (kN == 64) mma_m64n64k32_e4m3(d, a, b, accumulate);
+  else if constexpr (kN == 48) mma_m64n48k32_e4m3(d, a, b, accumulate);
+  else if constexpr (kN == 32) mma_m64n32k32_e4m3(d, a, b, accumulate);
   else if constexpr (kN == 24) mma_m64n24k32_e4m3(d, a, b, accumulate);
   else mma_m64n16k32_e4m3(d, a, b, accumulate);
 }
