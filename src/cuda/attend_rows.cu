@@ -125,7 +125,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // kSplitQk (s29, an A/B instance: MLA_ATTEND_SPLIT_QK=1 at pages of 8+ rows): q.k split by tile
 // instead of by rows: warpgroup w scores tile w of the pair for all the CTA's rows (QGMMA
 // m64n{64,48,32}k32 where each took m64n{32,24,16}k32 of both tiles). A QGMMA from shared memory
-// takes as long as reading its operands at 128 bytes a clock (H200, mb/wgmma_rate.cu: 16 + N / 4
+// takes as long as reading its operands at 128 bytes a clock (H200, bench/wgmma_rate.cu: 16 + N / 4
 // clocks an m64nNk32 with two warpgroups issuing: A's 2 KB of keys, then N rows x 32 bytes), so
 // reading each key block once for all the rows instead of once a warpgroup takes a pair's q.k from
 // 1728 to 1152 clocks at 64 rows and from 1584 to 1008 at 48. The softmax state then covers all the
