@@ -158,10 +158,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   constexpr int kQkN = kSplitQk ? kRowsN : kWgRows;     // q.k's N: the rows a warpgroup scores
   constexpr int kQkAcc = kQkN / 2, kSlots = kQkN / 4;  // a thread's q.k accumulator; its rows (softmax state)
   constexpr int kQkTiles = kSplitQk ? 1 : kGroups;     // the tiles of a pair a warpgroup scores
-  // q.k's accumulators in flight: one a tile, or (kSplitQk) one a group, two groups in flight but at
-  // 64 rows, where a second m64n64 accumulator spills (1.4 KB a thread): there the other warpgroup's
-  // groups keep the tensor pipe busy while one sums.
-  constexpr int kQkAccs = kSplitQk && kRowsN == 64 ? 1 : 2;
+  // (64 rows: two m64n64 q.k accumulators in flight spill 1.4 KB a thread, and with one the split
+  // measured 4% slower at D: 238.9 vs 229.6-236.5 us, s29 call 3)
+  static_assert(!kSplitQk || kRowsN < 64, "the split q.k: 48- and 32-row CTAs");
   static_assert(!kSplitQk || kTma, "the split q.k: TMA tiles (the cp.async gathers copy tile wg)");
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
@@ -315,9 +314,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     const int q_row0 = kSplitQk ? 0 : kWgRows * wg;
     const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + q_row0 / 8 * 128, kRowChunkStride, 128);
 
-    float acc[kQkAccs][kQkAcc];  // q.k's group accumulators (each group's first MMA overwrites them)
+    float acc[2][kQkAcc];  // q.k's group accumulators (each group's first MMA overwrites them)
 #pragma unroll
-    for (int u = 0; u < kQkAccs; ++u)
+    for (int u = 0; u < 2; ++u)
 #pragma unroll
       for (int i = 0; i < kQkAcc; ++i) acc[u][i] = 0.0f;
     for (int j = 0; j < n_pairs; ++j) {
@@ -340,8 +339,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         land(u);
       }
       if constexpr (kSplitQk) {
-        // Tile wg for all the rows, in f32-summed groups of kQkGroup k32 steps, kQkAccs groups in
-        // flight (acc[grp % kQkAccs]); the other tile's keys and mask before p.v (below).
+        // Tile wg for all the rows, in f32-summed groups of kQkGroup k32 steps, two groups in flight
+        // (acc[grp % 2]); the other tile's keys and mask before p.v (below).
         key_mask[0] = key_mask[1] = 0;
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
         else if (both) land(1);
@@ -358,7 +357,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           wgmma::fence_operand(acc[slot]);
         };
 #pragma unroll
-        for (int grp = 0; grp < kQkAccs; ++grp) issue_split(grp, grp);
+        for (int grp = 0; grp < 2; ++grp) issue_split(grp, grp);
         if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
           wgmma::wait<0>();
 #pragma unroll
@@ -367,13 +366,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         ptx::named_arrive(kPtBarrier + wg, kRowThreads);  // (as below)
 #pragma unroll
         for (int grp = 0; grp < kQkGroups; ++grp) {
-          const int slot = grp % kQkAccs;
-          if (grp + 1 == kQkGroups || kQkAccs == 1) wgmma::wait<0>();
+          const int slot = grp % 2;
+          if (grp + 1 == kQkGroups) wgmma::wait<0>();
           else wgmma::wait<1>();  // group grp (grp + 1 may still run)
           wgmma::fence_operand(acc[slot]);
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) x[0][i] = grp == 0 ? acc[slot][i] : x[0][i] + acc[slot][i];
-          if (grp + kQkAccs < kQkGroups) issue_split(slot, grp + kQkAccs);
+          if (grp + 2 < kQkGroups) issue_split(slot, grp + 2);
         }
         if (wg == 1) land(0);  // p.v reads both tiles' V, masked by both tiles' keys
         else if (both) land(1);
@@ -701,25 +700,36 @@ bool rows_multicast_env() {
 }
 // Page 1's instances: one box a key row, their rows four at a time (kAhead) at 64 and 32 rows, the
 // tensor map's address warp-uniform (kMapUniform), as a 2-CTA cluster (kCluster: rows_cluster) or not.
-template <int kRowsN, bool kCluster>
-constexpr auto kPage1Kernel = attend_rows_kernel<true, kRowsN, kRowsN != 48, kRowsN != 48 ? 4 : 1, kCluster, true>;
-// MLA_ATTEND_SPLIT_QK=1: q.k split by tile (kSplitQk) at pages of 8+ rows (an A/B instance, s29).
+// The 48- and 32-row CTAs' TMA instances split q.k by tile (kSplitQk, s29); MLA_ATTEND_SPLIT_QK=0
+// takes the split by rows there too (comparisons).
 bool split_qk_env() {
   static const bool on = [] {
     const char* env = std::getenv("MLA_ATTEND_SPLIT_QK");
-    return env && std::atoi(env) != 0;
+    return !env || std::atoi(env) != 0;
   }();
   return on;
 }
-template <int kRowsN>
-constexpr auto kSplitQkKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, true>;
+template <int kRowsN, bool kSplit>
+constexpr bool kSplitQk = kSplit && kRowsN < 64;
+template <int kRowsN, bool kCluster, bool kSplit = true>
+constexpr auto kPage1Kernel =
+    attend_rows_kernel<true, kRowsN, kRowsN != 48, kRowsN != 48 ? 4 : 1, kCluster, true, kSplitQk<kRowsN, kSplit>>;
+// pages of 8+ rows (and 2, 4 at 48 rows) / pages of 2 and 4 at 64 and 32 rows
+template <int kRowsN, bool kSplit = true>
+constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>>;
+template <int kRowsN, bool kSplit = true>
+constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, false, false, kSplitQk<kRowsN, kSplit>>;
+template <int kRowsN, bool kSplit>
+void prepare_rows_split() {
+  prepare_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
+  if constexpr (kRowsN != 48) prepare_kernel<kSmallPageKernel<kRowsN, kSplit>, kRowsN>();  // pages 2 and 4
+  prepare_kernel<kPage1Kernel<kRowsN, false, kSplit>, kRowsN>();
+  if constexpr (kRowsN != 32) prepare_kernel<kPage1Kernel<kRowsN, true, kSplit>, kRowsN>();  // (rows_cluster)
+}
 template <int kRowsN>
 void prepare_rows_height() {
-  prepare_kernel<attend_rows_kernel<true, kRowsN>, kRowsN>();
-  prepare_kernel<kSplitQkKernel<kRowsN>, kRowsN>();
-  if constexpr (kRowsN != 48) prepare_kernel<attend_rows_kernel<true, kRowsN, true>, kRowsN>();  // pages 2 and 4
-  prepare_kernel<kPage1Kernel<kRowsN, false>, kRowsN>();
-  if constexpr (kRowsN != 32) prepare_kernel<kPage1Kernel<kRowsN, true>, kRowsN>();  // (rows_cluster)
+  prepare_rows_split<kRowsN, true>();
+  if constexpr (kRowsN < 64) prepare_rows_split<kRowsN, false>();
   prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 // A launch of the many-rows kernel with TMA tiles as clusters of 2 CTAs along x (attr: its storage).
@@ -774,34 +784,44 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
   const cudaLaunchConfig_t cfg = pair_config(grid, smem, stream, attr);
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernel, p, map));
 }
+// The TMA instances (kSplit: q.k split by tile where the height has it, kSplitQk).
+// Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form).
+// At page 1 (kPage1Kernel) the 64- and 32-row CTAs take their rows four at a time through shared
+// memory (kAhead; H200, session 24: D 276-280 vs 297-298 us, u32768 x 128 heads 569-571 vs
+// 593-595, 32-row CTAs 3.5-4.4% faster; at pages 2 and 4 and in the 48-row CTAs 4-7% slower,
+// where their producer spills at 24 registers), and every height issues with the tensor map's
+// address warp-uniform (kMapUniform; H200, session 25 call 6, GPU-e16ab075, each twice: qlen 2
+// 116.3-116.4 vs 139.7-140.1 us, 16 heads x qlen 2 117.2 vs 140.3-140.5, D 255.1-257.0 vs
+// 266.8-268.1, F 150.0-150.1 vs 154.3-154.7, u32768 x 128 heads 538.2-539.0 vs 554.4-556.3; 96
+// heads and G within 0.5%).
+template <int kRowsN, bool kSplit>
+void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
+  if (p.page_size == 1) {
+    if constexpr (kRowsN != 32)
+      if (rows_cluster<kRowsN>(p, grid))
+        return launch_rows_cluster<kPage1Kernel<kRowsN, true, kSplit>>(p, map, grid, smem, stream);
+    kPage1Kernel<kRowsN, false, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+    return;
+  }
+  if constexpr (kRowsN != 48) {
+    if (p.page_size < kFp8SmallPage) {
+      kSmallPageKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+      return;
+    }
+  }
+  kTmaKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+}
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsN);
   const int smem = rows_smem_bytes<kRowsN>();
-  // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form).
-  // At page 1 (kPage1Kernel) the 64- and 32-row CTAs take their rows four at a time through shared
-  // memory (kAhead; H200, session 24: D 276-280 vs 297-298 us, u32768 x 128 heads 569-571 vs
-  // 593-595, 32-row CTAs 3.5-4.4% faster; at pages 2 and 4 and in the 48-row CTAs 4-7% slower,
-  // where their producer spills at 24 registers), and every height issues with the tensor map's
-  // address warp-uniform (kMapUniform; H200, session 25 call 6, GPU-e16ab075, each twice: qlen 2
-  // 116.3-116.4 vs 139.7-140.1 us, 16 heads x qlen 2 117.2 vs 140.3-140.5, D 255.1-257.0 vs
-  // 266.8-268.1, F 150.0-150.1 vs 154.3-154.7, u32768 x 128 heads 538.2-539.0 vs 554.4-556.3; 96
-  // heads and G within 0.5%).
-  if (tma && p.page_size == 1) {
-    if constexpr (kRowsN != 32)
-      if (rows_cluster<kRowsN>(p, grid)) return launch_rows_cluster<kPage1Kernel<kRowsN, true>>(p, map, grid, smem, stream);
-    kPage1Kernel<kRowsN, false><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  if (!tma) {
+    attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
     return;
   }
-  if constexpr (kRowsN != 48) {
-    if (tma && p.page_size < kFp8SmallPage) {
-      attend_rows_kernel<true, kRowsN, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-      return;
-    }
-  }
-  if (tma && split_qk_env()) kSplitQkKernel<kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else if (tma) attend_rows_kernel<true, kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  else attend_rows_kernel<false, kRowsN><<<grid, kRowsCtaThreads<false>, smem, stream>>>(p, map);
+  if constexpr (kRowsN < 64)
+    if (!split_qk_env()) return launch_rows_tma<kRowsN, false>(p, map, grid, smem, stream);
+  launch_rows_tma<kRowsN, true>(p, map, grid, smem, stream);
 }
 }  // namespace
 
