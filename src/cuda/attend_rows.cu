@@ -200,6 +200,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       if constexpr (kMulticast) tma::arrive_cluster(ptx::smem_addr(bar), cta_rank ^ 1);
     }
   };
+  // The flat plan's tile scan, by every thread at one place (serve_segments<..., kScanned>: the
+  // producer and the consumers walk the segments from two, and scan_tiles has CTA barriers).
+  if (p.flat_ctas > 0) flat::scan_tiles<kCtaThreads>(sm.flat_start, p, kTileKeys, tid);
   if constexpr (kProducer) {
     // the mbarriers, for the producer (kMulticast: both CTAs', before any remote arrival or copy)
     if constexpr (kMulticast) tma::cluster_sync();
@@ -234,7 +237,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         }
         done += n_pairs;
       };
-      serve_segments<kCtaThreads, kRowsN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
+      serve_segments<kCtaThreads, kRowsN, false, 0, false, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
                                                  nullptr, nullptr, produce);
       if constexpr (kMulticast) tma::cluster_sync();  // (the consumers' last arrivals on the other CTA)
       return;
@@ -327,9 +330,17 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       float x[kQkTiles][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
       uint64_t key_mask[kGroups];
       uint64_t kd[kGroups];
-      auto land = [&](int u) {  // tile u landed: its real keys (the issuing warps' masks)
+      // Tile u landed: its real keys (the issuing warps' masks), read by lane 0 and broadcast, so the
+      // read is ordered before the producer's next write of them (two pairs on) by lane 0's own
+      // arrival on `empty` (release): with every lane reading, the order of the other lanes' reads
+      // rested on __syncwarp, which compute-sanitizer racecheck does not count (hazards on long
+      // segments, where stages are reused; s29).
+      auto land = [&](int u) {
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
-        key_mask[u] = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
+        uint64_t m = 0;
+        if (lane == 0)
+          m = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
+        key_mask[u] = __shfl_sync(~0u, m, 0);
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
@@ -649,7 +660,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     done += n_pairs;
   };  // serve
 
-  serve_segments<kCtaThreads, kRowsN, true, kProducer ? kRowThreads : 0>(
+  serve_segments<kCtaThreads, kRowsN, true, kProducer ? kRowThreads : 0, false, true>(
       p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr, &sm.segment, serve);
   if constexpr (kMulticast) tma::cluster_sync();  // the other CTA's last arrivals on this one's mbarriers
 }

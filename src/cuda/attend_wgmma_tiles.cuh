@@ -459,6 +459,9 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // a std::nullptr_t, where no serve reads it); prefetched: this one's first tile was issued so. (The many-rows
 // kernels issue nothing across segments from serve: the fp8 one's producer warpgroup walks the
 // segments itself.)
+// kScanned: the caller ran flat::scan_tiles already (a CTA whose producer warpgroup and consumers
+// call this from two places: scan_tiles' __syncthreads must be reached from one, else
+// compute-sanitizer synccheck reports divergent threads, as it did in session 29).
 // kSegmentInSmem: keys are handed to serve in shared memory (*segment, a CTA barrier after thread
 // 0 writes it) rather than in registers; kSegmentSync > 0: that barrier is sync_consumers' of the
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
@@ -466,7 +469,7 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // kFastDivs (the 16-row kernel's default TMA instance, s23a): the divisions by AttendParams'
 // magics (cta from CtaWork's FastDivs constructor).
 template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, bool kFastDivs = false,
-          class NextSegment, class Serve>
+          bool kScanned = false, class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, NextSegment next_segment,
                                                KeyStream* segment, Serve&& serve) {
@@ -474,7 +477,7 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
   flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
   int cta_key = 0, b = cta.b;
   if (flat) {
-    flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid);
+    if constexpr (!kScanned) flat::scan_tiles<kThreadsN>(flat_start, p, kTileKeys, tid);
     if constexpr (kFastDivs) {
       cta_key = cta.work;
       range = flat::cta_range_fast(flat_start, batch, p.flat_ctas, cta_key, p.flat_ctas_magic);
