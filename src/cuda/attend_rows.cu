@@ -27,7 +27,8 @@
 // of them than of 64-row ones (attend_rows_cta_rows; s15a, s15b: 12 heads x qlen 4 or 8 and 96
 // heads 10-12% faster than padded 64-row CTAs, 17-32 rows ~1.25x faster than the 16-row kernel).
 // Measured versions (H200): docs/attention.md, v13-v13i, v15 (reverted), s15a-s19 (s17b/c: a
-// single-tile pipeline, 19-25% slower, removed; s18: fewer instructions a pair, the same time).
+// single-tile pipeline, 19-25% slower, removed; s18: fewer instructions a pair, the same time),
+// s29 (48- and 32-row CTAs: q.k split by tile, kSplitQk below).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -122,16 +123,16 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // are published and copied at pair j's barrier (the session-15 order).
 // kMapUniform (page 1): TmaTiles::issue's tensor map address warp-uniform (its box loop then has no
 // per-box ELECT and no R2UR of the map: 122 instructions for four boxes instead of 158 at 32 rows).
-// kSplitQk (s29, an A/B instance: MLA_ATTEND_SPLIT_QK=1 at pages of 8+ rows): q.k split by tile
-// instead of by rows: warpgroup w scores tile w of the pair for all the CTA's rows (QGMMA
-// m64n{64,48,32}k32 where each took m64n{32,24,16}k32 of both tiles). A QGMMA from shared memory
-// takes as long as reading its operands at 128 bytes a clock (H200, bench/wgmma_rate.cu: 16 + N / 4
-// clocks an m64nNk32 with two warpgroups issuing: A's 2 KB of keys, then N rows x 32 bytes), so
-// reading each key block once for all the rows instead of once a warpgroup takes a pair's q.k from
-// 1728 to 1152 clocks at 64 rows and from 1584 to 1008 at 48. The softmax state then covers all the
-// rows in each warpgroup (a thread's rows are its o columns: the lazy rescale's alpha stays in
-// registers), the maxima meet only where a row grows (as before), and each warpgroup's row sums
-// cover its tile (added at the end).
+// kSplitQk (s29; the 48- and 32-row CTAs' TMA instances, MLA_ATTEND_SPLIT_QK=0: without): q.k
+// split by tile instead of by rows: warpgroup w scores tile w of the pair for all the CTA's rows
+// (QGMMA m64n48k32 / m64n32k32 where each took m64n24k32 / m64n16k32 of both tiles). A QGMMA from
+// shared memory takes as long as reading its operands at 128 bytes a clock (H200,
+// bench/wgmma_rate.cu: 16 + N / 4 clocks an m64nNk32 with two warpgroups issuing: A's 2 KB of keys,
+// then N rows x 32 bytes), so reading each key block once for all the rows instead of once a
+// warpgroup takes a pair's q.k from 1584 to 1008 clocks at 48 rows (F, G, 96 heads, qlen 2 7-10%
+// faster, s29b). The softmax state then covers all the rows in each warpgroup (a thread's rows are
+// its o columns: the lazy rescale's alpha stays in registers), the maxima meet only where a row
+// grows (as before), and each warpgroup's row sums cover its tile (added at the end).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
           bool kMapUniform = false, bool kSplitQk = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
