@@ -508,8 +508,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
       } else {
-        // This warpgroup's rows: maxima over its 4 warps' keys of both tiles; every row's alpha goes
-        // through shared memory, since o holds all the CTA's rows.
+        // Row maxima over the keys this warpgroup scored (its rows, both tiles; kSplitQk: all rows,
+        // its tile), a warp's into red.
         float mx[kSlots];
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) mx[r] = -INFINITY;
@@ -525,48 +525,32 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           if (g == 0) sm.red[cwarp][slot_col(r, c)] = mx[r];
         }
         sync_rows();  // every warp's row maxima
-        if constexpr (kSplitQk) {
-          // Every row's maxima over both tiles (all 8 warps' keys), the same in both warpgroups; a
-          // thread's rows are its o columns, so alpha scales o from registers.
-          float alpha[kSlots];
-#pragma unroll
-          for (int r = 0; r < kSlots; ++r) {
-            const int n = slot_col(r, c);
-            float m_raw = sm.red[0][n];
-#pragma unroll
-            for (int w = 1; w < kGroups * 4; ++w) m_raw = fmaxf(m_raw, sm.red[w][n]);
-            const float m_new = fmaxf(m_run[r], m_raw * scale_log2);  // -inf stays -inf
-            alpha[r] = exp2_ftz(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
-            m_run[r] = m_new;
-            d_run[r] *= alpha[r];
-          }
-#pragma unroll
-          for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
-#pragma unroll
-            for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= alpha[row_slot(i)];
-            wgmma::fence_operand(o[blk]);
-          }
-        } else {
+        // Each row slot's new maximum over the warps that scored its keys (this warpgroup's 4; with
+        // kSplitQk all 8, the same in both warpgroups) and its rescale factor.
+        constexpr int kMaxWarps = kSplitQk ? 4 * kGroups : 4;
+        const int w0 = kSplitQk ? 0 : 4 * wg;
+        float alpha[kSlots];
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) {
           const int n = slot_col(r, c);
-          float m_raw = sm.red[4 * wg][n];
+          float m_raw = sm.red[w0][n];
 #pragma unroll
-          for (int w = 1; w < 4; ++w) m_raw = fmaxf(m_raw, sm.red[4 * wg + w][n]);
+          for (int w = 1; w < kMaxWarps; ++w) m_raw = fmaxf(m_raw, sm.red[w0 + w][n]);
           const float m_new = fmaxf(m_run[r], m_raw * scale_log2);  // -inf stays -inf
-          const float alpha = exp2_ftz(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
+          alpha[r] = exp2_ftz(m_run[r] - (m_new == -INFINITY ? 0.0f : m_new));
           m_run[r] = m_new;
-          d_run[r] *= alpha;
-          if (warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha;
+          d_run[r] *= alpha[r];
+          if (!kSplitQk && warp == 0 && g == 0) sm.alpha[kWgRows * wg + n] = alpha[r];
         }
-        sync_rows();  // every row's alpha
+        // o holds all the CTA's rows: kSplitQk, a thread's rows are its o columns (alpha from
+        // registers); else every row's alpha through shared memory.
+        if constexpr (!kSplitQk) sync_rows();  // every row's alpha
 #pragma unroll
         for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
 #pragma unroll
-          for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= sm.alpha[acc_col(i, c)];
+          for (int i = 0; i < kPvAcc; ++i) o[blk][i] *= kSplitQk ? alpha[row_slot(i)] : sm.alpha[acc_col(i, c)];
           wgmma::fence_operand(o[blk]);
         }
-        }  // kSplitQk
         write_p(d_run);
         sync_rows();  // both tiles' P^T again; every warp has read red and alpha
       }
@@ -702,27 +686,26 @@ template <auto kKernel, int kRowsN>
 void prepare_kernel() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
-// MLA_ROWS_MULTICAST=0: no 2-CTA clusters (comparisons).
+// A default-on switch: unset or any number but 0 (comparisons set it to 0).
+bool env_on(const char* name) {
+  const char* env = std::getenv(name);
+  return !env || std::atoi(env) != 0;
+}
+// MLA_ROWS_MULTICAST=0: no 2-CTA clusters.
 bool rows_multicast_env() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ROWS_MULTICAST");
-    return !env || std::atoi(env) != 0;
-  }();
+  static const bool on = env_on("MLA_ROWS_MULTICAST");
   return on;
 }
-// Page 1's instances: one box a key row, their rows four at a time (kAhead) at 64 and 32 rows, the
-// tensor map's address warp-uniform (kMapUniform), as a 2-CTA cluster (kCluster: rows_cluster) or not.
 // The 48- and 32-row CTAs' TMA instances split q.k by tile (kSplitQk, s29); MLA_ATTEND_SPLIT_QK=0
-// takes the split by rows there too (comparisons).
+// takes the split by rows there too.
 bool split_qk_env() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_SPLIT_QK");
-    return !env || std::atoi(env) != 0;
-  }();
+  static const bool on = env_on("MLA_ATTEND_SPLIT_QK");
   return on;
 }
 template <int kRowsN, bool kSplit>
 constexpr bool kSplitQk = kSplit && kRowsN < 64;
+// Page 1's instances: one box a key row, their rows four at a time (kAhead) at 64 and 32 rows, the
+// tensor map's address warp-uniform (kMapUniform), as a 2-CTA cluster (kCluster: rows_cluster) or not.
 template <int kRowsN, bool kCluster, bool kSplit = true>
 constexpr auto kPage1Kernel =
     attend_rows_kernel<true, kRowsN, kRowsN != 48, kRowsN != 48 ? 4 : 1, kCluster, true, kSplitQk<kRowsN, kSplit>>;

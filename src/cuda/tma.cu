@@ -8,11 +8,8 @@
 
 namespace mla::cuda {
 
-namespace {
-
-CUtensorMap encode_2d(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride, int box_bytes,
-                      int box_rows, CUtensorMapSwizzle swizzle,
-                      CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride,
+                                        int box_rows) {
   MLA_REQUIRE(row_stride % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0,
               "tensor map: base and row stride must be 16-byte aligned, got stride ", row_stride);
   MLA_REQUIRE(box_rows >= 1 && box_rows <= 256, "tensor map: box_rows must be in [1, 256], got ", box_rows);
@@ -26,20 +23,13 @@ CUtensorMap encode_2d(const void* base, int64_t rows, int64_t row_bytes, int64_t
   CUtensorMap map{};
   const cuuint64_t dims[2] = {cuuint64_t(row_bytes), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(row_stride)};
-  const cuuint32_t box[2] = {cuuint32_t(box_bytes), cuuint32_t(box_rows)};
+  const cuuint32_t box[2] = {128, cuuint32_t(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MLA_REQUIRE(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed with CUresult ", int(r));
   return map;
-}
-
-}  // namespace
-
-CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride,
-                                        int box_rows) {
-  return encode_2d(base, rows, row_bytes, row_stride, 128, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace mla::cuda

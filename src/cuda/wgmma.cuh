@@ -234,12 +234,11 @@ __device__ __forceinline__ void mma_m64n32k16_f16_rs(float (&d)[16], const uint3
 }
 
 // q.k of a many-rows warpgroup's kN rows (attend_rows.cu: half of a 64-, 48- or 32-row CTA, or all
-// of it where the warpgroups split q.k by tile).
+// of a 48- or 32-row one where the warpgroups split q.k by tile).
 template <int kN>
 __device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate) {
-  static_assert(kN == 64 || kN == 48 || kN == 32 || kN == 24 || kN == 16, "q.k: N = 64, 48, 32, 24 or 16");
-  if constexpr (kN == 64) mma_m64n64k32_e4m3(d, a, b, accumulate);
-  else if constexpr (kN == 48) mma_m64n48k32_e4m3(d, a, b, accumulate);
+  static_assert(kN == 48 || kN == 32 || kN == 24 || kN == 16, "q.k: N = 48, 32, 24 or 16");
+  if constexpr (kN == 48) mma_m64n48k32_e4m3(d, a, b, accumulate);
   else if constexpr (kN == 32) mma_m64n32k32_e4m3(d, a, b, accumulate);
   else if constexpr (kN == 24) mma_m64n24k32_e4m3(d, a, b, accumulate);
   else mma_m64n16k32_e4m3(d, a, b, accumulate);
