@@ -335,7 +335,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // read is ordered before the producer's next write of them (two pairs on) by lane 0's own
       // arrival on `empty` (release): with every lane reading, the order of the other lanes' reads
       // rested on __syncwarp, which compute-sanitizer racecheck does not count (hazards on long
-      // segments, where stages are reused; s29).
+      // segments, where stages are reused; s29). (elect.sync for lane 0, and the shuffle deferred to
+      // the masking, both measured slower at D page 1: s30b in docs/attention.md.)
+      // A segment's missing second tile lands too (its phase completes with 0 bytes and no keys):
+      // unwaited, that phase could still be open when the consumers came back to the stage two
+      // pairs on (an issuing warp delayed between its two tiles while the others ran ahead), and
+      // their wait on the next phase would pass on the one before it (synccheck "Missing wait"
+      // until s30).
       auto land = [&](int u) {
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
         uint64_t m = 0;
@@ -347,7 +353,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
-        if (kSplitQk || (u == 1 && (!both || kTileRelease))) continue;  // (kTileRelease: tile 1 below)
+        if (kSplitQk || (u == 1 && kTileRelease)) continue;  // (kTileRelease: tile 1 below)
         land(u);
       }
       if constexpr (kSplitQk) {
@@ -355,7 +361,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // (acc[grp % 2]); the other tile's keys and mask before p.v (below).
         key_mask[0] = key_mask[1] = 0;
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
-        else if (both) land(1);
+        else land(1);
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
         auto issue_split = [&](int slot, int grp) {
           wgmma::fence();
@@ -387,7 +393,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           if (grp + 2 < kQkGroups) issue_split(slot, grp + 2);
         }
         if (wg == 1) land(0);  // p.v reads both tiles' V, masked by both tiles' keys
-        else if (both) land(1);
+        else land(1);
       } else {
       // Gathered rows are generic-proxy writes, seen complete through the mbarrier: ordered before
       // the tensor cores' reads (async proxy) by each reading thread (TMA writes are async already).
@@ -418,7 +424,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
-        if (kTileRelease && u == 1 && both) land(1);  // (released and issued after tile 0)
+        if (kTileRelease && u == 1) land(1);  // (released and issued after tile 0)
         issue_group(u, 0);
       }
       if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
