@@ -349,6 +349,17 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           m = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
         key_mask[u] = __shfl_sync(~0u, m, 0);
       };
+      // After this pair's first q.k groups went out: the previous pair's p.v (kDrainLate: drained
+      // under them) is done, and so is its read of the other warpgroup's rows of P^T: named barrier
+      // kPtBarrier + wg, which the other waits on before it writes its rows of P^T for pair j.
+      auto pv_done = [&] {
+        if constexpr (kDrainLate) {
+          wgmma::wait<0>();
+#pragma unroll
+          for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+        }
+        ptx::named_arrive(kPtBarrier + wg, kRowThreads);
+      };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
@@ -358,8 +369,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       }
       if constexpr (kSplitQk) {
         // Tile wg for all the rows, in f32-summed groups of kQkGroup k32 steps, two groups in flight
-        // (acc[grp % 2]); the other tile's keys and mask before p.v (below).
-        key_mask[0] = key_mask[1] = 0;
+        // (acc[grp % 2]); the other tile's keys and mask before p.v (below). (key_mask: 0 from the
+        // loop above until landed.)
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
         else land(1);
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
@@ -376,12 +387,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         };
 #pragma unroll
         for (int grp = 0; grp < 2; ++grp) issue_split(grp, grp);
-        if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
-          wgmma::wait<0>();
-#pragma unroll
-          for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
-        }
-        ptx::named_arrive(kPtBarrier + wg, kRowThreads);  // (as below)
+        pv_done();
 #pragma unroll
         for (int grp = 0; grp < kQkGroups; ++grp) {
           const int slot = grp % 2;
@@ -427,14 +433,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         if (kTileRelease && u == 1) land(1);  // (released and issued after tile 0)
         issue_group(u, 0);
       }
-      if constexpr (kDrainLate) {  // the previous pair's p.v, drained under the first q.k groups
-        wgmma::wait<0>();
-#pragma unroll
-        for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
-      }
-      // This warpgroup's p.v of pair j - 1 is done (it read the other's rows of P^T): named barrier
-      // kPtBarrier + wg, which the other waits on before it writes its rows of P^T for pair j.
-      ptx::named_arrive(kPtBarrier + wg, kRowThreads);
+      pv_done();
 #pragma unroll
       for (int grp = 0; grp < kQkGroups; ++grp) {
 #pragma unroll
