@@ -95,6 +95,7 @@ struct RowsSmem {
 template <int kRowsN>
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN>)) + 1024; }
 static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memory a block");
+static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in a box tile's place");
 
 // kTma: tiles as whole pages by TMA, issued by a third warpgroup, the producer (s19): it loads
 // the page ids and issues every pair's boxes once the consumer warps have arrived on the stage's
@@ -134,7 +135,7 @@ static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memor
 // its o columns: the lazy rescale's alpha stays in registers), the maxima meet only where a row
 // grows (as before), and each warpgroup's row sums cover its tile (added at the end).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
-          bool kMapUniform = false, bool kSplitQk = false>
+          bool kMapUniform = false, bool kSplitQk = false, bool kRowCopies = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -146,6 +147,14 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // consumers 208 (they need ~190); else 24 + 2 x 240.
   constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : 24;
   constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : 240;
+  // kRowCopies (page 1, MLA_ROWS_ROW_COPIES=1; unmeasured): the producer copies each key row with one
+  // bulk copy (RowCopies, the 16-row kernel's v26) instead of five one-row TMA boxes, and q.k takes
+  // its keys from registers (ldmatrix from rows kRowPitch bytes apart: wgmma cannot read such rows
+  // from shared memory). At page 1 a pair is 640 boxes an SM (F: ~8200 clocks a pair against ~6000
+  // at page 64, i.e. ~13 clocks a box) where the copy unit took ~35 clocks a 576-byte row in the
+  // 16-row kernel (128 copies, ~4500 clocks a pair). The split q.k only (48- and 32-row CTAs), no clusters.
+  static_assert(!kRowCopies || (kTma && kSplitQk && !kMulticast), "row copies: the split q.k's TMA instances");
+  constexpr Tiles kTiles = kRowCopies ? Tiles::kRows : Tiles::kBoxes;  // the tiles' layout (p.v's V^T loads)
   // kMulticast (64- and 48-row CTAs at page 1: rows_cluster): the CTA is one of a 2-CTA cluster, the two
   // row tiles of the same keys (adjacent in the grid, the same segments); each CTA's producer issues
   // one tile of every pair into both (cluster rank r: tile r), so each SM's producer issues half the
@@ -181,7 +190,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     for (int s = 0; s < 2; ++s)
       for (int u = 0; u < kGroups; ++u) {
         // TMA: an arrival an issuing warp; cp.async: one a thread of the warpgroup (arrive.noinc)
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]), kTma ? TmaTiles::slots(p) : 128);
+        tma::mbarrier_init(ptx::smem_addr(&sm.full[s][u]),
+                           !kTma ? 128 : kRowCopies ? RowCopies::kWarps : TmaTiles::slots(p));
         for (int k = 0; k < 4; ++k) sm.key_mask[s][u][k] = 0;  // slots past TmaTiles::slots(p) stay 0
       }
     if (kProducer)  // a consumer warp's arrival when it is done with a pair
@@ -212,26 +222,37 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       ptx::setmaxnreg_dec<kProducerRegs>();
       const int pwarp = warp_uniform((tid - kRowThreads) / 32);
       const TmaTiles tiles(p, &cache_map, lane, pwarp);  // warp w: slot w of both tiles of a pair
+      const RowCopies rows(p, lane, pwarp);             // (kRowCopies) warp w: keys 4 l + w of each tile
+      // A lane's page id (kRowCopies: its key's page) for tile `tile` of the segment.
+      auto page_of = [&](const KeyStream& keys, int tile) {
+        if constexpr (kRowCopies) return rows.page_of(keys, tile);
+        else return tiles.page_of(keys, tile);
+      };
       // (uniform operands at 48 rows, as when the consumers issued them, and for boxes of 1-4 rows
       // at every height, kSmallBoxes: TmaTiles::issue)
       auto produce = [&](const KeyStream& keys, int, int64_t, int64_t, bool, bool) {
         const int n_pairs = (keys.n_tiles() + 1) / 2;
-        if (!tiles.issues()) return;
-        // A lane's page ids a pair ahead; a tile past the segment issues no box but arrives on its
-        // mbarrier (0 bytes), so both tiles' mbarriers complete a phase every pair.
-        int32_t page[kGroups] = {tiles.page_of(keys, 0), tiles.page_of(keys, 1)};
+        if (!kRowCopies && !tiles.issues()) return;
+        // A lane's page ids a pair ahead; a tile past the segment issues no box (row) but arrives on
+        // its mbarrier (0 bytes), so both tiles' mbarriers complete a phase every pair.
+        using Page = decltype(page_of(keys, 0));
+        Page page[kGroups] = {page_of(keys, 0), page_of(keys, 1)};
         for (int j = 0; j < n_pairs; ++j) {
           const int at = done + j, stage = at & 1;
-          const int32_t next[kGroups] = {tiles.page_of(keys, 2 * j + 2), tiles.page_of(keys, 2 * j + 3)};
+          const Page next[kGroups] = {page_of(keys, 2 * j + 2), page_of(keys, 2 * j + 3)};
           // the consumers are done with the stage's previous pair (at - 2)
           if (at >= 2) tma::wait_parity_forever(ptx::smem_addr(&sm.empty[stage]), ((at - 2) >> 1) & 1);
 #pragma unroll
           for (int u = 0; u < kGroups; ++u) {
             if (kTileRelease && u == 1 && at >= 2)  // (tile 0's boxes are out before tile 1 is free)
               tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
-            tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes, false, kAhead, kMulticast, kMapUniform>(
-                keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]), ptx::smem_addr(&sm.full[stage][u]),
-                &sm.key_mask[stage][u][pwarp], 0, sm.box_y[pwarp], !kMulticast || u == int(cta_rank));
+            if constexpr (kRowCopies)
+              rows.issue(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
+                         ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
+            else
+              tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes, false, kAhead, kMulticast, kMapUniform>(
+                  keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]), ptx::smem_addr(&sm.full[stage][u]),
+                  &sm.key_mask[stage][u][pwarp], 0, sm.box_y[pwarp], !kMulticast || u == int(cta_rank));
           }
 #pragma unroll
           for (int u = 0; u < kGroups; ++u) page[u] = next[u];
@@ -368,35 +389,54 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         land(u);
       }
       if constexpr (kSplitQk) {
-        // Tile wg for all the rows, in f32-summed groups of kQkGroup k32 steps, two groups in flight
+        // Tile wg for all the rows, in f32-summed groups of kSplitGroup k32 steps, two groups in flight
         // (acc[grp % 2]); the other tile's keys and mask before p.v (below). (key_mask: 0 from the
         // loop above until landed.)
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
         else land(1);
+        // (kRowCopies: groups of one k32 step, so the fragments in flight take 8 registers, not 16:
+        // the 48-row consumers spilled in the pair loop with 2-step groups, 9 loads and stores)
+        constexpr int kSplitGroup = kRowCopies ? 1 : kQkGroup, kSplitGroups = kQkSteps / kSplitGroup;
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
+        // kRowCopies: K from registers, a group's fragments a slot (an in-flight wgmma reads its A
+        // registers: a slot's are reloaded once its group is done); ldmatrix gives warp w keys
+        // 16 w .. 16 w + 15 (lane l: key row l % 8 + 8 ((l / 8) % 2), bytes 16 (l / 16) of the step's
+        // 32), as in the 16-row kernel's row copies.
+        uint32_t ka[2][kSplitGroup][4];
+        const uint32_t k_row = ptx::smem_addr(&sm.kv[stage][wg][0]) +
+                               (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
+        auto load_k = [&](int slot, int grp) {
+          if constexpr (kRowCopies)
+#pragma unroll
+            for (int v = 0; v < kSplitGroup; ++v) ptx::ldmatrix_x4(ka[slot][v], k_row + (grp * kSplitGroup + v) * 32);
+        };
         auto issue_split = [&](int slot, int grp) {
           wgmma::fence();
 #pragma unroll
-          for (int v = 0; v < kQkGroup; ++v) {
-            const int step = grp * kQkGroup + v;
-            wgmma::mma_qk_e4m3<kQkN>(acc[slot], wgmma::advance(kd0, key_step_offset<Tiles::kBoxes>(step)),
-                                     wgmma::advance(q_desc, step * 2 * kRowChunkStride), v > 0);
+          for (int v = 0; v < kSplitGroup; ++v) {
+            const int step = grp * kSplitGroup + v;
+            const uint64_t q_step = wgmma::advance(q_desc, step * 2 * kRowChunkStride);
+            if constexpr (kRowCopies) wgmma::mma_qk_e4m3_rs<kQkN>(acc[slot], ka[slot][v], q_step, v > 0);
+            else wgmma::mma_qk_e4m3<kQkN>(acc[slot], wgmma::advance(kd0, key_step_offset<Tiles::kBoxes>(step)), q_step, v > 0);
           }
           wgmma::commit();
           wgmma::fence_operand(acc[slot]);
         };
 #pragma unroll
+        for (int grp = 0; grp < 2; ++grp) load_k(grp, grp);
+#pragma unroll
         for (int grp = 0; grp < 2; ++grp) issue_split(grp, grp);
         pv_done();
 #pragma unroll
-        for (int grp = 0; grp < kQkGroups; ++grp) {
+        for (int grp = 0; grp < kSplitGroups; ++grp) {
           const int slot = grp % 2;
-          if (grp + 1 == kQkGroups) wgmma::wait<0>();
+          if (grp + 1 == kSplitGroups) wgmma::wait<0>();
           else wgmma::wait<1>();  // group grp (grp + 1 may still run)
           wgmma::fence_operand(acc[slot]);
+          if (grp + 2 < kSplitGroups) load_k(slot, grp + 2);  // (under the sums below)
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) x[0][i] = grp == 0 ? acc[slot][i] : x[0][i] + acc[slot][i];
-          if (grp + 2 < kQkGroups) issue_split(slot, grp + 2);
+          if (grp + 2 < kSplitGroups) issue_split(slot, grp + 2);
         }
         if (wg == 1) land(0);  // p.v reads both tiles' V, masked by both tiles' keys
         else land(1);
@@ -571,7 +611,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
 #pragma unroll
         for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
-          v_load<Tiles::kBoxes>(kv_of(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+          v_load<kTiles>(kv_of(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
 #pragma unroll
         for (int t = 0; t < 2 * kPvSteps; ++t) {
           if (t < steps) {
@@ -581,7 +621,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
               if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
               v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
               if (t + 1 < steps)
-                v_load<Tiles::kBoxes>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
+                v_load<kTiles>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
                                       vraw[jj]);
             }
             if constexpr (kTileRelease)
@@ -719,9 +759,22 @@ template <int kRowsN, bool kSplit = true>
 constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>>;
 template <int kRowsN, bool kSplit = true>
 constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, false, false, kSplitQk<kRowsN, kSplit>>;
+// MLA_ROWS_ROW_COPIES=1 (an A/B switch, off by default: not yet run on a GPU): page 1's 48- and
+// 32-row CTAs that run alone (not as clusters) copy each key row with one bulk copy and take q.k's
+// keys from registers (kRowCopies).
+bool rows_row_copies_env() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ROWS_ROW_COPIES");
+    return env && std::atoi(env) != 0;
+  }();
+  return on;
+}
+template <int kRowsN>
+constexpr auto kRowCopyKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, true, true>;
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
+  if constexpr (kRowsN < 64 && kSplit) prepare_kernel<kRowCopyKernel<kRowsN>, kRowsN>();
   if constexpr (kRowsN != 48) prepare_kernel<kSmallPageKernel<kRowsN, kSplit>, kRowsN>();  // pages 2 and 4
   prepare_kernel<kPage1Kernel<kRowsN, false, kSplit>, kRowsN>();
   if constexpr (kRowsN != 32) prepare_kernel<kPage1Kernel<kRowsN, true, kSplit>, kRowsN>();  // (rows_cluster)
@@ -800,6 +853,11 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
     if constexpr (kRowsN != 32)
       if (rows_cluster<kRowsN>(p, grid))
         return launch_rows_cluster<kPage1Kernel<kRowsN, true, kSplit>>(p, map, grid, smem, stream);
+    if constexpr (kRowsN < 64 && kSplit)
+      if (rows_row_copies_env()) {
+        kRowCopyKernel<kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+        return;
+      }
     kPage1Kernel<kRowsN, false, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
     return;
   }

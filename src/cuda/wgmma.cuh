@@ -244,6 +244,41 @@ __device__ __forceinline__ void mma_qk_e4m3(float (&d)[kN / 2], uint64_t a, uint
   else mma_m64n16k32_e4m3(d, a, b, accumulate);
 }
 
+// The many-rows q.k with A (the 64 keys) from registers (attend_rows.cu's bulk row copies: rows
+// wgmma cannot read from shared memory), in mma_m64n16k32_e4m3_rs's A layout, at N = 48 and 32 (the
+// 48- and 32-row CTAs' q.k split by tile).
+__device__ __forceinline__ void mma_m64n48k32_e4m3_rs(float (&d)[24], const uint32_t (&a)[4], uint64_t b,
+                                                      bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %29, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23}, {%24, %25, %26, %27}, %28, p, 1, 1;\n"
+      "}\n"
+      : MLA_WGMMA_D24(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int32_t(accumulate)));
+}
+__device__ __forceinline__ void mma_m64n32k32_e4m3_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b,
+                                                      bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n"
+      "}\n"
+      : MLA_WGMMA_D16(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int32_t(accumulate)));
+}
+template <int kN>
+__device__ __forceinline__ void mma_qk_e4m3_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  static_assert(kN == 48 || kN == 32, "q.k from registers: N = 48 or 32");
+  if constexpr (kN == 48) mma_m64n48k32_e4m3_rs(d, a, b, accumulate);
+  else mma_m64n32k32_e4m3_rs(d, a, b, accumulate);
+}
+
 // p.v of a many-rows CTA's kN rows (attend_rows.cu: 64, 48 or 32), K-major P^T.
 template <int kN>
 __device__ __forceinline__ void mma_pv_f16_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b) {

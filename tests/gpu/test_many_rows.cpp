@@ -110,8 +110,10 @@ TEST(ManyRows, Fp8StepMatchesCpu) {
 // Pages of 1-4 rows: the fp8 kernel boxes them a key row (or page) a box (gathered by cp.async
 // under MLA_ROWS_SMALL_BOXES=0); uneven batches take the flat plan on those tiles, even ones fixed
 // splits. 100 rows: two 64-row CTAs (the second 36 of 64; at page 1 the kAhead form), 64 rows: one
-// 64-row CTA, 72 rows: two 48-row CTAs; at page 1, two row tiles run as a 2-CTA cluster. (The 32-row CTAs' page-1 form: the forced variant,
-// MLA_ATTEND_ROWS_MIN=1, where 12- and 16-head cases take 32-row CTAs.)
+// 64-row CTA, 72 rows: two 48-row CTAs; at page 1, two row tiles run as a 2-CTA cluster; 48 rows
+// (F's shape) and 24 rows (qlen 2's) at page 1: one 48- or 32-row CTA a request, alone (under
+// MLA_ROWS_ROW_COPIES=1 by bulk row copies, session 31). (The forced variant, MLA_ATTEND_ROWS_MIN=1:
+// the 12- and 16-head cases take 32-row CTAs.)
 TEST(ManyRows, SmallPagesStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
   steps_match_cpu({{"deepseek-v3", 100, 1, 36, 1, 700, false},
@@ -121,7 +123,9 @@ TEST(ManyRows, SmallPagesStepMatchesCpu) {
                    {"deepseek-v3", 128, 1, 24, 4, 600, true},   // two 64-row CTAs, the flat plan
                    {"deepseek-v3", 96, 1, 30, 1, 600, true},    // two 48-row CTAs as a cluster, the flat plan
                    {"deepseek-v3", 128, 1, 30, 1, 600, false},  // two 64-row CTAs as a cluster, fixed splits
-                   {"kimi-k3", 12, 8, 32, 1, 600, false}},      // the same, fixed splits, causal inside each
+                   {"kimi-k3", 12, 8, 32, 1, 600, false},       // the same, fixed splits, causal inside each
+                   {"kimi-k3", 12, 4, 40, 1, 600, true},        // 48 rows: one 48-row CTA, the flat plan
+                   {"kimi-k3", 12, 2, 40, 1, 600, false}},      // 24 rows: one 32-row CTA, fixed splits
                   DType::fp8_e4m3, 960);
 }
 
