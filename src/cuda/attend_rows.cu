@@ -152,8 +152,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // its keys from registers (ldmatrix from rows kRowPitch bytes apart: wgmma cannot read such rows
   // from shared memory). At page 1 a pair is 640 boxes an SM (F: ~8200 clocks a pair against ~6000
   // at page 64, i.e. ~13 clocks a box) where the copy unit took ~35 clocks a 576-byte row in the
-  // 16-row kernel (128 copies, ~4500 clocks a pair). The split q.k only (48- and 32-row CTAs), no clusters.
-  static_assert(!kRowCopies || (kTma && kSplitQk && !kMulticast), "row copies: the split q.k's TMA instances");
+  // 16-row kernel (128 copies, ~4500 clocks a pair). The split q.k only (48- and 32-row CTAs); with
+  // kMulticast (48 rows) each CTA's producer copies one tile of a pair into both CTAs.
+  static_assert(!kRowCopies || (kTma && kSplitQk), "row copies: the split q.k's TMA instances");
   constexpr Tiles kTiles = kRowCopies ? Tiles::kRows : Tiles::kBoxes;  // the tiles' layout (p.v's V^T loads)
   // kMulticast (64- and 48-row CTAs at page 1: rows_cluster): the CTA is one of a 2-CTA cluster, the two
   // row tiles of the same keys (adjacent in the grid, the same segments); each CTA's producer issues
@@ -247,8 +248,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             if (kTileRelease && u == 1 && at >= 2)  // (tile 0's boxes are out before tile 1 is free)
               tma::wait_parity_forever(ptx::smem_addr(&sm.empty1[stage]), ((at - 2) >> 1) & 1);
             if constexpr (kRowCopies)
-              rows.issue(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
-                         ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp]);
+              rows.issue<kMulticast>(keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]),
+                                     ptx::smem_addr(&sm.full[stage][u]), &sm.key_mask[stage][u][pwarp],
+                                     !kMulticast || u == int(cta_rank));
             else
               tiles.issue<kSlabs, kRowsN == 48 || kSmallBoxes, false, kAhead, kMulticast, kMapUniform>(
                   keys, 2 * j + u, page[u], ptx::smem_addr(&sm.kv[stage][u][0]), ptx::smem_addr(&sm.full[stage][u]),
@@ -760,8 +762,9 @@ constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, fa
 template <int kRowsN, bool kSplit = true>
 constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, false, false, kSplitQk<kRowsN, kSplit>>;
 // MLA_ROWS_ROW_COPIES=1 (an A/B switch, off by default: not yet run on a GPU): page 1's 48- and
-// 32-row CTAs that run alone (not as clusters) copy each key row with one bulk copy and take q.k's
-// keys from registers (kRowCopies).
+// 32-row CTAs copy each key row with one bulk copy and take q.k's keys from registers (kRowCopies);
+// 48-row ones as 2-CTA clusters where the boxes would be (rows_cluster), each producer copying one
+// tile of a pair into both CTAs.
 bool rows_row_copies_env() {
   static const bool on = [] {
     const char* env = std::getenv("MLA_ROWS_ROW_COPIES");
@@ -769,12 +772,13 @@ bool rows_row_copies_env() {
   }();
   return on;
 }
-template <int kRowsN>
-constexpr auto kRowCopyKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, true, true>;
+template <int kRowsN, bool kCluster = false>
+constexpr auto kRowCopyKernel = attend_rows_kernel<true, kRowsN, false, 1, kCluster, false, true, true>;
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
   if constexpr (kRowsN < 64 && kSplit) prepare_kernel<kRowCopyKernel<kRowsN>, kRowsN>();
+  if constexpr (kRowsN == 48 && kSplit) prepare_kernel<kRowCopyKernel<kRowsN, true>, kRowsN>();
   if constexpr (kRowsN != 48) prepare_kernel<kSmallPageKernel<kRowsN, kSplit>, kRowsN>();  // pages 2 and 4
   prepare_kernel<kPage1Kernel<kRowsN, false, kSplit>, kRowsN>();
   if constexpr (kRowsN != 32) prepare_kernel<kPage1Kernel<kRowsN, true, kSplit>, kRowsN>();  // (rows_cluster)
@@ -851,8 +855,11 @@ template <int kRowsN, bool kSplit>
 void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
   if (p.page_size == 1) {
     if constexpr (kRowsN != 32)
-      if (rows_cluster<kRowsN>(p, grid))
+      if (rows_cluster<kRowsN>(p, grid)) {
+        if constexpr (kRowsN == 48 && kSplit)
+          if (rows_row_copies_env()) return launch_rows_cluster<kRowCopyKernel<48, true>>(p, map, grid, smem, stream);
         return launch_rows_cluster<kPage1Kernel<kRowsN, true, kSplit>>(p, map, grid, smem, stream);
+      }
     if constexpr (kRowsN < 64 && kSplit)
       if (rows_row_copies_env()) {
         kRowCopyKernel<kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);

@@ -390,7 +390,12 @@ struct RowCopies {
   // This warp's rows into the stage at shared address dst on mbarrier bar; lane 0 writes the real
   // keys among them (bit 4 l + warp) to *key_mask, the tile's being the OR over the 4 warps' (a bad
   // page id's key is masked and reported, never read).
-  __device__ void issue(const KeyStream& ks, int tile, Row r, uint32_t dst, uint32_t bar, uint64_t* key_mask) const {
+  // kMulticast (the many-rows kernel's 2-CTA clusters): every CTA of the pair arms its own mbarrier
+  // with the tile's bytes and masks as here, but only the one with `send` copies the rows, into both
+  // CTAs' shared memory at the same offsets.
+  template <bool kMulticast = false>
+  __device__ void issue(const KeyStream& ks, int tile, Row r, uint32_t dst, uint32_t bar, uint64_t* key_mask,
+                        bool send = true) const {
     const bool ok = r.have && r.page >= 0 && r.page < p.num_pages;
     if (r.have && !ok) atomicOr(p.error, kBadPage);
     const uint32_t copied = __ballot_sync(~0u, ok);  // lanes 0..15
@@ -404,12 +409,14 @@ struct RowCopies {
       tma::arrive_expect_tx(bar, uint32_t(__popc(copied)) * uint32_t(kRow));
     }
     __syncwarp();
-    if (ok) {
+    if (ok && (!kMulticast || send)) {
       const int64_t j = key(ks, tile);
       const int64_t in_page = ks.page_shift >= 0 ? j & (p.page_size - 1) : int32_t(j) % p.page_size;
       const uint8_t* src =
           static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
-      tma::load_bytes(dst + (kWarps * lane + warp) * kRowPitch, src, kRow, bar);
+      const uint32_t at = dst + (kWarps * lane + warp) * kRowPitch;
+      if constexpr (kMulticast) tma::load_bytes_multicast(at, src, kRow, bar, 0b11);
+      else tma::load_bytes(at, src, kRow, bar);
     }
   }
 };

@@ -98,6 +98,18 @@ __device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32
                : "memory");
 }
 
+// The same into shared address dst of every CTA of the cluster in cta_mask (the same offset in each),
+// completing on the mbarrier at bar's offset in each (the many-rows kernel's row copies in 2-CTA
+// clusters: one CTA copies a tile's rows for both).
+__device__ __forceinline__ void load_bytes_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                     uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+
 // The mbarrier gets one arrival when all of this thread's earlier cp.async copies have landed
 // (.noinc: the arrival is one of those its init count expects).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
