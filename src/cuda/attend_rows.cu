@@ -135,7 +135,7 @@ static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in 
 // its o columns: the lazy rescale's alpha stays in registers), the maxima meet only where a row
 // grows (as before), and each warpgroup's row sums cover its tile (added at the end).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
-          bool kMapUniform = false, bool kSplitQk = false, bool kRowCopies = false>
+          bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -147,13 +147,14 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // consumers 208 (they need ~190); else 24 + 2 x 240.
   constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : 24;
   constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : 240;
-  // kRowCopies (page 1, MLA_ROWS_ROW_COPIES=1; unmeasured): the producer copies each key row with one
+  // kRowCopySteps > 0 (kRowCopies; page 1, MLA_ROWS_ROW_COPIES=1 or 2; unmeasured): the producer copies each key row with one
   // bulk copy (RowCopies, the 16-row kernel's v26) instead of five one-row TMA boxes, and q.k takes
   // its keys from registers (ldmatrix from rows kRowPitch bytes apart: wgmma cannot read such rows
   // from shared memory). At page 1 a pair is 640 boxes an SM (F: ~8200 clocks a pair against ~6000
   // at page 64, i.e. ~13 clocks a box) where the copy unit took ~35 clocks a 576-byte row in the
   // 16-row kernel (128 copies, ~4500 clocks a pair). The split q.k only (48- and 32-row CTAs); with
   // kMulticast (48 rows) each CTA's producer copies one tile of a pair into both CTAs.
+  constexpr bool kRowCopies = kRowCopySteps > 0;
   static_assert(!kRowCopies || (kTma && kSplitQk), "row copies: the split q.k's TMA instances");
   constexpr Tiles kTiles = kRowCopies ? Tiles::kRows : Tiles::kBoxes;  // the tiles' layout (p.v's V^T loads)
   // kMulticast (64- and 48-row CTAs at page 1: rows_cluster): the CTA is one of a 2-CTA cluster, the two
@@ -396,9 +397,12 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // loop above until landed.)
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
         else land(1);
-        // (kRowCopies: groups of one k32 step, so the fragments in flight take 8 registers, not 16:
-        // the 48-row consumers spilled in the pair loop with 2-step groups, 9 loads and stores)
-        constexpr int kSplitGroup = kRowCopies ? 1 : kQkGroup, kSplitGroups = kQkSteps / kSplitGroup;
+        // (kRowCopies: groups of kRowCopySteps k32 steps, an A/B of two costs: with 2 the fragments in
+        // flight take 16 registers and the 48-row consumers spill in the pair loop (9 local loads and
+        // 9 stores, -Xptxas -v), with 1 they take 8 (3 and 3, as the box instances) but each step's
+        // 24 f32 sums are issued for one MMA instead of two)
+        constexpr int kSplitGroup = kRowCopies ? kRowCopySteps : kQkGroup, kSplitGroups = kQkSteps / kSplitGroup;
+        static_assert(kQkSteps % kSplitGroup == 0);
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
         // kRowCopies: K from registers, a group's fragments a slot (an in-flight wgmma reads its A
         // registers: a slot's are reloaded once its group is done); ldmatrix gives warp w keys
@@ -761,24 +765,31 @@ template <int kRowsN, bool kSplit = true>
 constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>>;
 template <int kRowsN, bool kSplit = true>
 constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, false, false, kSplitQk<kRowsN, kSplit>>;
-// MLA_ROWS_ROW_COPIES=1 (an A/B switch, off by default: not yet run on a GPU): page 1's 48- and
-// 32-row CTAs copy each key row with one bulk copy and take q.k's keys from registers (kRowCopies);
-// 48-row ones as 2-CTA clusters where the boxes would be (rows_cluster), each producer copying one
-// tile of a pair into both CTAs.
-bool rows_row_copies_env() {
-  static const bool on = [] {
+// MLA_ROWS_ROW_COPIES=1 or 2 (an A/B switch, off by default: not yet run on a GPU): page 1's 48- and
+// 32-row CTAs copy each key row with one bulk copy and take q.k's keys from registers in groups of
+// that many k32 steps (kRowCopySteps); 48-row ones as 2-CTA clusters where the boxes would be
+// (rows_cluster), each producer copying one tile of a pair into both CTAs.
+int rows_row_copies_env() {
+  static const int steps = [] {
     const char* env = std::getenv("MLA_ROWS_ROW_COPIES");
-    return env && std::atoi(env) != 0;
+    const int n = env ? std::atoi(env) : 0;
+    return n == 1 || n == 2 ? n : 0;
   }();
-  return on;
+  return steps;
 }
-template <int kRowsN, bool kCluster = false>
-constexpr auto kRowCopyKernel = attend_rows_kernel<true, kRowsN, false, 1, kCluster, false, true, true>;
+template <int kRowsN, int kSteps, bool kCluster = false>
+constexpr auto kRowCopyKernel = attend_rows_kernel<true, kRowsN, false, 1, kCluster, false, true, kSteps>;
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
-  if constexpr (kRowsN < 64 && kSplit) prepare_kernel<kRowCopyKernel<kRowsN>, kRowsN>();
-  if constexpr (kRowsN == 48 && kSplit) prepare_kernel<kRowCopyKernel<kRowsN, true>, kRowsN>();
+  if constexpr (kRowsN < 64 && kSplit) {
+    prepare_kernel<kRowCopyKernel<kRowsN, 1>, kRowsN>();
+    prepare_kernel<kRowCopyKernel<kRowsN, 2>, kRowsN>();
+  }
+  if constexpr (kRowsN == 48 && kSplit) {
+    prepare_kernel<kRowCopyKernel<kRowsN, 1, true>, kRowsN>();
+    prepare_kernel<kRowCopyKernel<kRowsN, 2, true>, kRowsN>();
+  }
   if constexpr (kRowsN != 48) prepare_kernel<kSmallPageKernel<kRowsN, kSplit>, kRowsN>();  // pages 2 and 4
   prepare_kernel<kPage1Kernel<kRowsN, false, kSplit>, kRowsN>();
   if constexpr (kRowsN != 32) prepare_kernel<kPage1Kernel<kRowsN, true, kSplit>, kRowsN>();  // (rows_cluster)
@@ -841,6 +852,19 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
   const cudaLaunchConfig_t cfg = pair_config(grid, smem, stream, attr);
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernel, p, map));
 }
+// The row-copy instance of a height for MLA_ROWS_ROW_COPIES's group steps (1 or 2).
+template <int kRowsN, bool kCluster>
+void launch_row_copies(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
+  const bool one = rows_row_copies_env() == 1;
+  if constexpr (kCluster) {
+    if (one) launch_rows_cluster<kRowCopyKernel<kRowsN, 1, true>>(p, map, grid, smem, stream);
+    else launch_rows_cluster<kRowCopyKernel<kRowsN, 2, true>>(p, map, grid, smem, stream);
+  } else if (one) {
+    kRowCopyKernel<kRowsN, 1><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  } else {
+    kRowCopyKernel<kRowsN, 2><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  }
+}
 // The TMA instances (kSplit: q.k split by tile where the height has it, kSplitQk).
 // Boxes of 1-4 rows go out with uniform operands (kSmallBoxes; the 48-row kernel's own form).
 // At page 1 (kPage1Kernel) the 64- and 32-row CTAs take their rows four at a time through shared
@@ -857,14 +881,11 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
     if constexpr (kRowsN != 32)
       if (rows_cluster<kRowsN>(p, grid)) {
         if constexpr (kRowsN == 48 && kSplit)
-          if (rows_row_copies_env()) return launch_rows_cluster<kRowCopyKernel<48, true>>(p, map, grid, smem, stream);
+          if (rows_row_copies_env()) return launch_row_copies<48, true>(p, map, grid, smem, stream);
         return launch_rows_cluster<kPage1Kernel<kRowsN, true, kSplit>>(p, map, grid, smem, stream);
       }
     if constexpr (kRowsN < 64 && kSplit)
-      if (rows_row_copies_env()) {
-        kRowCopyKernel<kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-        return;
-      }
+      if (rows_row_copies_env()) return launch_row_copies<kRowsN, false>(p, map, grid, smem, stream);
     kPage1Kernel<kRowsN, false, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
     return;
   }
