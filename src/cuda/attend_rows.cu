@@ -144,9 +144,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   constexpr bool kDrainLate = kTma;  // p.v drained under the next pair's q.k
   constexpr bool kTileRelease = kProducer && kRowsN < 64;  // an `empty` mbarrier a tile (else a pair)
   // 32-row CTAs with kAhead give the producer 56 registers (its 4-row batches spilled at 24), the
-  // consumers 208 (they need ~190); else 24 + 2 x 240.
-  constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : 24;
-  constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : 240;
+  // consumers 208 (they need ~190); with row copies (kRowCopySteps) 40 + 2 x 232 (no spills, where
+  // 24 + 2 x 240 spilled 22/20 bytes: the producer's); else 24 + 2 x 240.
+  constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : kRowsN == 32 && kRowCopySteps > 0 ? 40 : 24;
+  constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : kRowsN == 32 && kRowCopySteps > 0 ? 232 : 240;
   // kRowCopySteps > 0 (kRowCopies; page 1, MLA_ROWS_ROW_COPIES=1 or 2; unmeasured): the producer copies each key row with one
   // bulk copy (RowCopies, the 16-row kernel's v26) instead of five one-row TMA boxes, and q.k takes
   // its keys from registers (ldmatrix from rows kRowPitch bytes apart: wgmma cannot read such rows
