@@ -153,10 +153,12 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // its keys from registers (ldmatrix from rows kRowPitch bytes apart: wgmma cannot read such rows
   // from shared memory). At page 1 a pair is 640 boxes an SM (F: ~8200 clocks a pair against ~6000
   // at page 64, i.e. ~13 clocks a box) where the copy unit took ~35 clocks a 576-byte row in the
-  // 16-row kernel (128 copies, ~4500 clocks a pair). The split q.k only (48- and 32-row CTAs); with
-  // kMulticast (48 rows) each CTA's producer copies one tile of a pair into both CTAs.
+  // 16-row kernel (128 copies, ~4500 clocks a pair). The split q.k (48 and 32 rows) and the 64-row
+  // CTAs' q.k by rows (both tiles' keys in each warpgroup's registers, 1-step groups: 9 local loads
+  // in the pair loop where the page-1 box kernel has 13 and 3 stores); with kMulticast (64 and 48
+  // rows) each CTA's producer copies one tile of a pair into both CTAs.
   constexpr bool kRowCopies = kRowCopySteps > 0;
-  static_assert(!kRowCopies || (kTma && kSplitQk), "row copies: the split q.k's TMA instances");
+  static_assert(!kRowCopies || (kTma && (kSplitQk || kRowsN == 64)), "row copies: TMA instances, q.k split or 64 rows");
   constexpr Tiles kTiles = kRowCopies ? Tiles::kRows : Tiles::kBoxes;  // the tiles' layout (p.v's V^T loads)
   // kMulticast (64- and 48-row CTAs at page 1: rows_cluster): the CTA is one of a 2-CTA cluster, the two
   // row tiles of the same keys (adjacent in the grid, the same segments); each CTA's producer issues
@@ -459,17 +461,33 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // in uniform registers (their bases are warp-uniform, warp_uniform): ptxas makes each MMA's
       // pair with one 64-bit uniform add. (Through opaque registers, as until s18c, every MMA took
       // two UMOV and one or two UIADD3 more: 78 more instructions a warp and pair at F, the same time.)
+      // (kRowCopies, 64 rows: K from registers, each tile's group fragments reloaded once its group
+      // is done, as the split q.k's above)
       uint64_t qd[kGroups] = {q_desc, q_desc};
+      constexpr int kGroupSteps = kRowCopies ? kRowCopySteps : kQkGroup, kNGroups = kQkSteps / kGroupSteps;
+      uint32_t kb[kGroups][kGroupSteps][4];
+      auto load_kb = [&](int u, int grp) {
+        if constexpr (kRowCopies) {
+          const uint32_t row = ptx::smem_addr(&sm.kv[stage][u][0]) +
+                               (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
+#pragma unroll
+          for (int v = 0; v < kGroupSteps; ++v) ptx::ldmatrix_x4(kb[u][v], row + (grp * kGroupSteps + v) * 32);
+        }
+      };
       auto issue_group = [&](int u, int grp) {
         wgmma::fence();
 #pragma unroll
-        for (int v = 0; v < kQkGroup; ++v) {
-          const int step = grp * kQkGroup + v;
+        for (int v = 0; v < kGroupSteps; ++v) {
+          const int step = grp * kGroupSteps + v;
           // (a missing second tile is scored too, from whatever its buffer holds, and masked below:
           // a branch around a wgmma makes ptxas fence the accumulators)
-          wgmma::mma_qk_e4m3<kWgRows>(acc[u], kd[u], qd[u], v > 0);
-          kd[u] = wgmma::advance(kd[u],
-                                 key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
+          if constexpr (kRowCopies) {
+            wgmma::mma_qk_e4m3_rs<kWgRows>(acc[u], kb[u][v], qd[u], v > 0);
+          } else {
+            wgmma::mma_qk_e4m3<kWgRows>(acc[u], kd[u], qd[u], v > 0);
+            kd[u] = wgmma::advance(kd[u],
+                                   key_step_offset<Tiles::kBoxes>(step + 1) - key_step_offset<Tiles::kBoxes>(step));
+          }
           qd[u] = wgmma::advance(qd[u], 2 * kRowChunkStride);
         }
         wgmma::commit();
@@ -478,19 +496,21 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
         if (kTileRelease && u == 1) land(1);  // (released and issued after tile 0)
+        load_kb(u, 0);
         issue_group(u, 0);
       }
       pv_done();
 #pragma unroll
-      for (int grp = 0; grp < kQkGroups; ++grp) {
+      for (int grp = 0; grp < kNGroups; ++grp) {
 #pragma unroll
         for (int u = 0; u < kGroups; ++u) {
-          if (grp + 1 == kQkGroups && u + 1 == kGroups) wgmma::wait<0>();
+          if (grp + 1 == kNGroups && u + 1 == kGroups) wgmma::wait<0>();
           else wgmma::wait<1>();  // tile u's group grp (the other tile's may still run)
           wgmma::fence_operand(acc[u]);
+          if (grp + 1 < kNGroups) load_kb(u, grp + 1);
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) x[u][i] = grp == 0 ? acc[u][i] : x[u][i] + acc[u][i];
-          if (grp + 1 < kQkGroups) issue_group(u, grp + 1);
+          if (grp + 1 < kNGroups) issue_group(u, grp + 1);
         }
       }
       }  // kSplitQk
@@ -766,10 +786,10 @@ template <int kRowsN, bool kSplit = true>
 constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>>;
 template <int kRowsN, bool kSplit = true>
 constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, false, false, kSplitQk<kRowsN, kSplit>>;
-// MLA_ROWS_ROW_COPIES=1 or 2 (an A/B switch, off by default: not yet run on a GPU): page 1's 48- and
-// 32-row CTAs copy each key row with one bulk copy and take q.k's keys from registers in groups of
-// that many k32 steps (kRowCopySteps); 48-row ones as 2-CTA clusters where the boxes would be
-// (rows_cluster), each producer copying one tile of a pair into both CTAs.
+// MLA_ROWS_ROW_COPIES=1 or 2 (an A/B switch, off by default: not yet run on a GPU): page 1's CTAs
+// copy each key row with one bulk copy and take q.k's keys from registers in groups of that many
+// k32 steps (kRowCopySteps; 64-row CTAs 1); 64- and 48-row ones as 2-CTA clusters where the boxes
+// would be (rows_cluster), each producer copying one tile of a pair into both CTAs.
 int rows_row_copies_env() {
   static const int steps = [] {
     const char* env = std::getenv("MLA_ROWS_ROW_COPIES");
@@ -779,17 +799,20 @@ int rows_row_copies_env() {
   return steps;
 }
 template <int kRowsN, int kSteps, bool kCluster = false>
-constexpr auto kRowCopyKernel = attend_rows_kernel<true, kRowsN, false, 1, kCluster, false, true, kSteps>;
+constexpr auto kRowCopyKernel =
+    attend_rows_kernel<true, kRowsN, false, 1, kCluster, false, kSplitQk<kRowsN, true>, kSteps>;
+// The row copies' q.k group steps at a height: MLA_ROWS_ROW_COPIES's 1 or 2 at 48 and 32 rows; 1 at
+// 64 (2-step groups of both tiles spill 38 local loads and 19 stores in its pair loop).
+template <int kRowsN>
+int row_copy_steps() { return kRowsN == 64 ? 1 : rows_row_copies_env(); }
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
-  if constexpr (kRowsN < 64 && kSplit) {
+  if constexpr (kSplit) {  // (64 rows: one group step, both 2-CTA clusters and alone)
     prepare_kernel<kRowCopyKernel<kRowsN, 1>, kRowsN>();
-    prepare_kernel<kRowCopyKernel<kRowsN, 2>, kRowsN>();
-  }
-  if constexpr (kRowsN == 48 && kSplit) {
-    prepare_kernel<kRowCopyKernel<kRowsN, 1, true>, kRowsN>();
-    prepare_kernel<kRowCopyKernel<kRowsN, 2, true>, kRowsN>();
+    if constexpr (kRowsN < 64) prepare_kernel<kRowCopyKernel<kRowsN, 2>, kRowsN>();
+    if constexpr (kRowsN != 32) prepare_kernel<kRowCopyKernel<kRowsN, 1, true>, kRowsN>();
+    if constexpr (kRowsN == 48) prepare_kernel<kRowCopyKernel<kRowsN, 2, true>, kRowsN>();
   }
   if constexpr (kRowsN != 48) prepare_kernel<kSmallPageKernel<kRowsN, kSplit>, kRowsN>();  // pages 2 and 4
   prepare_kernel<kPage1Kernel<kRowsN, false, kSplit>, kRowsN>();
@@ -856,14 +879,16 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
 // The row-copy instance of a height for MLA_ROWS_ROW_COPIES's group steps (1 or 2).
 template <int kRowsN, bool kCluster>
 void launch_row_copies(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
-  const bool one = rows_row_copies_env() == 1;
-  if constexpr (kCluster) {
-    if (one) launch_rows_cluster<kRowCopyKernel<kRowsN, 1, true>>(p, map, grid, smem, stream);
-    else launch_rows_cluster<kRowCopyKernel<kRowsN, 2, true>>(p, map, grid, smem, stream);
-  } else if (one) {
-    kRowCopyKernel<kRowsN, 1><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  constexpr bool kTwo = kRowsN < 64 && (kRowsN == 48 || !kCluster);  // the heights with a 2-step instance
+  if (kTwo && row_copy_steps<kRowsN>() == 2) {
+    if constexpr (kTwo) {
+      if constexpr (kCluster) launch_rows_cluster<kRowCopyKernel<kRowsN, 2, true>>(p, map, grid, smem, stream);
+      else kRowCopyKernel<kRowsN, 2><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+    }
+  } else if constexpr (kCluster) {
+    launch_rows_cluster<kRowCopyKernel<kRowsN, 1, true>>(p, map, grid, smem, stream);
   } else {
-    kRowCopyKernel<kRowsN, 2><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+    kRowCopyKernel<kRowsN, 1><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   }
 }
 // The TMA instances (kSplit: q.k split by tile where the height has it, kSplitQk).
@@ -881,11 +906,11 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
   if (p.page_size == 1) {
     if constexpr (kRowsN != 32)
       if (rows_cluster<kRowsN>(p, grid)) {
-        if constexpr (kRowsN == 48 && kSplit)
-          if (rows_row_copies_env()) return launch_row_copies<48, true>(p, map, grid, smem, stream);
+        if constexpr (kSplit)
+          if (rows_row_copies_env()) return launch_row_copies<kRowsN, true>(p, map, grid, smem, stream);
         return launch_rows_cluster<kPage1Kernel<kRowsN, true, kSplit>>(p, map, grid, smem, stream);
       }
-    if constexpr (kRowsN < 64 && kSplit)
+    if constexpr (kSplit)
       if (rows_row_copies_env()) return launch_row_copies<kRowsN, false>(p, map, grid, smem, stream);
     kPage1Kernel<kRowsN, false, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
     return;
