@@ -407,17 +407,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         constexpr int kSplitGroup = kRowCopies ? kRowCopySteps : kQkGroup, kSplitGroups = kQkSteps / kSplitGroup;
         static_assert(kQkSteps % kSplitGroup == 0);
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
-        // kRowCopies: K from registers, a group's fragments a slot (an in-flight wgmma reads its A
-        // registers: a slot's are reloaded once its group is done); ldmatrix gives warp w keys
-        // 16 w .. 16 w + 15 (lane l: key row l % 8 + 8 ((l / 8) % 2), bytes 16 (l / 16) of the step's
-        // 32), as in the 16-row kernel's row copies.
+        // kRowCopies: K from registers (k_frag_load, as in the 16-row kernel's row copies), a group's
+        // fragments a slot (an in-flight wgmma reads its A registers: a slot's are reloaded once its
+        // group is done).
         uint32_t ka[2][kSplitGroup][4];
-        const uint32_t k_row = ptx::smem_addr(&sm.kv[stage][wg][0]) +
-                               (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
+        const uint32_t k_row = k_frag_row(ptx::smem_addr(&sm.kv[stage][wg][0]), warp, lane);
         auto load_k = [&](int slot, int grp) {
-          if constexpr (kRowCopies)
-#pragma unroll
-            for (int v = 0; v < kSplitGroup; ++v) ptx::ldmatrix_x4(ka[slot][v], k_row + (grp * kSplitGroup + v) * 32);
+          if constexpr (kRowCopies) k_frag_load(ka[slot], k_row, grp * kSplitGroup);
         };
         auto issue_split = [&](int slot, int grp) {
           wgmma::fence();
@@ -467,12 +463,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       constexpr int kGroupSteps = kRowCopies ? kRowCopySteps : kQkGroup, kNGroups = kQkSteps / kGroupSteps;
       uint32_t kb[kGroups][kGroupSteps][4];
       auto load_kb = [&](int u, int grp) {
-        if constexpr (kRowCopies) {
-          const uint32_t row = ptx::smem_addr(&sm.kv[stage][u][0]) +
-                               (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
-#pragma unroll
-          for (int v = 0; v < kGroupSteps; ++v) ptx::ldmatrix_x4(kb[u][v], row + (grp * kGroupSteps + v) * 32);
-        }
+        if constexpr (kRowCopies)
+          k_frag_load(kb[u], k_frag_row(ptx::smem_addr(&sm.kv[stage][u][0]), warp, lane), grp * kGroupSteps);
       };
       auto issue_group = [&](int u, int grp) {
         wgmma::fence();

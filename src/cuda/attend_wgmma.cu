@@ -328,17 +328,13 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       const uint32_t kv_addr = ptx::smem_addr(&sm.kv[buf][0]);
       uint64_t k_desc = 0;
       uint32_t k_row = 0;
-      if constexpr (kRows)
-        k_row = kv_addr + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
+      if constexpr (kRows) k_row = k_frag_row(kv_addr, warp, lane);
       else k_desc = kTma ? wgmma::descriptor_sw128(kv_addr) : wgmma::descriptor(kv_addr, wgmma::kChunkStride, 128);
       float x[8] = {};
       // kRows: a wave's K fragments; the next wave's are loaded while this one's MMAs run.
       constexpr int kWaveSteps = kWave * kGroupSteps;
       uint32_t ka[2][kRows ? kWaveSteps : 1][4];
-      auto load_k = [&](int wave) {
-#pragma unroll
-        for (int u = 0; u < kWaveSteps; ++u) ptx::ldmatrix_x4(ka[wave & 1][u], k_row + (wave * kWaveSteps + u) * 32);
-      };
+      auto load_k = [&](int wave) { k_frag_load(ka[wave & 1], k_row, wave * kWaveSteps); };
       if constexpr (kRows) load_k(0);
 #pragma unroll
       for (int wave = 0; wave < kAccs / kWave; ++wave) {

@@ -49,6 +49,19 @@ enum class Tiles { kCopies, kBoxes, kRows };
 constexpr int kRowPitch = kRow + 16;
 constexpr int kRowTileBytes = kTileKeys * kRowPitch;
 
+// Row tiles (Tiles::kRows): q.k's K as wgmma A fragments from registers, for warp w's keys 16 w ..
+// 16 w + 15 (the mma.sync m16n8k32 A layout that wgmma's register A takes). k_frag_row: lane l's
+// ldmatrix address in the tile at shared address `tile` (key row l % 8 + 8 ((l / 8) % 2), bytes
+// 16 (l / 16) of a k32 step's 32); k_frag_load: the fragments of kSteps k32 steps from step `first`.
+__device__ __forceinline__ uint32_t k_frag_row(uint32_t tile, int warp, int lane) {
+  return tile + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowPitch + 16 * (lane >> 4);
+}
+template <int kSteps>
+__device__ __forceinline__ void k_frag_load(uint32_t (&a)[kSteps][4], uint32_t row, int first) {
+#pragma unroll
+  for (int v = 0; v < kSteps; ++v) ptx::ldmatrix_x4(a[v], row + (first + v) * 32);
+}
+
 // Byte offset of a key's 16-byte chunk in a tile: K-major core matrices (cp.async), the swizzled
 // slabs (TMA boxes: chunk c of a 128-byte line at c ^ (line % 8)) or plain rows (bulk row copies).
 template <Tiles kTiles>
