@@ -800,11 +800,15 @@ int row_copy_steps() { return kRowsN == 64 ? 1 : rows_row_copies_env(); }
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
-  if constexpr (kSplit) {  // (64 rows: one group step, both 2-CTA clusters and alone)
-    prepare_kernel<kRowCopyKernel<kRowsN, 1>, kRowsN>();
-    if constexpr (kRowsN < 64) prepare_kernel<kRowCopyKernel<kRowsN, 2>, kRowsN>();
-    if constexpr (kRowsN != 32) prepare_kernel<kRowCopyKernel<kRowsN, 1, true>, kRowsN>();
-    if constexpr (kRowsN == 48) prepare_kernel<kRowCopyKernel<kRowsN, 2, true>, kRowsN>();
+  // The row-copy instances only under their switch (the default step never loads them); 64 rows:
+  // one group step.
+  if constexpr (kSplit) {
+    if (rows_row_copies_env()) {
+      prepare_kernel<kRowCopyKernel<kRowsN, 1>, kRowsN>();
+      if constexpr (kRowsN < 64) prepare_kernel<kRowCopyKernel<kRowsN, 2>, kRowsN>();
+      if constexpr (kRowsN != 32) prepare_kernel<kRowCopyKernel<kRowsN, 1, true>, kRowsN>();
+      if constexpr (kRowsN == 48) prepare_kernel<kRowCopyKernel<kRowsN, 2, true>, kRowsN>();
+    }
   }
   if constexpr (kRowsN != 48) prepare_kernel<kSmallPageKernel<kRowsN, kSplit>, kRowsN>();  // pages 2 and 4
   prepare_kernel<kPage1Kernel<kRowsN, false, kSplit>, kRowsN>();
