@@ -61,7 +61,6 @@ constexpr int kRowsCtaThreads = kTma ? kRowThreads + 128 : kRowThreads;  // TMA:
 constexpr int kPtBarrier = kConsumerBarrier + 1;
 constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
 constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
-constexpr int kQkGroups = kQkSteps / kQkGroup;  // 9
 
 // A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 or 32 where that many CTAs a
 // request hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads, 32 of 16 x 2:
@@ -160,6 +159,12 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   constexpr bool kRowCopies = kRowCopySteps > 0;
   static_assert(!kRowCopies || (kTma && (kSplitQk || kRowsN == 64)), "row copies: TMA instances, q.k split or 64 rows");
   constexpr Tiles kTiles = kRowCopies ? Tiles::kRows : Tiles::kBoxes;  // the tiles' layout (p.v's V^T loads)
+  // k32 steps an f32-summed q.k group takes, and the groups a tile. kRowCopies: kRowCopySteps, an A/B
+  // of two costs at 48 and 32 rows: with 2 the fragments in flight take 16 registers and the 48-row
+  // consumers spill in the pair loop (9 local loads and 9 stores, -Xptxas -v), with 1 they take 8 (3
+  // and 3, as the box instances) but each step's f32 sums are issued for one MMA instead of two.
+  constexpr int kGroupSteps = kRowCopies ? kRowCopySteps : kQkGroup, kNGroups = kQkSteps / kGroupSteps;
+  static_assert(kQkSteps % kGroupSteps == 0);
   // kMulticast (64- and 48-row CTAs at page 1: rows_cluster): the CTA is one of a 2-CTA cluster, the two
   // row tiles of the same keys (adjacent in the grid, the same segments); each CTA's producer issues
   // one tile of every pair into both (cluster rank r: tile r), so each SM's producer issues half the
@@ -395,31 +400,25 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         land(u);
       }
       if constexpr (kSplitQk) {
-        // Tile wg for all the rows, in f32-summed groups of kSplitGroup k32 steps, two groups in flight
+        // Tile wg for all the rows, in f32-summed groups of kGroupSteps k32 steps, two groups in flight
         // (acc[grp % 2]); the other tile's keys and mask before p.v (below). (key_mask: 0 from the
         // loop above until landed.)
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
         else land(1);
-        // (kRowCopies: groups of kRowCopySteps k32 steps, an A/B of two costs: with 2 the fragments in
-        // flight take 16 registers and the 48-row consumers spill in the pair loop (9 local loads and
-        // 9 stores, -Xptxas -v), with 1 they take 8 (3 and 3, as the box instances) but each step's
-        // 24 f32 sums are issued for one MMA instead of two)
-        constexpr int kSplitGroup = kRowCopies ? kRowCopySteps : kQkGroup, kSplitGroups = kQkSteps / kSplitGroup;
-        static_assert(kQkSteps % kSplitGroup == 0);
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
         // kRowCopies: K from registers (k_frag_load, as in the 16-row kernel's row copies), a group's
         // fragments a slot (an in-flight wgmma reads its A registers: a slot's are reloaded once its
         // group is done).
-        uint32_t ka[2][kSplitGroup][4];
+        uint32_t ka[2][kGroupSteps][4];
         const uint32_t k_row = k_frag_row(ptx::smem_addr(&sm.kv[stage][wg][0]), warp, lane);
         auto load_k = [&](int slot, int grp) {
-          if constexpr (kRowCopies) k_frag_load(ka[slot], k_row, grp * kSplitGroup);
+          if constexpr (kRowCopies) k_frag_load(ka[slot], k_row, grp * kGroupSteps);
         };
         auto issue_split = [&](int slot, int grp) {
           wgmma::fence();
 #pragma unroll
-          for (int v = 0; v < kSplitGroup; ++v) {
-            const int step = grp * kSplitGroup + v;
+          for (int v = 0; v < kGroupSteps; ++v) {
+            const int step = grp * kGroupSteps + v;
             const uint64_t q_step = wgmma::advance(q_desc, step * 2 * kRowChunkStride);
             if constexpr (kRowCopies) wgmma::mma_qk_e4m3_rs<kQkN>(acc[slot], ka[slot][v], q_step, v > 0);
             else wgmma::mma_qk_e4m3<kQkN>(acc[slot], wgmma::advance(kd0, key_step_offset<Tiles::kBoxes>(step)), q_step, v > 0);
@@ -433,15 +432,15 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         for (int grp = 0; grp < 2; ++grp) issue_split(grp, grp);
         pv_done();
 #pragma unroll
-        for (int grp = 0; grp < kSplitGroups; ++grp) {
+        for (int grp = 0; grp < kNGroups; ++grp) {
           const int slot = grp % 2;
-          if (grp + 1 == kSplitGroups) wgmma::wait<0>();
+          if (grp + 1 == kNGroups) wgmma::wait<0>();
           else wgmma::wait<1>();  // group grp (grp + 1 may still run)
           wgmma::fence_operand(acc[slot]);
-          if (grp + 2 < kSplitGroups) load_k(slot, grp + 2);  // (under the sums below)
+          if (grp + 2 < kNGroups) load_k(slot, grp + 2);  // (under the sums below)
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) x[0][i] = grp == 0 ? acc[slot][i] : x[0][i] + acc[slot][i];
-          if (grp + 2 < kSplitGroups) issue_split(slot, grp + 2);
+          if (grp + 2 < kNGroups) issue_split(slot, grp + 2);
         }
         if (wg == 1) land(0);  // p.v reads both tiles' V, masked by both tiles' keys
         else land(1);
@@ -460,7 +459,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // (kRowCopies, 64 rows: K from registers, each tile's group fragments reloaded once its group
       // is done, as the split q.k's above)
       uint64_t qd[kGroups] = {q_desc, q_desc};
-      constexpr int kGroupSteps = kRowCopies ? kRowCopySteps : kQkGroup, kNGroups = kQkSteps / kGroupSteps;
       uint32_t kb[kGroups][kGroupSteps][4];
       auto load_kb = [&](int u, int grp) {
         if constexpr (kRowCopies)
@@ -714,11 +712,14 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   if constexpr (kMulticast) tma::cluster_sync();  // the other CTA's last arrivals on this one's mbarriers
 }
 
+// The integer an environment variable holds, or `fallback` where it is unset (the measurement
+// switches below, each read once per process).
+int env_int(const char* name, int fallback) {
+  const char* env = std::getenv(name);
+  return env ? std::atoi(env) : fallback;
+}
 int rows_min_env() {
-  static const int rows = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_MIN");
-    return env ? std::max(0, std::atoi(env)) : 0;
-  }();
+  static const int rows = std::max(0, env_int("MLA_ATTEND_ROWS_MIN", 0));
   return rows;
 }
 
@@ -750,20 +751,15 @@ template <auto kKernel, int kRowsN>
 void prepare_kernel() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
 }
-// A default-on switch: unset or any number but 0 (comparisons set it to 0).
-bool env_on(const char* name) {
-  const char* env = std::getenv(name);
-  return !env || std::atoi(env) != 0;
-}
 // MLA_ROWS_MULTICAST=0: no 2-CTA clusters.
 bool rows_multicast_env() {
-  static const bool on = env_on("MLA_ROWS_MULTICAST");
+  static const bool on = env_int("MLA_ROWS_MULTICAST", 1) != 0;
   return on;
 }
 // The 48- and 32-row CTAs' TMA instances split q.k by tile (kSplitQk, s29); MLA_ATTEND_SPLIT_QK=0
 // takes the split by rows there too.
 bool split_qk_env() {
-  static const bool on = env_on("MLA_ATTEND_SPLIT_QK");
+  static const bool on = env_int("MLA_ATTEND_SPLIT_QK", 1) != 0;
   return on;
 }
 template <int kRowsN, bool kSplit>
@@ -783,20 +779,13 @@ constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, fals
 // k32 steps (kRowCopySteps; 64-row CTAs 1); 64- and 48-row ones as 2-CTA clusters where the boxes
 // would be (rows_cluster), each producer copying one tile of a pair into both CTAs.
 int rows_row_copies_env() {
-  static const int steps = [] {
-    const char* env = std::getenv("MLA_ROWS_ROW_COPIES");
-    const int n = env ? std::atoi(env) : 0;
-    return n == 1 || n == 2 ? n : 0;
-  }();
+  static const int n = env_int("MLA_ROWS_ROW_COPIES", 0);
+  static const int steps = n == 1 || n == 2 ? n : 0;
   return steps;
 }
 template <int kRowsN, int kSteps, bool kCluster = false>
 constexpr auto kRowCopyKernel =
     attend_rows_kernel<true, kRowsN, false, 1, kCluster, false, kSplitQk<kRowsN, true>, kSteps>;
-// The row copies' q.k group steps at a height: MLA_ROWS_ROW_COPIES's 1 or 2 at 48 and 32 rows; 1 at
-// 64 (2-step groups of both tiles spill 38 local loads and 19 stores in its pair loop).
-template <int kRowsN>
-int row_copy_steps() { return kRowsN == 64 ? 1 : rows_row_copies_env(); }
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
@@ -873,15 +862,18 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernel, p, map));
 }
 // The row-copy instance of a height for MLA_ROWS_ROW_COPIES's group steps (1 or 2).
+// (64 rows: 1-step groups whatever the switch says: 2-step groups of both tiles spill 38 local loads
+// and 19 stores in its pair loop.)
 template <int kRowsN, bool kCluster>
 void launch_row_copies(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
-  constexpr bool kTwo = kRowsN < 64 && (kRowsN == 48 || !kCluster);  // the heights with a 2-step instance
-  if (kTwo && row_copy_steps<kRowsN>() == 2) {
-    if constexpr (kTwo) {
+  if constexpr (kRowsN < 64) {
+    if (rows_row_copies_env() == 2) {
       if constexpr (kCluster) launch_rows_cluster<kRowCopyKernel<kRowsN, 2, true>>(p, map, grid, smem, stream);
       else kRowCopyKernel<kRowsN, 2><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+      return;
     }
-  } else if constexpr (kCluster) {
+  }
+  if constexpr (kCluster) {
     launch_rows_cluster<kRowCopyKernel<kRowsN, 1, true>>(p, map, grid, smem, stream);
   } else {
     kRowCopyKernel<kRowsN, 1><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
@@ -947,10 +939,7 @@ int attend_rows_cta_rows(int rows) {
   // The shortest CTAs of 32, 48 or 64 rows that need no more CTAs a request than 64-row ones (the
   // plan's count, kAttendRowsPerCta): 32 for 1-32 rows, 48 for 33-48 and 65-96, 64 for 49-64 and
   // 97-128, ... MLA_ATTEND_ROWS_CTA=64 (or 48) caps the choice at that height (comparisons).
-  static const int cap = [] {
-    const char* env = std::getenv("MLA_ATTEND_ROWS_CTA");
-    return env ? std::atoi(env) : 32;
-  }();
+  static const int cap = env_int("MLA_ATTEND_ROWS_CTA", 32);
   const int tiles = (rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta;
   for (int height : {32, 48})
     if (height >= cap && (rows + height - 1) / height == tiles) return height;
