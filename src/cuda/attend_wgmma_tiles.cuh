@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/query_split.hpp"
 #include "cuda/attend_keys.cuh"
 #include "cuda/device_math.cuh"
 #include "cuda/flat_plan.hpp"
@@ -87,14 +88,15 @@ template <int kRowsN>
 __host__ __device__ constexpr int b_offset_n(int n, int chunk) { return chunk * (kRowsN / 8 * 128) + (n / 8) * 128 + (n % 8) * 16; }
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
 
-template <int kStages, Tiles kTiles>
+// kQRows: the query tile's rows (kN; 2 kN for a bf16 query split into hi and lo e4m3 rows, kQSplit).
+template <int kStages, Tiles kTiles, int kQRows = kN>
 struct WgSmem {
   static constexpr bool kTma = kTiles != Tiles::kCopies;
   // key tiles, tile_offset<kTiles>
   alignas(1024) uint8_t kv[kStages][kTiles == Tiles::kBoxes ? kTmaTileBytes
                                     : kTiles == Tiles::kRows ? kRowTileBytes
                                                              : kTileBytes];
-  alignas(128) uint8_t q[kN * kRow];        // e4m3 query rows, b_offset_n<kN>(n, chunk)
+  alignas(128) uint8_t q[kQRows * kRow];   // e4m3 query rows, b_offset_n<kQRows>(n, chunk)
   alignas(128) uint16_t p[kN * kTileKeys];  // f16 P^T: byte b_offset_n<kN>(n, key / 8) + 2 (key % 8)
   // cp.async: tiles t .. t+kStages: row address (null: masked) and global position (INT_MAX: masked)
   const uint8_t* rows[kTma ? 1 : kStages + 1][kTileKeys];
@@ -107,9 +109,10 @@ struct WgSmem {
   uint64_t key_mask[kStages][4];  // by the issuing warp (TmaTiles slots; the rest stay 0)
   int32_t flat_start[kMaxFlatBatch + 1];  // the flat plan: request b's first tile (TMA or cp.async tiles)
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
+  int32_t q_exp[kQRows == kN ? 1 : kN];  // kQSplit: row n's power-of-two scale (SplitQueryTile)
 };
-template <int kStages, Tiles kTiles>
-constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles>)) + 1024; }  // + alignment slack
+template <int kStages, Tiles kTiles, int kQRows = kN>
+constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles, kQRows>)) + 1024; }  // + alignment slack
 
 // This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
 // N column col(i, c).
@@ -179,6 +182,87 @@ struct QueryTile {
     for (int k = 0; k < kPerThread; ++k) {
       const int u = tid + k * kThreadsN;
       if (u < kUnits) *reinterpret_cast<uint4*>(&q_smem[b_offset_n<kRowsN>(u / kChunks, u % kChunks)]) = raw[k];
+    }
+  }
+};
+
+// kQSplit (attend_wgmma.cu, MLA_ATTEND_Q_SPLIT=1): the kN bf16 query rows m_base .. of request b,
+// each scaled by its own power of two and split into two e4m3 rows (core/query_split.hpp): hi at
+// row n, lo at row kN + n of a 2 kN-row B tile (b_offset_n<2 kN>), and the row's exponent into
+// q_exp[n]. Thread t takes row t / 8's 16-dim units t % 8 + 8 k (36 a row: 5 or 4 a thread, 32
+// bytes of bf16 each), so a row's maximum meets in its 8 lanes by three shuffles (no barrier).
+// Rows past the request's are zero (exponent 0). load issues every load before any is used.
+struct SplitQueryTile {
+  static constexpr int kLanes = 8, kUnits = (kChunks + kLanes - 1) / kLanes;  // 5
+  static_assert(kThreads == kN * kLanes, "a row's units over 8 lanes of one warp");
+  uint4 raw[kUnits][2];
+
+  __device__ __forceinline__ void load(const AttendParams& p, int b, int m_base, int rows_total, int tid) {
+    const int n = tid / kLanes, j = tid % kLanes, m = m_base + n;
+    const bool valid = m < rows_total;
+    const int t = fast_div(m, p.heads_magic);
+    const uint16_t* row = static_cast<const uint16_t*>(p.q) + (valid ? query_offset(p, b, t, m - t * p.heads, 0) : 0);
+    const bool vec = (reinterpret_cast<uintptr_t>(p.q) | uintptr_t(2 * p.q_s_stride) | uintptr_t(2 * p.q_h_stride)) %
+                         16 == 0;
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      raw[k][0] = raw[k][1] = make_uint4(0, 0, 0, 0);
+      const int u = j + kLanes * k;
+      if (!valid || u >= kChunks) continue;
+      const uint16_t* src = row + 16 * u;
+      if (vec) {
+        raw[k][0] = reinterpret_cast<const uint4*>(src)[0];
+        raw[k][1] = reinterpret_cast<const uint4*>(src)[1];
+      } else {
+        uint32_t w[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) w[e] = uint32_t(src[2 * e]) | uint32_t(src[2 * e + 1]) << 16;
+        raw[k][0] = make_uint4(w[0], w[1], w[2], w[3]);
+        raw[k][1] = make_uint4(w[4], w[5], w[6], w[7]);
+      }
+    }
+  }
+  __device__ __forceinline__ void store(uint8_t* q_smem, int32_t* q_exp, int tid) const {
+    const int n = tid / kLanes, j = tid % kLanes;
+    // The row's largest magnitude: bf16 magnitudes order as their bits (a NaN's above every value).
+    uint32_t amax = 0;
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t w[4] = {raw[k][h].x, raw[k][h].y, raw[k][h].z, raw[k][h].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) amax = max(amax, max(w[e] & 0x7FFFu, (w[e] >> 16) & 0x7FFFu));
+      }
+#pragma unroll
+    for (int d = 1; d < kLanes; d *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    const int e = query_split_exponent(__uint_as_float(amax << 16));
+    const float scale = pow2_float(e);
+    if (j == 0) q_exp[n] = e;
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      const int u = j + kLanes * k;
+      if (u >= kChunks) continue;
+      uint32_t hi[4], lo[4];  // 16 e4m3 codes each, dim 16 u + i in byte i
+#pragma unroll
+      for (int d4 = 0; d4 < 4; ++d4) {
+        const uint4 src = raw[k][d4 / 2];
+        const uint32_t w0 = (d4 % 2) ? src.z : src.x, w1 = (d4 % 2) ? src.w : src.y;  // dims 4 d4 .. 4 d4 + 3
+        const float2 x0 = make_float2(__uint_as_float(w0 << 16) * scale, __uint_as_float(w0 & 0xFFFF0000u) * scale);
+        const float2 x1 = make_float2(__uint_as_float(w1 << 16) * scale, __uint_as_float(w1 & 0xFFFF0000u) * scale);
+        const uint32_t h0 = __nv_cvt_float2_to_fp8x2(x0, __NV_SATFINITE, __NV_E4M3);
+        const uint32_t h1 = __nv_cvt_float2_to_fp8x2(x1, __NV_SATFINITE, __NV_E4M3);
+        const float2 b0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(h0), __NV_E4M3)));
+        const float2 b1 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(h1), __NV_E4M3)));
+        const uint32_t l0 = __nv_cvt_float2_to_fp8x2(make_float2(16.0f * (x0.x - b0.x), 16.0f * (x0.y - b0.y)),
+                                                     __NV_SATFINITE, __NV_E4M3);
+        const uint32_t l1 = __nv_cvt_float2_to_fp8x2(make_float2(16.0f * (x1.x - b1.x), 16.0f * (x1.y - b1.y)),
+                                                     __NV_SATFINITE, __NV_E4M3);
+        hi[d4] = h0 | h1 << 16;
+        lo[d4] = l0 | l1 << 16;
+      }
+      *reinterpret_cast<uint4*>(&q_smem[b_offset_n<2 * kN>(n, u)]) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *reinterpret_cast<uint4*>(&q_smem[b_offset_n<2 * kN>(kN + n, u)]) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
   }
 };

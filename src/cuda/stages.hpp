@@ -165,6 +165,12 @@ bool attend_o_pairs_aligned(const AttendParams& p);
 // The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: the step's
 // own partials (step_partials) with an fp8 query and cache, o rows pair-aligned.
 bool attend_wgmma_applies(const AttendParams& p);
+// MLA_ATTEND_Q_SPLIT=1 (off by default: not yet run on a GPU): a bf16 query over an fp8 cache takes the
+// 16-row wgmma kernel too, each query row split exactly into two e4m3 rows (core/query_split.hpp),
+// where it has TMA boxes (pages of 8+ rows, a power of two) and the planner did not ask for many rows;
+// else, as without the switch, the mma.sync kernel (attend_wgmma_q_split: that case).
+bool attend_q_split_enabled();
+bool attend_wgmma_q_split(const AttendParams& p);
 // Where it applies, the wgmma kernel loads whole pages by TMA when the cache allows (pages of 8 or
 // more rows, a power of two, rows of a page contiguous) and the partials may be chunked by whole
 // tiles (the step's own, or one split); else by bulk row copies (below) or cp.async.

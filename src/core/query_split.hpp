@@ -1,0 +1,69 @@
+#pragma once
+// A bf16 query on the fp8 tensor cores (attend_wgmma.cu's kQSplit, MLA_ATTEND_Q_SPLIT=1): each query
+// row v (576 bf16 values) is scaled by a power of two 2^e that puts its largest magnitude in
+// [128, 256), and each x = v 2^e is split into two e4m3 codes with x = hi + lo / 16, so that
+//   q . k = 2^-e (hi . k + (lo . k) / 16)
+// takes two fp8 products (wgmma N = 32 for the 16 rows: the hi rows, then the lo rows) and the
+// scores stay those of the bf16 query. The split is exact: x has bf16's 8 significant bits, hi is
+// x rounded to e4m3's 4, so x - hi is at most 8 units of x's last bit (4 significant bits), which
+// 16 (x - hi) holds in e4m3 exactly while |x| >= 2^-6 (e4m3's smallest normal; below it, 2^-13 of
+// the row's largest value or less, both codes round: |hi + lo / 16 - x| <= 2^-10).
+// Header-only, host and device (MLA_HD): tests/test_query_split.cpp checks every bf16 value on the
+// host through formats.hpp's conversions, which are bit-exact with cuda_fp8.h's used on the device.
+#include <stdint.h>
+#include <string.h>
+
+#include "mla/host_device.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_fp8.h>
+#endif
+#if !defined(__CUDA_ARCH__)
+#include "mla/formats.hpp"
+#endif
+
+namespace mla {
+
+// 2^e as a float, for e in [-126, 127].
+MLA_HD float pow2_float(int e) {
+  const uint32_t bits = uint32_t(e + 127) << 23;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+// The exponent e of a query row whose largest magnitude is amax: amax 2^e in [128, 256) (a zero row,
+// or inf / NaN: 0). Within [-120, 126], so 2^e and 2^-e are normal floats.
+MLA_HD int query_split_exponent(float amax) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t bits = __float_as_uint(amax);
+#else
+  uint32_t bits;
+  memcpy(&bits, &amax, sizeof bits);
+#endif
+  const int biased = int((bits >> 23) & 0xFFu);
+  if ((bits & 0x7FFFFFFFu) == 0 || biased == 0xFF) return 0;
+  const int e = 7 - ((biased == 0 ? 1 : biased) - 127);  // a subnormal amax as 2^-126
+  return e > 126 ? 126 : e;
+}
+
+struct E4m3Split {
+  uint8_t hi, lo;
+};
+// x (a bf16 value times 2^e) as hi + lo / 16 (satfinite RNE, as the fp8 query's quantization).
+MLA_HD E4m3Split split_e4m3(float x) {
+#if defined(__CUDA_ARCH__)
+  const uint8_t hi = uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+  const float hf = __half2float(__half(__nv_cvt_fp8_to_halfraw(hi, __NV_E4M3)));
+  return {hi, uint8_t(__nv_cvt_float_to_fp8(16.0f * (x - hf), __NV_SATFINITE, __NV_E4M3))};
+#else
+  const uint8_t hi = float_to_fp8e4m3(x);
+  return {hi, float_to_fp8e4m3(16.0f * (x - fp8e4m3_to_float(hi)))};
+#endif
+}
+
+}  // namespace mla
