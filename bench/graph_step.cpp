@@ -5,7 +5,7 @@
 //
 //   mla_graph_bench [--preset kimi-k3] [--iters 100] [--json FILE] B:CONTEXT:QLEN:PAGE:KV[:HEADS[:SPLITS]] ...
 //   e.g. mla_graph_bench 1:8192:1:64:fp8 64:8192:1:64:fp8 64:8192:1:1:fp8 64:u32768:1:64:fp8
-// KV: fp8 (fp8 query and cache) or bf16 (bf16 query and cache). CONTEXT uN: an uneven batch, each request's length drawn uniformly from [QLEN, N] (seeded by B, N and QLEN);
+// KV: fp8 (fp8 query and cache), bf16 (bf16 query and cache) or bf16q (a bf16 query over an fp8 cache). CONTEXT uN: an uneven batch, each request's length drawn uniformly from [QLEN, N] (seeded by B, N and QLEN);
 // bytes and FLOPs count the keys actually there (issue 5: within 10% of the even batch of the same
 // total, e.g. 64:16384 next to 64:u32768).
 #include <cuda_runtime.h>
@@ -61,6 +61,10 @@ Config parse(const std::string& s) {
   c.qlen = std::stoi(parts[2]);
   c.page = std::stoi(parts[3]);
   c.kv = parts[4];
+  if (c.kv != "fp8" && c.kv != "bf16" && c.kv != "bf16q") {
+    std::fprintf(stderr, "config '%s': KV must be fp8, bf16 or bf16q, got '%s'\n", s.c_str(), c.kv.c_str());
+    std::exit(2);
+  }
   if (parts.size() >= 6) c.heads = std::stoi(parts[5]);
   if (parts.size() == 7) c.splits = std::stoi(parts[6]);
   return c;
@@ -128,9 +132,10 @@ int main(int argc, char** argv) {
       const mla::synth::Scenario host = mla::synth::make_scenario(spec, w.k_scale);
       const mla::synth::Scenario dev = mla::synth::to_device(host);
       const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
-      // KV bf16: a bf16 query too (issue 5's bf16 rate is for a bf16 query and cache).
+      // KV bf16: a bf16 query too (issue 5's bf16 rate is for a bf16 query and cache); bf16q: a bf16
+      // query over the fp8 cache.
       mla::Layer layer(cfg, w, {.backend = mla::Backend::cuda,
-                                .q_dtype = c.kv == "bf16" ? mla::DType::bf16 : mla::DType::fp8_e4m3,
+                                .q_dtype = c.kv == "fp8" ? mla::DType::fp8_e4m3 : mla::DType::bf16,
                                 .max_tokens = int(s),
                                 .num_splits = c.splits,
                                 .cuda_stream = stream});

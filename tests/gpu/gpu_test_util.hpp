@@ -4,11 +4,15 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "core/synthetic.hpp"
 #include "cuda/device_errors.hpp"
+#include "cuda/stages.hpp"
 #include "mla/layer.hpp"
 #include "mla/tensor.hpp"
 #include "support/testing.hpp"
@@ -48,6 +52,63 @@ inline void expect_step_matches(Layer& cpu, Layer& gpu, const synth::Scenario& h
   EXPECT_EQ(cuda::take_device_errors(detail::backend_of(gpu)), 0u);
   expect_close(gpu_out.to_host(), cpu_out, 1e-2, "step out");
   if (check_cache) expect_close(dev.cache.to_host(), cpu_host.cache, 1e-2, "cache after step");
+}
+
+// A step shape for steps_match_cpu: preset, heads (this rank's), qlen, batch, page size, the
+// longest context; uneven: lengths from 0 and short ones up to max_context (the flat plan), else
+// within its last quarter (fixed splits).
+struct Shape {
+  const char* preset;
+  int heads, qlen, batch, page, max_context;
+  bool uneven;
+};
+// Which attend kernel the planner must pick for each shape (asserted unless MLA_ATTEND_ROWS_MIN
+// forces the many-rows kernel everywhere): many rows (attend_rows.cu, attend_rows_bf16.cu) or 16.
+enum class RowsKernel { kMany, kSixteen };
+
+// Each shape's whole step on both backends (same weights, same inputs: expect_step_matches), the
+// cache in kv_dtype and the query in q_dtype, NaN in unused pages and page tails.
+inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DType q_dtype, uint64_t seed,
+                            RowsKernel kernel) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const Shape& sh : shapes) {
+    ++seed;
+    const LayerConfig cfg = small_config(sh.preset, GateLayout::merged, sh.heads);
+    const int rows = cfg.heads() * sh.qlen;
+    const std::string what = std::string(sh.preset) + " G=" + std::to_string(cfg.heads()) + " Q=" +
+                             std::to_string(sh.qlen) + " B=" + std::to_string(sh.batch) + " page " +
+                             std::to_string(sh.page) + (sh.uneven ? " uneven" : " even");
+    SCOPED_TRACE(what);
+    if (!std::getenv("MLA_ATTEND_ROWS_MIN")) {
+      ASSERT_EQ(cuda::attend_rows_wanted(sh.batch, rows, sms), kernel == RowsKernel::kMany) << what;
+    }
+    std::mt19937_64 rng(seed);
+    synth::ScenarioSpec spec;
+    spec.cfg = cfg;
+    spec.qlen = sh.qlen;
+    spec.page_size = sh.page;
+    spec.kv_dtype = kv_dtype;
+    spec.spare_pages = 3;
+    spec.seed = seed;
+    for (int b = 0; b < sh.batch; ++b) {
+      int len = std::uniform_int_distribution<int>(sh.max_context * 3 / 4, sh.max_context)(rng);
+      if (sh.uneven) {
+        const int kind = int(rng() % 8);
+        len = kind == 0 ? 0 : kind == 1 ? std::uniform_int_distribution<int>(sh.qlen, sh.qlen + 70)(rng)
+                                        : std::uniform_int_distribution<int>(sh.qlen, sh.max_context)(rng);
+      }
+      spec.seq_lens.push_back(len);
+    }
+    const PreparedWeights w = prepare_weights(cfg, random_checkpoint_weights(cfg, seed));
+    const synth::Scenario host = synth::make_scenario(spec, w.k_scale);
+    const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
+    auto options = [&](Backend backend) {
+      return LayerOptions{.backend = backend, .q_dtype = q_dtype, .max_tokens = int(s), .num_threads = 2};
+    };
+    Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
+    ASSERT_NO_FATAL_FAILURE(expect_step_matches(cpu, gpu, host, w.k_scale, nv, true));
+  }
 }
 
 }  // namespace mla::testing

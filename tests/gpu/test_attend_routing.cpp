@@ -48,9 +48,17 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
   caller_f32.exact_p = true;
   EXPECT_FALSE(cuda::attend_wgmma_applies(caller_f32));
 
-  cuda::AttendParams bf16_q = step;
-  bf16_q.q_fp8 = false;
-  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q));
+  cuda::AttendParams bf16_q = cache_params(o.data());  // a bf16 query over page-64 TMA boxes of an fp8
+  bf16_q.page_size = 64, bf16_q.page_stride = 64 * 576;  // cache: the 16-row kernel's split only under
+  bf16_q.q_fp8 = false;                                  // MLA_ATTEND_Q_SPLIT=1
+  EXPECT_EQ(cuda::attend_wgmma_applies(bf16_q), cuda::attend_q_split_enabled());
+  EXPECT_EQ(cuda::attend_wgmma_q_split(bf16_q), cuda::attend_q_split_enabled());
+  cuda::AttendParams bf16_q_rows = bf16_q;  // many rows: no bf16-query instance (the mma.sync kernel)
+  bf16_q_rows.many_rows = true;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q_rows));
+  cuda::AttendParams bf16_q_page1 = bf16_q;  // pages TMA does not box for it: the mma.sync kernel
+  bf16_q_page1.page_size = 1, bf16_q_page1.page_stride = 576;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q_page1));
   cuda::AttendParams bf16_cache = step;
   bf16_cache.cache_fp8 = false;
   EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_cache));

@@ -31,53 +31,12 @@ namespace {
 
 using testing::expect_close;
 
-struct Shape {
-  const char* preset;
-  int heads, qlen, batch, page, max_context;
-  bool uneven;
-};
+using testing::Shape;
 
-// Each shape's whole step on both backends (same weights, same inputs), kv and query in `dtype`.
+// Each shape's whole step on both backends, kv and query in `dtype`, at shapes the planner gives the
+// many-rows kernel (unless MLA_ATTEND_ROWS_MIN forces it everywhere).
 void steps_match_cpu(const std::vector<Shape>& shapes, DType dtype, uint64_t seed) {
-  int sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  for (const Shape& sh : shapes) {
-    ++seed;
-    const LayerConfig cfg = testing::small_config(sh.preset, GateLayout::merged, sh.heads);
-    const int rows = cfg.heads() * sh.qlen;
-    const std::string what = std::string(sh.preset) + " G=" + std::to_string(cfg.heads()) + " Q=" +
-                             std::to_string(sh.qlen) + " B=" + std::to_string(sh.batch) + " page " +
-                             std::to_string(sh.page) + (sh.uneven ? " uneven" : " even");
-    SCOPED_TRACE(what);
-    if (!std::getenv("MLA_ATTEND_ROWS_MIN")) {
-      ASSERT_TRUE(cuda::attend_rows_wanted(sh.batch, rows, sms)) << what;
-    }
-    std::mt19937_64 rng(seed);
-    synth::ScenarioSpec spec;
-    spec.cfg = cfg;
-    spec.qlen = sh.qlen;
-    spec.page_size = sh.page;
-    spec.kv_dtype = dtype;
-    spec.spare_pages = 3;
-    spec.seed = seed;
-    for (int b = 0; b < sh.batch; ++b) {
-      int len = std::uniform_int_distribution<int>(sh.max_context * 3 / 4, sh.max_context)(rng);
-      if (sh.uneven) {
-        const int kind = int(rng() % 8);
-        len = kind == 0 ? 0 : kind == 1 ? std::uniform_int_distribution<int>(sh.qlen, sh.qlen + 70)(rng)
-                                        : std::uniform_int_distribution<int>(sh.qlen, sh.max_context)(rng);
-      }
-      spec.seq_lens.push_back(len);
-    }
-    const PreparedWeights w = prepare_weights(cfg, random_checkpoint_weights(cfg, seed));
-    const synth::Scenario host = synth::make_scenario(spec, w.k_scale);
-    const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
-    auto options = [&](Backend backend) {
-      return LayerOptions{.backend = backend, .q_dtype = dtype, .max_tokens = int(s), .num_threads = 2};
-    };
-    Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
-    ASSERT_NO_FATAL_FAILURE(testing::expect_step_matches(cpu, gpu, host, w.k_scale, nv, true));
-  }
+  testing::steps_match_cpu(shapes, dtype, dtype, seed, testing::RowsKernel::kMany);
 }
 
 TEST(ManyRows, Bf16StepMatchesCpu) {
