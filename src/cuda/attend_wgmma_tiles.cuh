@@ -186,7 +186,7 @@ struct QueryTile {
   }
 };
 
-// kQSplit (attend_wgmma.cu, MLA_ATTEND_Q_SPLIT=1): the kN bf16 query rows m_base .. of request b,
+// kQSplit (attend_wgmma_kernel.cuh, MLA_ATTEND_Q_SPLIT=1): the kN bf16 query rows m_base .. of request b,
 // each scaled by its own power of two and split into two e4m3 rows (core/query_split.hpp): hi at
 // row n, lo at row kN + n of a 2 kN-row B tile (b_offset_n<2 kN>), and the row's exponent into
 // q_exp[n]. Thread t takes row t / 8's 16-dim units t % 8 + 8 k (36 a row: 5 or 4 a thread, 32

@@ -344,6 +344,10 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // The step's partials at W = 1 where the wgmma kernel takes TMA tiles, B > 1: the flat plan,
   // key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
   p.many_rows = attend_shape(p.batch, meta.qlen).many_rows;
+  // A bf16 query over an fp8 cache has no many-rows kernel: under MLA_ATTEND_Q_SPLIT the 16-row
+  // kernel's split takes it at every height (as many row tiles as it needs; the planned split count
+  // stands), where the mma.sync kernel did.
+  if (p.many_rows && !q_fp8 && cache_fp8 && attend_q_split_enabled()) p.many_rows = false;
   const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen));
   // An even batch (host lengths within 1/8 of the longest) keeps fixed splits: the flat plan's
   // segment switches (a query reload, a partial's store, a drained pipeline) cost more than its

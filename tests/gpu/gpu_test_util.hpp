@@ -62,8 +62,9 @@ struct Shape {
   int heads, qlen, batch, page, max_context;
   bool uneven;
 };
-// Which attend kernel the planner must pick for each shape (asserted unless MLA_ATTEND_ROWS_MIN
-// forces the many-rows kernel everywhere): many rows (attend_rows.cu, attend_rows_bf16.cu) or 16.
+// What the planner's rule (attend_rows_wanted) must say for each shape, asserted unless
+// MLA_ATTEND_ROWS_MIN forces many rows everywhere: many rows (attend_rows.cu, attend_rows_bf16.cu; a
+// bf16 query over an fp8 cache then runs elsewhere) or the 16-row kernel's height.
 enum class RowsKernel { kMany, kSixteen };
 
 // Each shape's whole step on both backends (same weights, same inputs: expect_step_matches), the

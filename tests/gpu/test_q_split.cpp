@@ -1,5 +1,6 @@
 // A bf16 query over an fp8 cache in whole steps against the CPU backend, at shapes the planner gives
-// the 16-row kernel (12 and 16 heads, 8 x qlen 2, 24 rows at B = 1): under MLA_ATTEND_Q_SPLIT=1 the
+// the 16-row kernel (12 and 16 heads, 8 x qlen 2, 24 rows at B = 1) and at many-rows ones (48, 96
+// and 128 rows a request, which no many-rows kernel takes for this pair): under MLA_ATTEND_Q_SPLIT=1 the
 // 16-row wgmma kernel with each query row split into two e4m3 rows (core/query_split.hpp,
 // attend_wgmma_q_split.cu) where TMA boxes the pages (8+ rows, a power of two), else and without the
 // switch the mma.sync kernel, which these cases then check. Fixed splits and the flat plan, NaN in
@@ -28,6 +29,16 @@ TEST(QuerySplit, Bf16QueryFp8CacheStepMatchesCpu) {
                             {"kimi-k2", 4, 1, 3, 32, 500, false},        // a part-empty row tile, page 32
                             {"kimi-k3", 12, 1, 4, 1, 500, true}},        // page 1: the mma.sync kernel
                            DType::fp8_e4m3, DType::bf16, 1300, testing::RowsKernel::kSixteen);
+}
+
+// Shapes the planner gives many rows: a bf16 query over an fp8 cache has no many-rows kernel, so the
+// 16-row kernel's split takes them under the switch (3 and 8 row tiles a request), else mma.sync.
+TEST(QuerySplit, Bf16QueryFp8CacheManyRowsStepMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU("the bf16-query steps");
+  testing::steps_match_cpu({{"kimi-k3", 12, 4, 40, 64, 600, false},      // 48 rows, fixed splits
+                            {"deepseek-v3", 128, 1, 24, 16, 400, true},  // 128 heads, the flat plan
+                            {"kimi-k3", 12, 8, 32, 64, 500, true}},      // 96 rows, causal inside the tiles
+                           DType::fp8_e4m3, DType::bf16, 1400, testing::RowsKernel::kMany);
 }
 
 }  // namespace
