@@ -69,6 +69,28 @@ TEST(QuerySplit, EveryBf16ValueIsExactInTwoE4m3Codes) {
   EXPECT_GT(rounded, 1000);
 }
 
+// Four values at once, as the kernel packs a query chunk: dim i (w0's low half first) in byte i.
+TEST(QuerySplit, FourValuesPackDimIInByteI) {
+  uint32_t state = 777u;
+  for (int trial = 0; trial < 20000; ++trial) {
+    state = state * 1664525u + 1013904223u;
+    const uint32_t w0 = state & 0x7F7F7F7Fu;  // (finite bf16 halves)
+    state = state * 1664525u + 1013904223u;
+    const uint32_t w1 = state & 0xBFFFBFFFu;
+    const uint16_t v[4] = {uint16_t(w0), uint16_t(w0 >> 16), uint16_t(w1), uint16_t(w1 >> 16)};
+    float amax = 0.0f;
+    for (uint16_t b : v) amax = std::fmax(amax, std::fabs(bf16_to_float(b)));
+    const float scale = pow2_float(query_split_exponent(amax));
+    uint32_t hi = 0, lo = 0;
+    split_e4m3_x4(w0, w1, scale, hi, lo);
+    for (int i = 0; i < 4; ++i) {
+      const E4m3Split want = split_e4m3(bf16_to_float(v[i]) * scale);
+      ASSERT_EQ(uint8_t(hi >> (8 * i)), want.hi) << "trial " << trial << " dim " << i;
+      ASSERT_EQ(uint8_t(lo >> (8 * i)), want.lo) << "trial " << trial << " dim " << i;
+    }
+  }
+}
+
 // A dot product through the split equals the bf16 one to float rounding: the property the kernel
 // relies on (2^-e (hi . k + lo . k / 16) with e4m3 keys k).
 TEST(QuerySplit, DotProductsMatchTheBf16Query) {

@@ -66,4 +66,39 @@ MLA_HD E4m3Split split_e4m3(float x) {
 #endif
 }
 
+// Four bf16 values (w0: dims 0 and 1, w1: dims 2 and 3, each word's first in its low half) times
+// scale, split as split_e4m3 does: dim i's codes in byte i of hi and of lo (SplitQueryTile's
+// 16-byte query chunks; on the device two values a conversion).
+MLA_HD void split_e4m3_x4(uint32_t w0, uint32_t w1, float scale, uint32_t& hi, uint32_t& lo) {
+  const uint32_t bits[4] = {w0 << 16, w0 & 0xFFFF0000u, w1 << 16, w1 & 0xFFFF0000u};
+  float x[4];
+  for (int i = 0; i < 4; ++i) {
+#if defined(__CUDA_ARCH__)
+    x[i] = __uint_as_float(bits[i]) * scale;
+#else
+    memcpy(&x[i], &bits[i], sizeof(float));
+    x[i] *= scale;
+#endif
+  }
+#if defined(__CUDA_ARCH__)
+  uint32_t h[2], l[2];
+  for (int k = 0; k < 2; ++k) {  // (the first of a pair in the low byte)
+    h[k] = __nv_cvt_float2_to_fp8x2(make_float2(x[2 * k], x[2 * k + 1]), __NV_SATFINITE, __NV_E4M3);
+    const float2 back =
+        __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(h[k]), __NV_E4M3)));
+    l[k] = __nv_cvt_float2_to_fp8x2(make_float2(16.0f * (x[2 * k] - back.x), 16.0f * (x[2 * k + 1] - back.y)),
+                                    __NV_SATFINITE, __NV_E4M3);
+  }
+  hi = h[0] | h[1] << 16;
+  lo = l[0] | l[1] << 16;
+#else
+  hi = lo = 0;
+  for (int i = 0; i < 4; ++i) {
+    const E4m3Split s = split_e4m3(x[i]);
+    hi |= uint32_t(s.hi) << (8 * i);
+    lo |= uint32_t(s.lo) << (8 * i);
+  }
+#endif
+}
+
 }  // namespace mla

@@ -244,23 +244,10 @@ struct SplitQueryTile {
       const int u = j + kLanes * k;
       if (u >= kChunks) continue;
       uint32_t hi[4], lo[4];  // 16 e4m3 codes each, dim 16 u + i in byte i
-#pragma unroll
-      for (int d4 = 0; d4 < 4; ++d4) {
-        const uint4 src = raw[k][d4 / 2];
-        const uint32_t w0 = (d4 % 2) ? src.z : src.x, w1 = (d4 % 2) ? src.w : src.y;  // dims 4 d4 .. 4 d4 + 3
-        const float2 x0 = make_float2(__uint_as_float(w0 << 16) * scale, __uint_as_float(w0 & 0xFFFF0000u) * scale);
-        const float2 x1 = make_float2(__uint_as_float(w1 << 16) * scale, __uint_as_float(w1 & 0xFFFF0000u) * scale);
-        const uint32_t h0 = __nv_cvt_float2_to_fp8x2(x0, __NV_SATFINITE, __NV_E4M3);
-        const uint32_t h1 = __nv_cvt_float2_to_fp8x2(x1, __NV_SATFINITE, __NV_E4M3);
-        const float2 b0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(h0), __NV_E4M3)));
-        const float2 b1 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(h1), __NV_E4M3)));
-        const uint32_t l0 = __nv_cvt_float2_to_fp8x2(make_float2(16.0f * (x0.x - b0.x), 16.0f * (x0.y - b0.y)),
-                                                     __NV_SATFINITE, __NV_E4M3);
-        const uint32_t l1 = __nv_cvt_float2_to_fp8x2(make_float2(16.0f * (x1.x - b1.x), 16.0f * (x1.y - b1.y)),
-                                                     __NV_SATFINITE, __NV_E4M3);
-        hi[d4] = h0 | h1 << 16;
-        lo[d4] = l0 | l1 << 16;
-      }
+      split_e4m3_x4(raw[k][0].x, raw[k][0].y, scale, hi[0], lo[0]);
+      split_e4m3_x4(raw[k][0].z, raw[k][0].w, scale, hi[1], lo[1]);
+      split_e4m3_x4(raw[k][1].x, raw[k][1].y, scale, hi[2], lo[2]);
+      split_e4m3_x4(raw[k][1].z, raw[k][1].w, scale, hi[3], lo[3]);
       *reinterpret_cast<uint4*>(&q_smem[b_offset_n<2 * kN>(n, u)]) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
       *reinterpret_cast<uint4*>(&q_smem[b_offset_n<2 * kN>(kN + n, u)]) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
