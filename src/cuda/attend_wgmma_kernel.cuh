@@ -248,9 +248,11 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       const int m = m_base + slot_col(r, c);
       limit[r] = keys.limit_of_query(p, m, rows_total, fast_div(m, p.heads_magic));
     }
-    QueryTile<kN, kThreads> query;
-    query.load<true>(p, b, m_base, rows_total, tid);
-    query.store(sm.q, tid);
+    // (kQSplit: a bf16 query split into hi and lo rows; the same two calls)
+    std::conditional_t<kQSplit, SplitQueryTile, QueryTile<kN, kThreads>> query;
+    query.template load<true>(p, b, m_base, rows_total, tid);
+    if constexpr (kQSplit) query.store(sm.q, sm.q_exp, tid);
+    else query.store(sm.q, tid);
     if (done == 0) stamp(11, now());
 
     // --- cp.async: thread `key` of a tile turns its page id into a row address and position
@@ -304,7 +306,11 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     // thread's share of the sum.
     float m_run[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, d_run[4] = {};
     const float scale_log2 = p.score_scale * 1.4426950408889634f;
-    float row_scale[4];
+    float row_scale[4];  // kQSplit: scale_log2 times the thread's rows' 2^-e (SplitQueryTile)
+    if constexpr (kQSplit) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) row_scale[r] = scale_log2 * pow2_float(-sm.q_exp[slot_col(r, c)]);
+    }
     float o[kDimBlocks][8];
 #pragma unroll
     for (int blk = 0; blk < kDimBlocks; ++blk)
@@ -393,6 +399,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           wgmma::fence_operand(sg[k]);
 #pragma unroll
           for (int i = 0; i < 8; ++i) x[i] += sg[k][i];
+          if constexpr (kQSplit) {  // element i + 8: element i's lo row (N column + 16)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[i] += 0.0625f * sg[k][i + 8];
+          }
         }
       }
 

@@ -197,6 +197,7 @@ struct SplitQueryTile {
   static_assert(kThreads == kN * kLanes, "a row's units over 8 lanes of one warp");
   uint4 raw[kUnits][2];
 
+  template <bool kFastDiv = true>  // (QueryTile's form: the rows' token by heads_magic either way)
   __device__ __forceinline__ void load(const AttendParams& p, int b, int m_base, int rows_total, int tid) {
     const int n = tid / kLanes, j = tid % kLanes, m = m_base + n;
     const bool valid = m < rows_total;
