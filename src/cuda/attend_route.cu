@@ -42,7 +42,8 @@ bool attend_q_split_enabled() {
 }
 
 bool attend_wgmma_q_split(const AttendParams& p) {
-  return attend_q_split_enabled() && !p.q_fp8 && p.cache_fp8 && !p.many_rows && attend_wgmma_uses_tma(p);
+  return attend_q_split_enabled() && !p.q_fp8 && p.cache_fp8 && !p.many_rows &&
+         (attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p));
 }
 
 bool attend_wgmma_applies(const AttendParams& p) {

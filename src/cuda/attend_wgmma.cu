@@ -169,8 +169,9 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
     return;
   }
   if (!p.q_fp8) {  // a bf16 query over an fp8 cache, split into two e4m3 rows (attend_wgmma_q_split)
-    MLA_REQUIRE(tma && p.cache_fp8, "attend: a bf16 query takes the 16-row kernel over TMA boxes of an fp8 cache only");
-    launch_attend_wgmma_q_split(p, map, stream);
+    MLA_REQUIRE(p.cache_fp8 && (tma || attend_wgmma_row_copies(p)),
+                "attend: a bf16 query takes the 16-row kernel over TMA boxes or row copies of an fp8 cache only");
+    launch_attend_wgmma_q_split(p, map, tma, stream);
     return;
   }
   MLA_REQUIRE(p.q_fp8 && p.cache_fp8, "attend: the 16-row wgmma kernel takes an fp8 query and cache");

@@ -81,7 +81,8 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // host's multiply-shifts (CtaWork's blockIdx / m_tiles and / splits, the flat plan's T / CTAs,
 // KeyStream's last row / heads once a CTA: FastDivs) and the box counts by shifts (TMA pages are a
 // power of two rows): 8 32-bit divisions left in the SASS instead of 16, 0-2% faster (B1, page 16).
-// kQSplit (MLA_ATTEND_Q_SPLIT=1; TMA boxes, 2-step groups; not yet run on a GPU): a bf16 query over
+// kQSplit (MLA_ATTEND_Q_SPLIT=1; TMA boxes with 2-step groups, or bulk row copies with 3-step ones in
+// waves of 2; not yet run on a GPU): a bf16 query over
 // the fp8 cache, each row scaled by a power of two and split exactly into hi and lo e4m3 rows
 // (core/query_split.hpp, SplitQueryTile): q.k as QGMMA m64n32k32 (the 16 hi rows, then the 16 lo
 // rows), the scores hi + lo / 16 times the row's 2^-e, so the bf16 query's scores on the fp8 tensor
@@ -109,13 +110,14 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   // Accumulators a wave: one wave of up to kQkWave; kRows holds its A operands in registers as well,
   // so 9 or 6 k32 steps a wave (ptxas spills in the loop else).
   constexpr int kAccs = kQkSteps / kGroupSteps;
-  // (kQSplit: 3, its accumulators twice as wide)
-  constexpr int kWave = kQSplit                    ? 3
+  // (kQSplit: 3, its accumulators twice as wide; 2 beside kRows's K fragments)
+  constexpr int kWave = kQSplit                    ? (kRows ? 2 : 3)
                         : kTiles == Tiles::kRows ? (kGroupSteps == 1 ? 6 : kAccs / 2)
                         : kAccs < kQkWave        ? kAccs
                                                  : kQkWave;
   static_assert(kQkSteps % kGroupSteps == 0 && kAccs % kWave == 0);
-  static_assert(!kQSplit || (kTiles == Tiles::kBoxes && kGroupSteps == 2 && !kTimeline));
+  static_assert(!kQSplit || (kTiles == Tiles::kBoxes && kGroupSteps == 2 && !kTimeline) ||
+                (kRows && kGroupSteps == 3));
   constexpr int kQRows = kQSplit ? 2 * kN : kN;          // the query tile's rows (B's N in q.k)
   constexpr int kQChunkStride = kQRows / 8 * 128;        // its K-major chunk stride (kBChunkStride at kN)
   constexpr int kQkAccs = kQRows / 2;                    // a q.k accumulator's registers
@@ -378,7 +380,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           for (int u = 0; u < kGroupSteps; ++u) {
             const int step = (wave * kWave + k) * kGroupSteps + u;
             const uint64_t q_step = wgmma::advance(q_desc, step * 2 * kQChunkStride);
-            if constexpr (kRows) wgmma::mma_m64n16k32_e4m3_rs(sg[k], ka[wave & 1][k * kGroupSteps + u], q_step, u > 0);
+            if constexpr (kRows && kQSplit)
+              wgmma::mma_m64n32k32_e4m3_rs(sg[k], ka[wave & 1][k * kGroupSteps + u], q_step, u > 0);
+            else if constexpr (kRows) wgmma::mma_m64n16k32_e4m3_rs(sg[k], ka[wave & 1][k * kGroupSteps + u], q_step, u > 0);
             else if constexpr (kQSplit)
               wgmma::mma_m64n32k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTiles>(step)), q_step, u > 0);
             else wgmma::mma_m64n16k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTiles>(step)), q_step, u > 0);

@@ -19,9 +19,10 @@ struct AttendParams;
 void launch_attend_rows(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream);
 // The same for a bf16 query and cache (attend_rows_bf16.cu).
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
-// The 16-row kernel's bf16-query instance over TMA boxes of an fp8 cache (attend_wgmma_q_split.cu;
-// attend_wgmma_q_split in stages.hpp says where), and its shared-memory limit (once, where the switch is on).
-void launch_attend_wgmma_q_split(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
+// The 16-row kernel's bf16-query instances over an fp8 cache (attend_wgmma_q_split.cu; attend_wgmma_q_split
+// in stages.hpp says where): tma, TMA boxes (map); else bulk row copies. And their shared-memory limit
+// (once, where the switch is on).
+void launch_attend_wgmma_q_split(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream);
 void prepare_attend_wgmma_q_split();
 
 }  // namespace mla::cuda

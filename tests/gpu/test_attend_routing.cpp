@@ -56,9 +56,12 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
   cuda::AttendParams bf16_q_rows = bf16_q;  // many rows: no bf16-query instance (the mma.sync kernel)
   bf16_q_rows.many_rows = true;
   EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q_rows));
-  cuda::AttendParams bf16_q_page1 = bf16_q;  // pages TMA does not box for it: the mma.sync kernel
+  cuda::AttendParams bf16_q_page1 = bf16_q;  // pages TMA does not box for it: the split's bulk row copies
   bf16_q_page1.page_size = 1, bf16_q_page1.page_stride = 576;
-  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q_page1));
+  EXPECT_EQ(cuda::attend_wgmma_applies(bf16_q_page1), cuda::attend_q_split_enabled());
+  cuda::AttendParams bf16_q_unaligned = bf16_q_page1;  // rows no 16-byte copy can take: the mma.sync kernel
+  bf16_q_unaligned.cache = aligned_cache + 8;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q_unaligned));
   cuda::AttendParams bf16_cache = step;
   bf16_cache.cache_fp8 = false;
   EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_cache));
