@@ -7,12 +7,18 @@
 // unused pages, poisoned outputs. (scripts/device-check q-split runs the GPU tests under the switch,
 // with MLA_ATTEND_KERNEL=wgmma too, where attend()'s LSE meets SPEC's 1e-3 through the split.)
 // Without a GPU every test skips.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <random>
 #include <vector>
 
+#include "core/query_split.hpp"
+#include "cuda/query_split_probe.hpp"
 #include "cuda/stages.hpp"
 #include "gpu/gpu_test_util.hpp"
+#include "mla/formats.hpp"
 #include "mla/mla.hpp"
 
 namespace mla {
@@ -40,6 +46,65 @@ TEST(QuerySplit, Bf16QueryFp8CacheManyRowsStepMatchesCpu) {
                             {"deepseek-v3", 128, 1, 24, 16, 400, true},  // 128 heads, the flat plan
                             {"kimi-k3", 12, 8, 32, 64, 500, true}},      // 96 rows, causal inside the tiles
                            DType::fp8_e4m3, DType::bf16, 1400, testing::RowsKernel::kMany);
+}
+
+// SplitQueryTile as the kernel runs it (query_split_probe): each row's exponent and every byte of its
+// hi and lo rows against the host split (core/query_split.hpp) at b_offset_n<32>'s places, on a
+// head-padded (strided) bf16 query whose rows span 2^-20 .. 2^19 in magnitude, with a zero row, small
+// dims inside rows (1/64 of the rest) and a row tile that runs past the request's rows (zeros).
+// Byte d of row n in wgmma's K-major core-matrix layout of a 32-row B operand: 16-byte chunk d / 16,
+// core matrices of 8 rows x 16 bytes, the 4 of a chunk 128 bytes apart (what b_offset_n<32> in
+// attend_wgmma_tiles.cuh computes, written out here from the layout).
+int tile_offset(int n, int d) { return (d / 16) * (4 * 128) + (n / 8) * 128 + (n % 8) * 16 + d % 16; }
+
+TEST(QuerySplit, SplitQueryTileMatchesTheHostSplit) {
+  MLA_SKIP_WITHOUT_GPU("the query split probe");
+  constexpr int kBatch = 2, kQlen = 3, kHeads = 7, kPadded = 9, kDims = 576;  // 21 rows a request
+  const int64_t tokens = kBatch * kQlen;
+  Tensor host = Tensor::empty(DType::bf16, {tokens, kPadded, kDims});
+  uint16_t* q = host.ptr<uint16_t>();
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int h = 0; h < kPadded; ++h) {
+      const float scale = std::ldexp(1.0f, int((t * kPadded + h) * 7 % 40) - 20);
+      for (int d = 0; d < kDims; ++d) {
+        const float v = (t == 1 && h == 2) ? 0.0f : unit(rng) * scale * (d % 7 == 0 ? 1.0f / 64 : 1.0f);
+        q[(t * kPadded + h) * kDims + d] = float_to_bf16(v);
+      }
+    }
+  Tensor dev = Tensor::empty(DType::bf16, {tokens, kPadded, kDims}, Device::cuda);
+  dev.copy_from(host);
+  Tensor tile = Tensor::empty(DType::u8, {2 * 16 * kDims}, Device::cuda);
+  Tensor exps = Tensor::empty(DType::i32, {16}, Device::cuda);
+  cuda::AttendParams p{};
+  p.q = dev.data();
+  p.q_fp8 = false;
+  p.q_s_stride = kPadded * kDims, p.q_h_stride = kDims;
+  p.qlen = kQlen, p.heads = kHeads, p.batch = kBatch;
+  for (int b = 0; b < kBatch; ++b)
+    for (int m_base : {0, 16}) {
+      SCOPED_TRACE("request " + std::to_string(b) + ", rows from " + std::to_string(m_base));
+      cuda::query_split_probe(p, b, m_base, tile.ptr<uint8_t>(), exps.ptr<int32_t>(), nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const Tensor tile_host = tile.to_host(), exps_host = exps.to_host();
+      const uint8_t* got = tile_host.ptr<uint8_t>();
+      for (int n = 0; n < 16; ++n) {
+        const int m = m_base + n;
+        const bool valid = m < kQlen * kHeads;
+        const uint16_t* row = valid ? q + ((int64_t(b) * kQlen + m / kHeads) * kPadded + m % kHeads) * kDims : nullptr;
+        float amax = 0.0f;
+        for (int d = 0; valid && d < kDims; ++d) amax = std::fmax(amax, std::fabs(bf16_to_float(row[d])));
+        const int e = query_split_exponent(amax);
+        ASSERT_EQ(exps_host.ptr<int32_t>()[n], e) << "row " << n;
+        for (int d = 0; d < kDims; ++d) {
+          const E4m3Split want = valid ? split_e4m3(bf16_to_float(row[d]) * pow2_float(e)) : E4m3Split{0, 0};
+          const int at = tile_offset(n, d), at_lo = tile_offset(16 + n, d);
+          ASSERT_EQ(got[at], want.hi) << "row " << n << " dim " << d << " (hi)";
+          ASSERT_EQ(got[at_lo], want.lo) << "row " << n << " dim " << d << " (lo)";
+        }
+      }
+    }
 }
 
 }  // namespace
