@@ -46,12 +46,21 @@ bool attend_wgmma_q_split(const AttendParams& p) {
          (attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p));
 }
 
+bool attend_bf16_16row_enabled() {
+  static const bool on = env_choice("MLA_ATTEND_BF16_16ROW", {{"1", 1}}, 0) == 1;
+  return on;
+}
+
+bool attend_wgmma_bf16_cache(const AttendParams& p) {
+  return attend_bf16_16row_enabled() && !p.q_fp8 && !p.cache_fp8 && !p.many_rows && attend_wgmma_uses_tma(p);
+}
+
 bool attend_wgmma_applies(const AttendParams& p) {
   // The default for the step's partials: with its copies through L1 it beats the mma.sync kernel on
   // every shape measured (H200, docs/attention.md v8d).
   const int mode = attend_kernel_mode();
-  return mode > 0 && (p.step_partials || mode == 2) && p.cache_fp8 && (p.q_fp8 || attend_wgmma_q_split(p)) &&
-         !p.exact_p && attend_o_pairs_aligned(p);
+  const bool operands = p.cache_fp8 ? p.q_fp8 || attend_wgmma_q_split(p) : attend_wgmma_bf16_cache(p);
+  return mode > 0 && (p.step_partials || mode == 2) && operands && !p.exact_p && attend_o_pairs_aligned(p);
 }
 
 namespace {

@@ -140,7 +140,8 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
   set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
-  if (attend_q_split_enabled()) prepare_attend_wgmma_q_split();  // (only under its switch)
+  if (attend_q_split_enabled()) prepare_attend_wgmma_q_split();  // (only under their switches)
+  if (attend_bf16_16row_enabled()) prepare_attend_wgmma_bf16();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -166,6 +167,11 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
   }
   if (p.many_rows && (tma || attend_rows_gathers(p))) {
     launch_attend_rows(p, map, tma, stream);
+    return;
+  }
+  if (!p.cache_fp8) {  // a bf16 query and cache at 16 rows or fewer (attend_wgmma_bf16_cache)
+    MLA_REQUIRE(tma && !p.q_fp8, "attend: a bf16 cache takes the 16-row kernel with a bf16 query over TMA boxes only");
+    launch_attend_wgmma_bf16(p, map, stream);
     return;
   }
   if (!p.q_fp8) {  // a bf16 query over an fp8 cache, split into two e4m3 rows (attend_wgmma_q_split)

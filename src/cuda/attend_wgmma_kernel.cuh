@@ -53,6 +53,7 @@
 #include "cuda/tma.cuh"
 #include "cuda/tma.hpp"
 #include "cuda/wgmma.cuh"
+#include "cuda/wgmma_bf16.cuh"
 
 namespace mla::cuda {
 namespace {
@@ -88,9 +89,15 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // rows), the scores hi + lo / 16 times the row's 2^-e, so the bf16 query's scores on the fp8 tensor
 // cores (where the mma.sync kernel widened every key to f16). Its 16 accumulator registers a group
 // take 3 in flight (3 waves of 3 groups) where the fp8 query's take 9.
+// kBf16 (MLA_ATTEND_BF16_16ROW=1; TMA boxes; not yet run on a GPU): a bf16 query and cache, where
+// the mma.sync kernel took the 12-16 head shapes of a bf16 cache (59% of copy at B64): key tiles of
+// nine 128-byte slabs (72 KB, one CTA an SM), q.k as HGMMA m64n16k16 bf16 in one f32 chain of 36 k16
+// steps (bf16 products accumulate in f32 proper), p.v as HGMMA m64n16k16 with V^T read MN-major
+// from the slabs as TMA wrote them (no ldmatrix, no widening) and a bf16 P^T; the rows of keys not
+// loaded (NaN in unused pages) zeroed in shared memory before p.v, on tiles with such keys.
 template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false,
-          bool kQSplit = false>
-__global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 ? 2 : 1)
+          bool kQSplit = false, bool kBf16 = false>
+__global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 && !kBf16 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
   constexpr bool kRows = kTiles == Tiles::kRows;
@@ -109,13 +116,18 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   constexpr int kCtaThreads = kProducer ? 2 * kThreads : kThreads;
   // Accumulators a wave: one wave of up to kQkWave; kRows holds its A operands in registers as well,
   // so 9 or 6 k32 steps a wave (ptxas spills in the loop else).
-  constexpr int kAccs = kQkSteps / kGroupSteps;
+  // (kBf16: 36 k16 steps in one chain)
+  constexpr int kQkStepsK = kBf16 ? 2 * kQkSteps : kQkSteps, kGroupStepsK = kBf16 ? kQkStepsK : kGroupSteps;
+  constexpr int kSlabsK = kBf16 ? kBf16Slabs : kSlabs;  // 128-byte slabs a key row
+  constexpr int kAccs = kQkStepsK / kGroupStepsK;
   // (kQSplit: 3, its accumulators twice as wide; 2 beside kRows's K fragments)
-  constexpr int kWave = kQSplit                    ? (kRows ? 2 : 3)
+  constexpr int kWave = kBf16                      ? 1
+                        : kQSplit                  ? (kRows ? 2 : 3)
                         : kTiles == Tiles::kRows ? (kGroupSteps == 1 ? 6 : kAccs / 2)
                         : kAccs < kQkWave        ? kAccs
                                                  : kQkWave;
-  static_assert(kQkSteps % kGroupSteps == 0 && kAccs % kWave == 0);
+  static_assert(kQkStepsK % kGroupStepsK == 0 && kAccs % kWave == 0);
+  static_assert(!kBf16 || (kTiles == Tiles::kBoxes && !kQSplit && !kTimeline && !kFastDivs));
   static_assert(!kQSplit || (kTiles == Tiles::kBoxes && kGroupSteps == 2 && !kTimeline) ||
                 (kRows && kGroupSteps == 3));
   constexpr int kQRows = kQSplit ? 2 * kN : kN;          // the query tile's rows (B's N in q.k)
@@ -125,7 +137,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   extern __shared__ uint8_t smem_raw[];
   // (An offset from smem_raw, not an integer-aligned address: the struct's reads stay in the shared
   // window, LDS / STS, where a generic pointer made the plan's 231 accesses generic LD / ST, s22e.)
-  auto& sm = *reinterpret_cast<WgSmem<kStages, kTiles, kQRows>*>(
+  auto& sm = *reinterpret_cast<WgSmem<kStages, kTiles, kQRows, kBf16>*>(
       smem_raw + ((1024u - (uint32_t(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u));
   constexpr int kSlots = kStages + 1;
 
@@ -223,7 +235,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     auto box_page = [&](int tile) { return box_page_of(keys, tile); };
     auto issue_tma_of = [&](const KeyStream& ks, int tile, int at, int32_t page) {
       const int stage = at % kStages;
-      tiles.template issue<kSlabs, true, kFastDivs>(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]),
+      tiles.template issue<kSlabsK, true, kFastDivs>(ks, tile, page, ptx::smem_addr(&sm.kv[stage][0]),
                                                ptx::smem_addr(&sm.full[stage]), &sm.key_mask[stage][warp]);
     };
     auto issue_tma = [&](int tile, int32_t page) { issue_tma_of(keys, tile, done + tile, page); };
@@ -251,7 +263,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       limit[r] = keys.limit_of_query(p, m, rows_total, fast_div(m, p.heads_magic));
     }
     // (kQSplit: a bf16 query split into hi and lo rows; the same two calls)
-    std::conditional_t<kQSplit, SplitQueryTile, QueryTile<kN, kThreads>> query;
+    std::conditional_t<kQSplit, SplitQueryTile, QueryTile<kN, kThreads, kBf16 ? 2 : 1>> query;
     query.template load<true>(p, b, m_base, rows_total, tid);
     if constexpr (kQSplit) query.store(sm.q, sm.q_exp, tid);
     else query.store(sm.q, tid);
@@ -377,14 +389,16 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
 #pragma unroll
         for (int k = 0; k < kWave; ++k)
 #pragma unroll
-          for (int u = 0; u < kGroupSteps; ++u) {
-            const int step = (wave * kWave + k) * kGroupSteps + u;
+          for (int u = 0; u < kGroupStepsK; ++u) {
+            const int step = (wave * kWave + k) * kGroupStepsK + u;  // (kBf16: k16 steps, 32 bytes each)
             const uint64_t q_step = wgmma::advance(q_desc, step * 2 * kQChunkStride);
             if constexpr (kRows && kQSplit)
               wgmma::mma_m64n32k32_e4m3_rs(sg[k], ka[wave & 1][k * kGroupSteps + u], q_step, u > 0);
             else if constexpr (kRows) wgmma::mma_m64n16k32_e4m3_rs(sg[k], ka[wave & 1][k * kGroupSteps + u], q_step, u > 0);
             else if constexpr (kQSplit)
               wgmma::mma_m64n32k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTiles>(step)), q_step, u > 0);
+            else if constexpr (kBf16)
+              wgmma::mma_m64n16k16_bf16(sg[k], wgmma::advance(k_desc, key_step_offset<kTiles>(step)), q_step, u > 0);
             else wgmma::mma_m64n16k32_e4m3(sg[k], wgmma::advance(k_desc, key_step_offset<kTiles>(step)), q_step, u > 0);
           }
         wgmma::commit();
@@ -413,7 +427,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       // The first k16 step of V^T, loaded now: its shared-memory latency hides behind the softmax.
       uint32_t vraw[kDimBlocks / 2][4];
 #pragma unroll
-      for (int j = 0; j < kDimBlocks / 2; ++j) v_load<kTiles>(kv_addr, 0, j, warp, lane, vraw[j]);
+      for (int j = 0; j < kDimBlocks / 2; ++j) {
+        if constexpr (!kBf16) v_load<kTiles>(kv_addr, 0, j, warp, lane, vraw[j]);  // (kBf16: V from the slabs)
+      }
 
       // The thread's two keys (accumulator rows g and g + 8 of its warp): global positions, INT_MAX
       // where masked (past the chunk, causal limit of every row of the CTA, bad page).
@@ -486,7 +502,20 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         w[i] = exp2_ftz(s[i] - (m == -INFINITY ? 0.0f : m));
         d_run[row_slot(i)] += w[i];
       }
-      store_p_t<kN>(ptx::smem_addr(sm.p), w, 0, warp, lane);
+      if constexpr (kBf16) {
+        // Keys the tile did not load (past the segment, bad pages) may hold anything, NaN included,
+        // and p.v reads V from the slabs (0 x NaN is NaN): their rows' dims zeroed first (q.k, their
+        // last other reader, is complete for the warpgroup), published by the P barrier below.
+        if (key_mask != ~0ull) {
+#pragma unroll 4
+          for (int i = tid; i < kTileKeys * kDimBlocks * 8; i += kThreads) {
+            const int key = i / (kDimBlocks * 8), slab = (i / 8) % kDimBlocks, chunk = i % 8;
+            if (!((key_mask >> key) & 1))
+              *reinterpret_cast<uint4*>(&sm.kv[buf][slab * kSlabBytes + key * 128 + chunk * 16]) = make_uint4(0, 0, 0, 0);
+          }
+        }
+      }
+      store_p_t<kN, 8, kBf16>(ptx::smem_addr(sm.p), w, 0, warp, lane);
       wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
       sync_consumers<kProducer, kThreads>();  // the whole P tile; every warp has read red
 
@@ -520,8 +549,25 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           else if (ks > 0) wgmma::wait<1>();
         }
       };
-      if (kTma && key_mask != ~0ull) pv(std::true_type{});
-      else pv(std::false_type{});
+      if constexpr (kBf16) {
+        // p.v on the slabs: dim block blk is slab blk, read MN-major (a key's 64 dims contiguous),
+        // k16 step ks its keys 16 ks .. (two 1024-byte 8-key atoms).
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < kPvSteps; ++ks) {
+          const uint64_t bp = wgmma::advance(p_desc, ks * 2 * kBChunkStride);
+#pragma unroll
+          for (int blk = 0; blk < kDimBlocks; ++blk)
+            wgmma::mma_m64n16k16_bf16_ta(
+                o[blk], wgmma::descriptor_sw128_mn(kv_addr + blk * kSlabBytes + ks * 16 * 128, kSlabBytes), bp);
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+      } else if (kTma && key_mask != ~0ull) {
+        pv(std::true_type{});
+      } else {
+        pv(std::false_type{});
+      }
     }
     wgmma::wait<0>();
 #pragma unroll

@@ -33,6 +33,7 @@ static_assert(kTileKeys == wgmma::kTileRows);
 constexpr int kSlabBytes = kTileKeys * 128;
 constexpr int kSlabs = (kRow + 127) / 128;
 constexpr int kTmaTileBytes = kSlabs * kSlabBytes;
+constexpr int kBf16Slabs = 2 * kRow / 128;  // a bf16 key row: nine 128-byte slabs, none of it padding
 
 // How key tiles reach shared memory, and in which layout:
 //  - kCopies: cp.async 16-byte chunks from every thread into K-major core matrices (q.k's A from
@@ -89,15 +90,18 @@ __host__ __device__ constexpr int b_offset_n(int n, int chunk) { return chunk * 
 constexpr int kBChunkStride = kN / 8 * 128;  // 256 bytes
 
 // kQRows: the query tile's rows (kN; 2 kN for a bf16 query split into hi and lo e4m3 rows, kQSplit).
-template <int kStages, Tiles kTiles, int kQRows = kN>
+// kBf16: a bf16 cache and query (1152-byte rows: nine slabs a key tile, 72 KB; a 16-row query tile of
+// 18 KB; the 16-row kernel's kBf16).
+template <int kStages, Tiles kTiles, int kQRows = kN, bool kBf16 = false>
 struct WgSmem {
   static constexpr bool kTma = kTiles != Tiles::kCopies;
   // key tiles, tile_offset<kTiles>
-  alignas(1024) uint8_t kv[kStages][kTiles == Tiles::kBoxes ? kTmaTileBytes
+  alignas(1024) uint8_t kv[kStages][kBf16 ? kBf16Slabs * kSlabBytes
+                                    : kTiles == Tiles::kBoxes ? kTmaTileBytes
                                     : kTiles == Tiles::kRows ? kRowTileBytes
                                                              : kTileBytes];
-  alignas(128) uint8_t q[kQRows * kRow];   // e4m3 query rows, b_offset_n<kQRows>(n, chunk)
-  alignas(128) uint16_t p[kN * kTileKeys];  // f16 P^T: byte b_offset_n<kN>(n, key / 8) + 2 (key % 8)
+  alignas(128) uint8_t q[kQRows * kRow * (kBf16 ? 2 : 1)];  // e4m3 (bf16) query rows, b_offset_n<kQRows>(n, chunk)
+  alignas(128) uint16_t p[kN * kTileKeys];  // f16 (kBf16: bf16) P^T: byte b_offset_n<kN>(n, key / 8) + 2 (key % 8)
   // cp.async: tiles t .. t+kStages: row address (null: masked) and global position (INT_MAX: masked)
   const uint8_t* rows[kTma ? 1 : kStages + 1][kTileKeys];
   int32_t pos[kTma ? 1 : kStages + 1][kTileKeys];
@@ -111,8 +115,8 @@ struct WgSmem {
   KeyStream next_segment;  // the flat plan: the CTA's next segment (read by the issuing warps)
   int32_t q_exp[kQRows == kN ? 1 : kN];  // kQSplit: row n's power-of-two scale (SplitQueryTile)
 };
-template <int kStages, Tiles kTiles, int kQRows = kN>
-constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles, kQRows>)) + 1024; }  // + alignment slack
+template <int kStages, Tiles kTiles, int kQRows = kN, bool kBf16 = false>
+constexpr int smem_bytes() { return int(sizeof(WgSmem<kStages, kTiles, kQRows, kBf16>)) + 1024; }  // + alignment slack
 
 // This thread's accumulator element i (0..7) of an m64n16 wgmma: M row 16 warp + g + 8 half(i),
 // N column col(i, c).
@@ -128,43 +132,50 @@ __device__ __forceinline__ int slot_col(int r, int c) { return 8 * (r >> 1) + 2 
 // (keys 16 warp + 8 (m & 1) .., rows row0 + 8 (m >> 1) ..), which stmatrix.trans stores as 8 rows
 // of 8 keys, one 16-byte core-matrix row each: kAcc / 2 conversions and kAcc / 8 stores a thread
 // instead of kAcc of each (st.shared.b16 of every weight, which lands keys, not rows, in pairs).
-template <int kRowsN, int kAcc>
+// (kBf16P: bf16 weights, for p.v against a bf16 cache's V.)
+template <int kRowsN, int kAcc, bool kBf16P = false>
 __device__ __forceinline__ void store_p_t(uint32_t p_smem, const float (&w)[kAcc], int row0, int warp, int lane) {
+  auto pack = [](float lo, float hi) { return kBf16P ? ptx::pack_bf16x2(lo, hi) : ptx::pack_f16x2(lo, hi); };
   static_assert(kAcc % 4 == 0, "whole 8 x 8 blocks, in pairs");
   const int m = lane / 8;  // the block whose row lane % 8 this lane addresses (first of each 4)
   const uint32_t addr = p_smem + b_offset_n<kRowsN>(row0 + 8 * (m >> 1) + lane % 8, 2 * warp + (m & 1));
 #pragma unroll
   for (int s = 0; s < kAcc / 8; ++s)  // blocks 4 s .. 4 s + 3: rows row0 + 16 s ..
-    ptx::stmatrix_x4_trans(addr + s * 2 * 128, ptx::pack_f16x2(w[8 * s], w[8 * s + 1]),
-                           ptx::pack_f16x2(w[8 * s + 2], w[8 * s + 3]), ptx::pack_f16x2(w[8 * s + 4], w[8 * s + 5]),
-                           ptx::pack_f16x2(w[8 * s + 6], w[8 * s + 7]));
+    ptx::stmatrix_x4_trans(addr + s * 2 * 128, pack(w[8 * s], w[8 * s + 1]), pack(w[8 * s + 2], w[8 * s + 3]),
+                           pack(w[8 * s + 4], w[8 * s + 5]), pack(w[8 * s + 6], w[8 * s + 7]));
   if constexpr (kAcc % 8 != 0)
-    ptx::stmatrix_x2_trans(addr + kAcc / 8 * 2 * 128, ptx::pack_f16x2(w[kAcc - 4], w[kAcc - 3]),
-                           ptx::pack_f16x2(w[kAcc - 2], w[kAcc - 1]));
+    ptx::stmatrix_x2_trans(addr + kAcc / 8 * 2 * 128, pack(w[kAcc - 4], w[kAcc - 3]), pack(w[kAcc - 2], w[kAcc - 1]));
 }
 
 // The query rows m_base .. m_base + kRowsN - 1 of request b (fp8, zero past the request's rows),
 // loaded into registers (load: every load of a thread issued before any is used) and stored to
 // shared memory at b_offset_n<kRowsN> (store). Split in two so a kernel can issue the loads before
 // it waits on something else (the page ids of its first tile) and store after.
-template <int kRowsN, int kThreadsN>
+// kElemBytes = 2 (the 16-row kernel's kBf16): bf16 rows, 72 chunks of 16 bytes each.
+template <int kRowsN, int kThreadsN, int kElemBytes = 1>
 struct QueryTile {
-  static constexpr int kUnits = kRowsN * kChunks, kPerThread = (kUnits + kThreadsN - 1) / kThreadsN;
+  static constexpr int kChunksE = kChunks * kElemBytes;
+  static constexpr int kUnits = kRowsN * kChunksE, kPerThread = (kUnits + kThreadsN - 1) / kThreadsN;
   uint4 raw[kPerThread];
 
   // kFastDiv: the rows' token and head by AttendParams.heads_magic (the 16-row kernel, s22e).
   template <bool kFastDiv = false>
   __device__ __forceinline__ void load(const AttendParams& p, int b, int m_base, int rows_total, int tid) {
     const uint8_t* q = static_cast<const uint8_t*>(p.q);
-    const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(p.q_s_stride) | uintptr_t(p.q_h_stride)) % 16 == 0;
+    const bool vec = (reinterpret_cast<uintptr_t>(q) | uintptr_t(kElemBytes * p.q_s_stride) |
+                      uintptr_t(kElemBytes * p.q_h_stride)) % 16 == 0;
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       raw[k] = make_uint4(0, 0, 0, 0);
-      const int u = tid + k * kThreadsN, n = u / kChunks, chunk = u % kChunks;
+      const int u = tid + k * kThreadsN, n = u / kChunksE, chunk = u % kChunksE;
       if (u >= kUnits || m_base + n >= rows_total) continue;
       const int m = m_base + n, t = kFastDiv ? fast_div(m, p.heads_magic) : 0;
-      const uint8_t* src = q + (kFastDiv ? query_offset(p, b, t, m - t * p.heads, chunk * 16)
-                                         : query_offset(p, b, m, chunk * 16));
+      const uint8_t* src;
+      if constexpr (kElemBytes == 1)
+        src = q + (kFastDiv ? query_offset(p, b, t, m - t * p.heads, chunk * 16) : query_offset(p, b, m, chunk * 16));
+      else
+        src = q + kElemBytes * (kFastDiv ? query_offset(p, b, t, m - t * p.heads, chunk * 16 / kElemBytes)
+                                         : query_offset(p, b, m, chunk * 16 / kElemBytes));
       if (vec) {
         raw[k] = *reinterpret_cast<const uint4*>(src);
       } else {
@@ -181,7 +192,7 @@ struct QueryTile {
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int u = tid + k * kThreadsN;
-      if (u < kUnits) *reinterpret_cast<uint4*>(&q_smem[b_offset_n<kRowsN>(u / kChunks, u % kChunks)]) = raw[k];
+      if (u < kUnits) *reinterpret_cast<uint4*>(&q_smem[b_offset_n<kRowsN>(u / kChunksE, u % kChunksE)]) = raw[k];
     }
   }
 };

@@ -173,6 +173,11 @@ bool attend_wgmma_applies(const AttendParams& p);
 // mma.sync kernel (attend_wgmma_q_split: that case).
 bool attend_q_split_enabled();
 bool attend_wgmma_q_split(const AttendParams& p);
+// MLA_ATTEND_BF16_16ROW=1 (off by default: not yet run on a GPU): a bf16 query and cache where the
+// planner does not ask for many rows (12-16 heads, qlen 1) take the 16-row wgmma kernel's bf16
+// instance over TMA boxes (kBf16: HGMMA, V read MN-major from the slabs) instead of the mma.sync kernel.
+bool attend_bf16_16row_enabled();
+bool attend_wgmma_bf16_cache(const AttendParams& p);
 // Where it applies, the wgmma kernel loads whole pages by TMA when the cache allows (pages of 8 or
 // more rows, a power of two, rows of a page contiguous) and the partials may be chunked by whole
 // tiles (the step's own, or one split); else by bulk row copies (below) or cp.async.

@@ -48,6 +48,34 @@ __device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[32], const uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// The 16-row kernel's forms for a bf16 cache (attend_wgmma_kernel.cuh, kBf16): d (64 x 16 f32, 8 a
+// thread, mma_m64n16k32_e4m3's layout) (+)= A (64 x 16 bf16) * B (16 N x 16 K bf16, K-major, smem),
+// A from shared memory K-major (q.k: the keys as TMA wrote them) ...
+__device__ __forceinline__ void mma_m64n16k16_bf16(float (&d)[8], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b), "r"(int32_t(accumulate)));
+}
+// ... or MN-major (imm-trans-a = 1: p.v's V^T, 64 dims of a key row contiguous, descriptor_sw128_mn),
+// accumulating.
+__device__ __forceinline__ void mma_m64n16k16_bf16_ta(float (&d)[8], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b));
+}
+
 // The 128 accumulator operands of an m64n256 wgmma (inline asm outputs %0 .. %127).
 #define MLA_WGMMA_D128(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \

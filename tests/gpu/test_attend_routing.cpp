@@ -59,6 +59,11 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
   cuda::AttendParams bf16_q_page1 = bf16_q;  // pages TMA does not box for it: the split's bulk row copies
   bf16_q_page1.page_size = 1, bf16_q_page1.page_stride = 576;
   EXPECT_EQ(cuda::attend_wgmma_applies(bf16_q_page1), cuda::attend_q_split_enabled());
+  cuda::AttendParams bf16_both = bf16_q;  // a bf16 query and cache: the 16-row kernel's kBf16 only under
+  bf16_both.cache_fp8 = false;            // MLA_ATTEND_BF16_16ROW=1, and not where the planner asks for many rows
+  EXPECT_EQ(cuda::attend_wgmma_applies(bf16_both), cuda::attend_bf16_16row_enabled());
+  bf16_both.many_rows = true;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_both));
   cuda::AttendParams bf16_q_unaligned = bf16_q_page1;  // rows no 16-byte copy can take: the mma.sync kernel
   bf16_q_unaligned.cache = aligned_cache + 8;
   EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q_unaligned));
