@@ -594,6 +594,19 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int n = slot_col(r, c), m = m_base + n;
+      if constexpr (kBf16) {
+        // V^T read MN-major leaves dims in order (accumulator M row g: dim 16 warp + g, row g + 8:
+        // + 8), where the fp8 path's permuted fragments give dims 2g and 2g + 1: lanes g and g ^ 1
+        // swap one value so each holds two adjacent dims (even g: g, g + 1; odd g: g + 7, g + 8),
+        // every lane before the row test.
+        const int i0 = 4 * (r >> 1) + (r & 1);
+#pragma unroll
+        for (int blk = 0; blk < kDimBlocks; ++blk) {
+          const float got = __shfl_xor_sync(0xffffffffu, (g & 1) ? o[blk][i0] : o[blk][i0 + 2], 4);
+          if (g & 1) o[blk][i0] = got;
+          else o[blk][i0 + 2] = got;
+        }
+      }
       if (m >= rows_total) continue;
       // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
       SoftmaxState f;
@@ -604,8 +617,11 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       const OutRow out(p, part, tok_base, t, m - t * p.heads);
       const int i0 = 4 * (r >> 1) + (r & 1);  // accumulator elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)
 #pragma unroll
-      for (int blk = 0; blk < kDimBlocks; ++blk)
-        out.store_pair(p, 64 * blk + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
+      for (int blk = 0; blk < kDimBlocks; ++blk) {
+        if constexpr (kBf16)
+          out.store_pair(p, 64 * blk + 16 * warp + (g & ~1) + 8 * (g & 1), o[blk][i0] * scale, o[blk][i0 + 2] * scale);
+        else out.store_pair(p, 64 * blk + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
+      }
       if (warp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
     }
     done += n_tiles;
