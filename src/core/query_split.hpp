@@ -1,5 +1,6 @@
 #pragma once
-// A bf16 query on the fp8 tensor cores (attend_wgmma.cu's kQSplit, MLA_ATTEND_Q_SPLIT=1): each query
+// A bf16 query on the fp8 tensor cores (kQSplit in attend_wgmma_kernel.cuh, instances in
+// attend_wgmma_q_split.cu; MLA_ATTEND_Q_SPLIT=1): each query
 // row v (576 bf16 values) is scaled by a power of two 2^e that puts its largest magnitude in
 // [128, 256), and each x = v 2^e is split into two e4m3 codes with x = hi + lo / 16, so that
 //   q . k = 2^-e (hi . k + (lo . k) / 16)
@@ -7,7 +8,8 @@
 // scores stay those of the bf16 query. The split is exact: x has bf16's 8 significant bits, hi is
 // x rounded to e4m3's 4, so x - hi is at most 8 units of x's last bit (4 significant bits), which
 // 16 (x - hi) holds in e4m3 exactly while |x| >= 2^-6 (e4m3's smallest normal; below it, 2^-13 of
-// the row's largest value or less, both codes round: |hi + lo / 16 - x| <= 2^-10).
+// the row's largest value or less, both codes round: |hi + lo / 16 - x| <= 2^-14, session 33's
+// exhaustive check of every bf16 value at every scale; hi alone is within 2^-10).
 // Header-only, host and device (MLA_HD): tests/test_query_split.cpp checks every bf16 value on the
 // host through formats.hpp's conversions, which are bit-exact with cuda_fp8.h's used on the device.
 #include <stdint.h>

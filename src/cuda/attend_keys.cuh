@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/fast_div.hpp"
+#include "cuda/skew_plan.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/stages.hpp"
 
@@ -46,6 +47,8 @@ inline dim3 attend_launch_grid(const AttendParams& p, int rows_per_cta) {
 // (FastDivs: the divisions by the host's multiply-shifts, AttendParams' *_magic: the 16-row
 // kernel's default TMA instance, s23a.)
 struct FastDivs {};
+// FastDivs with the fixed splits skewed toward the CTAs placed first (skew_plan.hpp, s33a).
+struct SkewedFastDivs {};
 struct CtaWork {
   int rows_total, m_tile, b, split, m_base;
   bool reporter;  // one thread of the request reports request-level errors, once
@@ -62,6 +65,14 @@ struct CtaWork {
     work = fast_div(int(blockIdx.x), p.m_tiles_magic);
     const int request = fast_div(work, p.splits_magic);
     place(rows_per_cta, tid, int(blockIdx.x) - work * m_tiles, request, work - request * p.splits);
+    last_query = fast_div(last_row(rows_per_cta), p.heads_magic);
+  }
+  __device__ CtaWork(const AttendParams& p, int rows_per_cta, int tid, SkewedFastDivs) {
+    const int m_tiles = tiles_of(p, rows_per_cta);
+    const skew::Cta s = skew::cta_of_fast(int(blockIdx.x), int(gridDim.x), m_tiles, p.m_tiles_magic);
+    work = s.work;
+    const int request = fast_div(work, p.splits_magic);
+    place(rows_per_cta, tid, s.m_tile, request, work - request * p.splits);
     last_query = fast_div(last_row(rows_per_cta), p.heads_magic);
   }
   __device__ int last_row(int rows_per_cta) const { return min(rows_total, m_base + rows_per_cta) - 1; }
@@ -109,6 +120,11 @@ struct KeyStream {
                        FastDivs) {
     split_range<true>(p, b, split, last_query, reporter, chunk_align);
   }
+  // The same with the pair's keys skewed toward its even split (skew_plan.hpp).
+  __device__ KeyStream(const AttendParams& p, int b, int split, bool reporter, int chunk_align, int last_query,
+                       SkewedFastDivs) {
+    split_range<true, true>(p, b, split, last_query, reporter, chunk_align);
+  }
   // Local keys [begin, end) of request b (the flat plan's segments; end is clipped to the length).
   __device__ KeyStream(const AttendParams& p, int b, int64_t begin, int64_t end, int last_row, bool reporter) {
     range<false>(p, b, begin, end, last_row, reporter);
@@ -134,12 +150,17 @@ struct KeyStream {
     elem_bytes = p.cache_fp8 ? 1 : 2;
     return len_ok && seq_len > 0 ? dcp_local_length(seq_len, p.dcp_size, p.dcp_rank, p.dcp_interleave) : 0;
   }
-  template <bool kQuery>
+  template <bool kQuery, bool kSkew = false>
   __device__ void split_range(const AttendParams& p, int b, int split, int last, bool reporter, int chunk_align) {
     const int64_t n_local = init<kQuery>(p, b, last, reporter);
-    const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
-    k_begin = min(n_local, int64_t(split) * chunk);
-    k_end = min(n_local, k_begin + chunk);
+    if constexpr (kSkew) {
+      const skew::Range r = skew::split_range(n_local, p.splits, split, chunk_align);
+      k_begin = r.begin, k_end = r.end;
+    } else {
+      const int64_t chunk = ((n_local + p.splits - 1) / p.splits + chunk_align - 1) / chunk_align * chunk_align;
+      k_begin = min(n_local, int64_t(split) * chunk);
+      k_end = min(n_local, k_begin + chunk);
+    }
     check_pages(p, n_local, reporter);
   }
   template <bool kQuery>

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "cuda/skew_plan.hpp"
 #include "cuda/stages.hpp"
 
 namespace mla::cuda {
@@ -44,6 +45,15 @@ bool attend_q_split_enabled() {
 bool attend_wgmma_q_split(const AttendParams& p) {
   return attend_q_split_enabled() && !p.q_fp8 && p.cache_fp8 && !p.many_rows &&
          (attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p));
+}
+
+bool attend_skew_enabled() {
+  static const bool on = env_choice("MLA_ATTEND_SKEW", {{"1", 1}}, 0) == 1;
+  return on;
+}
+
+bool attend_wgmma_skews(const AttendParams& p, int64_t ctas) {
+  return p.skew_sms > 0 && p.flat_ctas == 0 && skew::applies(p.splits, ctas, p.skew_sms);
 }
 
 bool attend_bf16_16row_enabled() {

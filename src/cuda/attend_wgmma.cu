@@ -64,16 +64,16 @@ int qk_group_steps() {
 const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
   struct Key {
     const void* base;
-    int64_t rows, stride;
+    int64_t rows, width, stride;  // width: a row's bytes (an fp8 and a bf16 view may share the rest)
     int box_rows;
     bool operator==(const Key&) const = default;
   };
   thread_local Key key{};
   thread_local CUtensorMap map{};
   const int64_t elem = p.cache_fp8 ? 1 : 2;  // the map is over bytes: a bf16 row is 1152 of them
-  const Key want{p.cache, p.num_pages * p.page_size, p.row_stride * elem, box_rows};
+  const Key want{p.cache, p.num_pages * p.page_size, kRow * elem, p.row_stride * elem, box_rows};
   if (!(key == want)) {
-    map = make_tensor_map_bytes_sw128(p.cache, want.rows, kRow * elem, want.stride, box_rows);
+    map = make_tensor_map_bytes_sw128(p.cache, want.rows, want.width, want.stride, box_rows);
     key = want;
   }
   return map;
@@ -142,6 +142,7 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
   if (attend_q_split_enabled()) prepare_attend_wgmma_q_split();  // (only under their switches)
   if (attend_bf16_16row_enabled()) prepare_attend_wgmma_bf16();
+  if (attend_skew_enabled()) prepare_attend_wgmma_skew();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -185,7 +186,9 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
     AttendParams q = p;
-    if (qk_group_steps() == 2 && with_fast_divs(q, grid))
+    if (qk_group_steps() == 2 && with_fast_divs(q, grid) && attend_wgmma_skews(q, grid.x))
+      launch_attend_wgmma_skew(q, map, grid, stream);  // (MLA_ATTEND_SKEW=1: attend_wgmma_skew.cu)
+    else if (qk_group_steps() == 2 && with_fast_divs(q, grid))
       attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>
           <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
     else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());

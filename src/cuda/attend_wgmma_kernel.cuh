@@ -95,8 +95,11 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // steps (bf16 products accumulate in f32 proper), p.v as HGMMA m64n16k16 with V^T read MN-major
 // from the slabs as TMA wrote them (no ldmatrix, no widening) and a bf16 P^T; the rows of keys not
 // loaded (NaN in unused pages) zeroed in shared memory before p.v, on tiles with such keys.
+// kSkew (MLA_ATTEND_SKEW=1, with kFastDivs; s33a, not yet run on a GPU): fixed splits in pairs of one
+// request, the even split (the grid's first half, placed first on its SM) taking 27/52 of the pair's
+// keys, the odd one the rest (skew_plan.hpp: an SM's first CTA streams 8-9% faster, session 21).
 template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false,
-          bool kQSplit = false, bool kBf16 = false>
+          bool kQSplit = false, bool kBf16 = false, bool kSkew = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 && !kBf16 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
@@ -160,8 +163,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   }
   int segments = 0;
   static_assert(!kFastDivs || kTiles == Tiles::kBoxes);
+  static_assert(!kSkew || kFastDivs);
   const CtaWork cta = [&] {
-    if constexpr (kFastDivs) return CtaWork(p, kN, tid, FastDivs{});
+    if constexpr (kSkew) return CtaWork(p, kN, tid, SkewedFastDivs{});
+    else if constexpr (kFastDivs) return CtaWork(p, kN, tid, FastDivs{});
     else return CtaWork(p, kN, tid);
   }();
   const int rows_total = cta.rows_total, m_base = cta.m_base;
@@ -563,6 +568,10 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         }
         wgmma::commit();
         wgmma::wait<0>();
+        // The tensor cores read V^T from the stage here (the fp8 path reads V by ldmatrix before
+        // its MMAs), and a warp's wait_group covers its own share of an MMA: every warp's share
+        // done before the issuing warp refills this stage at the top of tile t + 1 (review, s33).
+        sync_consumers<kProducer, kThreads>();
       } else if (kTma && key_mask != ~0ull) {
         pv(std::true_type{});
       } else {
@@ -627,8 +636,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     done += n_tiles;
   };  // serve
 
-  serve_segments<kCtaThreads, kN, false, 0, kFastDivs>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid,
-                                                      sm.flat_start, &sm.next_segment, nullptr, serve);
+  serve_segments<kCtaThreads, kN, false, 0, kFastDivs, false, kSkew>(p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1,
+                                                                     tid, sm.flat_start, &sm.next_segment, nullptr,
+                                                                     serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));

@@ -488,7 +488,10 @@ struct RowCopies {
   // page id's key is masked and reported, never read).
   // kMulticast (the many-rows kernel's 2-CTA clusters): every CTA of the pair arms its own mbarrier
   // with the tile's bytes and masks as here, but only the one with `send` copies the rows, into both
-  // CTAs' shared memory at the same offsets.
+  // CTAs' shared memory at the same offsets. So both CTAs must find the same rows (`ok`) from the
+  // segment's keys alone (page ids, num_pages): a mask that differed between them (a causal cut per
+  // row tile, say) would leave one CTA's mbarrier waiting for bytes that never come. The boxes'
+  // multicast (above) rests on the same invariant.
   template <bool kMulticast = false>
   __device__ void issue(const KeyStream& ks, int tile, Row r, uint32_t dst, uint32_t bar, uint64_t* key_mask,
                         bool send = true) const {
@@ -570,9 +573,10 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // kSegmentSync threads that serve (a producer warpgroup beside them walks its own copy of the
 // segments). One call site of serve (one copy of its code).
 // kFastDivs (the 16-row kernel's default TMA instance, s23a): the divisions by AttendParams'
-// magics (cta from CtaWork's FastDivs constructor).
+// magics (cta from CtaWork's FastDivs constructor). kSkew (with kFastDivs; s33a): fixed splits
+// skewed toward the CTAs placed first (skew_plan.hpp; cta from CtaWork's SkewedFastDivs one).
 template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, bool kFastDivs = false,
-          bool kScanned = false, class NextSegment, class Serve>
+          bool kScanned = false, bool kSkew = false, class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, NextSegment next_segment,
                                                KeyStream* segment, Serve&& serve) {
@@ -610,10 +614,13 @@ __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaW
       p.part_first[cur] = int32_t(flat::partial(cta_key, cur));
       p.part_count[cur] = flat::partial_count(flat_start, cur, range, cta_key);
     }
+    static_assert(!kSkew || kFastDivs);
     const KeyStream keys =
         flat ? segment_keys(cur, opens && cta.m_tile == 0 && tid == 0)
-             : kFastDivs ? KeyStream(p, cta.b, cta.split, cta.reporter, chunk_align, cta.last_query, FastDivs{})
-                         : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
+        : kSkew
+            ? KeyStream(p, cta.b, cta.split, cta.reporter, chunk_align, cta.last_query, SkewedFastDivs{})
+        : kFastDivs ? KeyStream(p, cta.b, cta.split, cta.reporter, chunk_align, cta.last_query, FastDivs{})
+                    : KeyStream(p, cta.b, cta.split, cta.last_row(kRowsPerCta), cta.reporter, chunk_align);
     if constexpr (!std::is_null_pointer_v<NextSegment>) {
       if (nb >= 0 && tid == 0) *next_segment = segment_keys(nb, false);
     }

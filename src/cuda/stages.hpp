@@ -151,6 +151,9 @@ struct AttendParams {
   // The 16-row kernel's FastDivs instance (s23a): multiply-shifts for blockIdx.x / m_tiles, work /
   // splits and the flat plan's T / CTAs, set by launch_attend_wgmma where they are exact.
   uint64_t m_tiles_magic = 0, splits_magic = 0, flat_ctas_magic = 0;
+  // The GPU's SM count where MLA_ATTEND_SKEW=1 (s33a, skew_plan.hpp; else 0): the 16-row kernel's
+  // FastDivs instance skews fixed splits toward the CTAs placed first where attend_wgmma_skews holds.
+  int skew_sms = 0;
 };
 inline constexpr int kMaxQueryHeads = 8190;  // G: G * 8 + 16 <= 2^16 (launch_attend_wgmma's heads_magic)
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
@@ -178,6 +181,12 @@ bool attend_wgmma_q_split(const AttendParams& p);
 // instance over TMA boxes (kBf16: HGMMA, V read MN-major from the slabs) instead of the mma.sync kernel.
 bool attend_bf16_16row_enabled();
 bool attend_wgmma_bf16_cache(const AttendParams& p);
+// MLA_ATTEND_SKEW=1 (off by default: not yet run on a GPU): the 16-row kernel's default TMA instance
+// (FastDivs) at fixed splits skews each pair of a request's splits toward the CTA placed first on
+// its SM (skew_plan.hpp, s33a) where skew::applies (even splits, one to two CTAs an SM).
+bool attend_skew_enabled();
+// The launch of `ctas` CTAs takes the skewed instance (p.skew_sms set, fixed splits, skew::applies).
+bool attend_wgmma_skews(const AttendParams& p, int64_t ctas);
 // Where it applies, the wgmma kernel loads whole pages by TMA when the cache allows (pages of 8 or
 // more rows, a power of two, rows of a page contiguous) and the partials may be chunked by whole
 // tiles (the step's own, or one split); else by bulk row copies (below) or cp.async.

@@ -28,5 +28,10 @@ void prepare_attend_wgmma_q_split();
 // attend_wgmma_bf16_cache in stages.hpp says where), and its shared-memory limit (where the switch is on).
 void launch_attend_wgmma_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
 void prepare_attend_wgmma_bf16();
+// The 16-row kernel's default TMA instance with skewed fixed splits (attend_wgmma_skew.cu, s33a;
+// attend_wgmma_skews in stages.hpp says where): p with its multiply-shifts set (FastDivs), grid the
+// launch's; and its shared-memory limit (where MLA_ATTEND_SKEW=1).
+void launch_attend_wgmma_skew(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream);
+void prepare_attend_wgmma_skew();
 
 }  // namespace mla::cuda

@@ -68,9 +68,11 @@ struct Shape {
 enum class RowsKernel { kMany, kSixteen };
 
 // Each shape's whole step on both backends (same weights, same inputs: expect_step_matches), the
-// cache in kv_dtype and the query in q_dtype, NaN in unused pages and page tails.
+// cache in kv_dtype and the query in q_dtype, NaN in unused pages and page tails. num_splits > 0
+// fixes the split count (LayerOptions.num_splits); spread: an even shape's lengths come from the
+// last 1/spread of max_context (8: within flat::lengths_even's eighth, so fixed splits for sure).
 inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DType q_dtype, uint64_t seed,
-                            RowsKernel kernel) {
+                            RowsKernel kernel, int num_splits = 0, int spread = 4) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   for (const Shape& sh : shapes) {
@@ -93,7 +95,7 @@ inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DT
     spec.spare_pages = 3;
     spec.seed = seed;
     for (int b = 0; b < sh.batch; ++b) {
-      int len = std::uniform_int_distribution<int>(sh.max_context * 3 / 4, sh.max_context)(rng);
+      int len = std::uniform_int_distribution<int>(sh.max_context - sh.max_context / spread, sh.max_context)(rng);
       if (sh.uneven) {
         const int kind = int(rng() % 8);
         len = kind == 0 ? 0 : kind == 1 ? std::uniform_int_distribution<int>(sh.qlen, sh.qlen + 70)(rng)
@@ -105,7 +107,8 @@ inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DT
     const synth::Scenario host = synth::make_scenario(spec, w.k_scale);
     const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
     auto options = [&](Backend backend) {
-      return LayerOptions{.backend = backend, .q_dtype = q_dtype, .max_tokens = int(s), .num_threads = 2};
+      return LayerOptions{
+          .backend = backend, .q_dtype = q_dtype, .max_tokens = int(s), .num_splits = num_splits, .num_threads = 2};
     };
     Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
     ASSERT_NO_FATAL_FAILURE(expect_step_matches(cpu, gpu, host, w.k_scale, nv, true));
