@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
       const mla::StepMeta meta = dev.meta();
       layer.step(dev.hidden, meta, dev.kv(), out);  // chooses the cuBLASLt algorithms outside the capture
       check(cudaStreamSynchronize(stream), "warm-up step");
-      const mla::detail::StepWorkspace ws = backend.workspace(meta);
+      const mla::detail::StepWorkspace ws = backend.workspace(meta, dev.kv());
       const int splits = ws.attend.o.rank == 4 ? int(ws.attend.o.shape[0]) : 1;
 
       const double step_graph = graph_us(backend, stream, iters, [&] { layer.step(dev.hidden, meta, dev.kv(), out); });

@@ -129,7 +129,7 @@ Step make_step(const StepOptions& o) {
   // fill the GPU; CPU: merged inside attend), so `mla bench` times attend with the step's splits.
   st.splits = o.splits;
   if (st.splits == 0) {
-    const detail::StepWorkspace ws = detail::backend_of(*st.layer).workspace(st.dev.meta());
+    const detail::StepWorkspace ws = detail::backend_of(*st.layer).workspace(st.dev.meta(), st.dev.kv());
     st.splits = ws.attend.o.rank == 4 ? int(ws.attend.o.shape[0]) : 1;
   }
   st.q = Tensor::empty(opts.q_dtype, {S, G, st.cfg.row_dim()}, dev);

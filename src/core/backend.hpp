@@ -48,7 +48,8 @@ class BackendImpl {
                       const AttendOutputs& out) = 0;
   virtual void post(const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta,
                     const TensorView& out) = 0;
-  virtual StepWorkspace workspace(const StepMeta& meta) = 0;
+  // (cache: the step's, whose dtype the CUDA backend's split plan depends on)
+  virtual StepWorkspace workspace(const StepMeta& meta, const KVCache& cache) = 0;
 
   // Benchmark support (`mla bench`): each of `iters` runs of fn timed with the backend's clock
   // (CUDA events on the layer's stream; steady_clock on the CPU) after `warmup` runs, with the

@@ -80,7 +80,7 @@ void Layer::step(const TensorView& hidden, const StepMeta& meta, const KVCache& 
     MLA_REQUIRE(meta.seq_lens.rank == 1, "step: seq_lens must be [B], got ", meta.seq_lens.str());
     MLA_REQUIRE(meta.tokens() <= impl_->opts.max_tokens, "step: S = B*Q = ", meta.tokens(),
                 " exceeds LayerOptions.max_tokens = ", impl_->opts.max_tokens);
-    ws = impl_->workspace(meta);
+    ws = impl_->workspace(meta, cache);
     const detail::StageContext ctx{impl_->cfg, impl_->opts, device()};
     detail::validate_pre(ctx, hidden, meta, cache, ws.pre);
     detail::validate_attend(ctx, ws.pre.q, cache, meta, ws.attend);

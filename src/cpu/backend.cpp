@@ -41,7 +41,7 @@ class CpuBackend final : public BackendImpl {
   }
   Ceilings measure_ceilings() override { return cpu::measure_ceilings(threads_); }
 
-  StepWorkspace workspace(const StepMeta& meta) override {
+  StepWorkspace workspace(const StepMeta& meta, const KVCache&) override {
     const int64_t s = meta.tokens();
     auto rows = [s](const Tensor& t) {  // the first s rows of a workspace tensor
       TensorView v = t.view();

@@ -103,13 +103,15 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   // Partials: the most rows any step up to max_tokens can write: splits * S with fixed splits, and
   // (key-CTAs + B) * Q with the flat plan, key-CTAs = max(B * splits, flat_ctas) (each CTA writes a
   // partial of Q rows per request it touches; consecutive CTAs share at most one request).
+  // (Over both cache dtypes: the plan may depend on it, attend_shape.)
   int64_t partial_rows = 0;
   for (int qlen = 1; qlen <= 8; ++qlen)
-    for (int b = 1; int64_t(b) * qlen <= t; ++b) {
-      const int64_t splits = plan_splits(b, qlen, {});
-      const int64_t flat = std::max<int64_t>(splits * b, flat_ctas(b, qlen)) + b;
-      partial_rows = std::max({partial_rows, splits * b * qlen, flat * qlen});
-    }
+    for (int b = 1; int64_t(b) * qlen <= t; ++b)
+      for (DType kv : {DType::fp8_e4m3, DType::bf16}) {
+        const int64_t splits = plan_splits(b, qlen, kv, {});
+        const int64_t flat = std::max<int64_t>(splits * b, flat_ctas(b, qlen, kv)) + b;
+        partial_rows = std::max({partial_rows, splits * b * qlen, flat * qlen});
+      }
   partial_rows_ = std::max(partial_rows, t);
   o_ = DeviceBuffer(size_t(partial_rows_) * g * kLatent * sizeof(float));
   lse_ = DeviceBuffer(size_t(partial_rows_) * g * sizeof(float));
@@ -141,30 +143,33 @@ CudaBackend::~CudaBackend() {
 // rows a request and a batch that fills a quarter wave by itself, or up to 48 rows from B = 2),
 // 64-row CTAs one an SM (launched as 48 or 32 rows where as many of those hold a request)
 // (attend_rows.cu, or attend_rows_bf16.cu with a bf16 query and cache). Those also need TMA tiles
-// (or gathered ones) and a matching cache dtype, which the plan cannot see: with a bf16 query over
-// an fp8 cache, or bf16 pages not a power of two, the 16-row or mma.sync kernel runs the plan made
-// for 64-row CTAs.
-CudaBackend::AttendShape CudaBackend::attend_shape(int batch, int qlen) const {
+// (or gathered ones), which the plan cannot see: with bf16 pages not a power of two, the mma.sync
+// kernel runs the plan made for 64-row CTAs, as it does by default for a bf16 query over an fp8
+// cache, which no many-rows kernel takes; under MLA_ATTEND_Q_SPLIT the 16-row kernel takes that
+// pair at every height (s32a), and its plan is the 16-row one (the many-rows plan put 48 rows at
+// B = 40 in 360 16-row CTAs on 264 slots: review of session 33).
+CudaBackend::AttendShape CudaBackend::attend_shape(int batch, int qlen, DType cache_dtype) const {
   const int rows = query_heads() * qlen;
-  if (attend_rows_wanted(batch, rows, sms_))
+  const bool q_split = opts.q_dtype == DType::bf16 && cache_dtype == DType::fp8_e4m3 && attend_q_split_enabled();
+  if (!q_split && attend_rows_wanted(batch, rows, sms_))
     return {(rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta, sms_, true};
   return {(rows + 15) / 16, 2 * sms_, false};
 }
 
 // The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave for the row tiles
 // of a request (B = 64, 12 heads: 264 instead of 4 splits x 64 = 256).
-int CudaBackend::flat_ctas(int batch, int qlen) const {
-  const AttendShape shape = attend_shape(batch, qlen);
+int CudaBackend::flat_ctas(int batch, int qlen, DType cache_dtype) const {
+  const AttendShape shape = attend_shape(batch, qlen, cache_dtype);
   return std::min(kMaxPostPartials - 1, std::max(batch, shape.slots / shape.m_tiles));
 }
 
-int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_lens_host) const {
+int CudaBackend::plan_splits(int batch, int qlen, DType cache_dtype, std::span<const int32_t> seq_lens_host) const {
   if (opts.num_splits > 0) return opts.num_splits;
   // As many CTAs as fit at once (two fp8 CTAs an SM) without starting a second, mostly idle
   // wave (B = 64: 4 splits, 256 CTAs on 264 slots, not 5 and 320; B = 1: up to 256 splits, so
   // one long request spreads over every SM), and no split shorter than kMinKeysPerSplit keys where
   // the lengths are known on the host.
-  const AttendShape shape = attend_shape(batch, qlen);
+  const AttendShape shape = attend_shape(batch, qlen, cache_dtype);
   const int ctas = batch * shape.m_tiles;
   const int max_splits = std::min(kMaxSplits, kMaxPostPartials / std::max(opts.dcp.size, 1));
   int splits = std::clamp(shape.slots / std::max(ctas, 1), 1, max_splits);
@@ -184,10 +189,10 @@ int CudaBackend::plan_splits(int batch, int qlen, std::span<const int32_t> seq_l
   return splits;
 }
 
-detail::StepWorkspace CudaBackend::workspace(const StepMeta& meta) {
+detail::StepWorkspace CudaBackend::workspace(const StepMeta& meta, const KVCache& cache) {
   const int64_t s = meta.tokens(), g = query_heads();
   MLA_REQUIRE(s <= opts.max_tokens, "step: S = ", s, " exceeds LayerOptions.max_tokens = ", opts.max_tokens);
-  const int splits = plan_splits(meta.batch(), meta.qlen, meta.seq_lens_host);
+  const int splits = plan_splits(meta.batch(), meta.qlen, cache.pages.dtype, meta.seq_lens_host);
   MLA_REQUIRE(int64_t(splits) * s <= partial_rows_, "step: ", splits, " splits x S = ", s,
               " exceed the workspace planned from max_tokens (", partial_rows_, " rows); lower LayerOptions.num_splits");
   detail::StepWorkspace ws;
@@ -343,12 +348,10 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
                  .error = error_.get<uint32_t>()};
   // The step's partials at W = 1 where the wgmma kernel takes TMA tiles, B > 1: the flat plan,
   // key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
-  p.many_rows = attend_shape(p.batch, meta.qlen).many_rows;
-  // A bf16 query over an fp8 cache has no many-rows kernel: under MLA_ATTEND_Q_SPLIT the 16-row
-  // kernel's split takes it at every height (as many row tiles as it needs; the planned split count
-  // stands), where the mma.sync kernel did.
-  if (p.many_rows && !q_fp8 && cache_fp8 && attend_q_split_enabled()) p.many_rows = false;
-  const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen));
+  // (A bf16 query over an fp8 cache has no many-rows kernel: under MLA_ATTEND_Q_SPLIT the 16-row
+  // kernel's split takes it at every height, with the 16-row plan: attend_shape.)
+  p.many_rows = attend_shape(p.batch, meta.qlen, cache.pages.dtype).many_rows;
+  const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen, cache.pages.dtype));
   // An even batch (host lengths within 1/8 of the longest) keeps fixed splits: the flat plan's
   // segment switches (a query reload, a partial's store, a drained pipeline) cost more than its
   // balance brings there. Many-rows kernel (H200, 949867f): D 320.7 vs 344.1 us, F 175.5 vs 200.4;

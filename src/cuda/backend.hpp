@@ -24,21 +24,22 @@ class CudaBackend final : public detail::BackendImpl {
   void pre(const TensorView& hidden, const StepMeta& meta, const KVCache& cache, const PreOutputs& out) override;
   void attend(const TensorView& q, const KVCache& cache, const StepMeta& meta, const AttendOutputs& out) override;
   void post(const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta, const TensorView& out) override;
-  detail::StepWorkspace workspace(const StepMeta& meta) override;
+  detail::StepWorkspace workspace(const StepMeta& meta, const KVCache& cache) override;
 
   std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) override;
   detail::Ceilings measure_ceilings() override;
 
   // Reads and clears the device error word (DeviceError bits); waits for the layer's stream.
   uint32_t take_errors();
-  // Split-KV chunks step() uses for a batch (host lengths where known, else a static plan).
-  int plan_splits(int batch, int qlen, std::span<const int32_t> seq_lens_host) const;
-  int flat_ctas(int batch, int qlen) const;
+  // Split-KV chunks step() uses for a batch over a cache of cache_dtype (host lengths where known,
+  // else a static plan).
+  int plan_splits(int batch, int qlen, DType cache_dtype, std::span<const int32_t> seq_lens_host) const;
+  int flat_ctas(int batch, int qlen, DType cache_dtype) const;
   struct AttendShape {
     int m_tiles, slots;  // CTAs of one (request, split); CTA slots of one wave
     bool many_rows;      // the many-rows kernel (AttendParams.many_rows)
   };
-  AttendShape attend_shape(int batch, int qlen) const;
+  AttendShape attend_shape(int batch, int qlen, DType cache_dtype) const;
   cudaStream_t stream() const { return stream_; }
 
  private:

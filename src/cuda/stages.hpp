@@ -171,8 +171,8 @@ bool attend_wgmma_applies(const AttendParams& p);
 // MLA_ATTEND_Q_SPLIT=1 (off by default: not yet run on a GPU): a bf16 query over an fp8 cache takes the
 // 16-row wgmma kernel too, each query row split exactly into two e4m3 rows (core/query_split.hpp),
 // over TMA boxes (pages of 8+ rows, a power of two) or bulk row copies (other pages: 16-byte aligned
-// rows, the step's partials), at every height (CudaBackend::attend
-// clears many_rows for it: no many-rows kernel takes this pair); else, as without the switch, the
+// rows, the step's partials), at every height, planned for 16-row CTAs (CudaBackend::attend_shape:
+// no many-rows kernel takes this pair); else, as without the switch, the
 // mma.sync kernel (attend_wgmma_q_split: that case).
 bool attend_q_split_enabled();
 bool attend_wgmma_q_split(const AttendParams& p);
