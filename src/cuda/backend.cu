@@ -153,7 +153,9 @@ CudaBackend::AttendShape CudaBackend::attend_shape(int batch, int qlen, DType ca
   const bool q_split = opts.q_dtype == DType::bf16 && cache_dtype == DType::fp8_e4m3 && attend_q_split_enabled();
   if (!q_split && attend_rows_wanted(batch, rows, sms_))
     return {(rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta, sms_, true};
-  return {(rows + 15) / 16, 2 * sms_, false};
+  // The 16-row kernel's bf16-cache instance (MLA_ATTEND_BF16_16ROW, s32b) fits one CTA an SM (171 KB).
+  const bool bf16_16row = opts.q_dtype == DType::bf16 && cache_dtype == DType::bf16 && attend_bf16_16row_enabled();
+  return {(rows + 15) / 16, bf16_16row ? sms_ : 2 * sms_, false};
 }
 
 // The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave for the row tiles
