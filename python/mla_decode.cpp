@@ -272,24 +272,35 @@ PYBIND11_MODULE(mla_decode, m) {
       py::arg("block_table"), py::arg("batch"), py::arg("max_pages"), py::arg("local_seq_lens"), py::arg("page_size"),
       "(kv_indptr, kv_indices) as lists from a flattened [batch, max_pages] block table.");
 
+  py::class_<Workspace, std::shared_ptr<Workspace>>(
+      m, "Workspace",
+      "step()'s scratch shared by a model's layers (include/mla/workspace.hpp): give the same one to every "
+      "Layer that runs on one device and stream, one step at a time.")
+      .def(py::init<>())
+      .def_property_readonly("bytes", &Workspace::bytes, "allocated now: the largest need of its layers")
+      .def_property_readonly("device", [](const Workspace& w) { return std::string(device_name(w.device())); });
+
   py::class_<Layer>(m, "Layer", "pre -> attend -> post of one MLA layer's decode step (include/mla/layer.hpp).")
       .def(py::init([](const LayerConfig& cfg, const PreparedWeights& w, const std::string& backend,
                        const std::string& q_dtype, int max_tokens, int num_splits, int q_head_pad, int num_threads,
-                       int cuda_device, uintptr_t cuda_stream) {
+                       int cuda_device, uintptr_t cuda_stream, std::shared_ptr<Workspace> workspace) {
              LayerOptions o;
              o.backend = backend_from(backend);
              o.q_dtype = dtype_from(q_dtype);
              o.max_tokens = max_tokens, o.num_splits = num_splits, o.q_head_pad = q_head_pad;
              o.num_threads = num_threads, o.cuda_device = cuda_device;
              o.cuda_stream = reinterpret_cast<void*>(cuda_stream);
+             o.workspace = std::move(workspace);
              py::gil_scoped_release release;
              return Layer(cfg, w, o);
            }),
            py::arg("cfg"), py::arg("weights"), py::arg("backend") = "auto", py::arg("q_dtype") = "fp8",
            py::arg("max_tokens") = 256, py::arg("num_splits") = 0, py::arg("q_head_pad") = 0,
            py::arg("num_threads") = 0, py::arg("cuda_device") = 0, py::arg("cuda_stream") = 0,
+           py::arg("workspace") = nullptr,
            "backend: 'auto' (CUDA where a GPU is present), 'cpu' or 'cuda'; cuda_stream: a cudaStream_t as an integer "
-           "(torch: torch.cuda.current_stream().cuda_stream), 0 = the default stream.")
+           "(torch: torch.cuda.current_stream().cuda_stream), 0 = the default stream; workspace: a Workspace shared "
+           "with the model's other layers (None: the layer's own).")
       .def_property_readonly("config", &Layer::config)
       .def_property_readonly("backend", [](const Layer& l) { return std::string(backend_name(l.backend())); })
       .def_property_readonly("device", [](const Layer& l) { return std::string(device_name(l.device())); })

@@ -10,6 +10,7 @@
 #include "mla/step.hpp"
 #include "mla/tensor.hpp"
 #include "mla/weights.hpp"
+#include "mla/workspace.hpp"
 
 namespace mla {
 
@@ -31,6 +32,8 @@ struct LayerOptions {
   int num_threads = 0;                   // CPU threads; 0 = all cores
   int cuda_device = 0;
   void* cuda_stream = nullptr;           // cudaStream_t the stages run on; null = default stream
+  // step()'s scratch shared with the model's other layers (mla/workspace.hpp); null = the layer's own.
+  std::shared_ptr<Workspace> workspace;
 };
 
 // pre's outputs. q may be a strided view padded to more heads than G.

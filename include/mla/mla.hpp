@@ -9,3 +9,4 @@
 #include "mla/step.hpp"
 #include "mla/tensor.hpp"
 #include "mla/weights.hpp"
+#include "mla/workspace.hpp"

@@ -1,7 +1,10 @@
 // The CPU backend: holds the prepared weights and step()'s workspace, runs the stages.
 #include <omp.h>
 
+#include <new>
+
 #include "core/backend.hpp"
+#include "core/workspace_impl.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/stages.hpp"
 
@@ -15,12 +18,18 @@ class CpuBackend final : public BackendImpl {
         w_(w),
         threads_(o.num_threads > 0 ? o.num_threads : omp_get_num_procs()),
         dense_(cpu::DenseWeights::from(c, w, threads_)) {
+    // step()'s scratch: [max_tokens, ...] slots in the layer's own workspace or the shared one.
     const int64_t s = o.max_tokens, g = int64_t(cfg.heads()) * o.dcp.size;
     const int64_t hq = o.q_head_pad > 0 ? o.q_head_pad : g;
-    q_ = Tensor::empty(o.q_dtype, {s, hq, cfg.row_dim()});
-    if (cfg.gate_dim() > 0) gate_ = Tensor::empty(DType::bf16, {s, cfg.gate_dim()});
-    o_ = Tensor::empty(DType::f32, {s, g, cfg.kv_lora_rank});
-    lse_ = Tensor::empty(DType::f32, {s, g});
+    q_ = {layout_.add(s * hq * cfg.row_dim() * int64_t(dtype_size(o.q_dtype))), o.q_dtype, {hq, cfg.row_dim()}};
+    gate_ = {layout_.add(s * cfg.gate_dim() * 2), DType::bf16, {cfg.gate_dim()}};
+    o_ = {layout_.add(s * g * cfg.kv_lora_rank * 4), DType::f32, {g, cfg.kv_lora_rank}};
+    lse_ = {layout_.add(s * g * 4), DType::f32, {g}};
+    workspace_->impl().reserve(Device::cpu, 0, layout_.total(), [](int64_t bytes) {
+      constexpr std::align_val_t kAlign{WorkspaceLayout::kAlign};
+      return Workspace::Impl::Block(static_cast<uint8_t*>(::operator new(size_t(bytes), kAlign)),
+                                    [](uint8_t* p) { ::operator delete(p, kAlign); });
+    });
   }
 
   Backend kind() const override { return Backend::cpu; }
@@ -43,14 +52,15 @@ class CpuBackend final : public BackendImpl {
 
   StepWorkspace workspace(const StepMeta& meta, const KVCache&) override {
     const int64_t s = meta.tokens();
-    auto rows = [s](const Tensor& t) {  // the first s rows of a workspace tensor
-      TensorView v = t.view();
-      v.shape[0] = s;
-      return v;
+    uint8_t* base = workspace_->impl().data();
+    auto rows = [&](const Slot& slot) {  // the slot's first s rows, contiguous
+      std::vector<int64_t> shape{s};
+      shape.insert(shape.end(), slot.inner.begin(), slot.inner.end());
+      return TensorView::contiguous(layout_.at(base, slot.index), slot.dtype, shape);
     };
     StepWorkspace ws;
     ws.pre.q = rows(q_);
-    if (gate_.bytes()) ws.pre.gate = rows(gate_);
+    if (cfg.gate_dim() > 0) ws.pre.gate = rows(gate_);
     ws.attend.o = rows(o_);
     ws.attend.lse = rows(lse_);
     return ws;
@@ -62,7 +72,14 @@ class CpuBackend final : public BackendImpl {
   PreparedWeights w_;
   int threads_;
   cpu::DenseWeights dense_;  // qkv_a and q_b ready for the dense products (cpu/gemm.hpp), made once
-  Tensor q_, gate_, o_, lse_;
+  struct Slot {
+    int index;
+    DType dtype;
+    std::vector<int64_t> inner;  // the dims after the token's
+  };
+  std::shared_ptr<Workspace> workspace_ = opts.workspace ? opts.workspace : std::make_shared<Workspace>();
+  WorkspaceLayout layout_;
+  Slot q_, gate_, o_, lse_;
 };
 
 }  // namespace

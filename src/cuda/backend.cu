@@ -94,12 +94,12 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   rope_mscale_ = table.mscale;
 
   // The step workspace.
-  y_ = DeviceBuffer(size_t(t) * rows * 2);
-  q_c_ = DeviceBuffer(size_t(t) * cfg.q_lora_rank * 2);
-  q_full_ = DeviceBuffer(size_t(t) * n * cfg.qk_head_dim() * 2);
+  y_ = layout_.add(t * rows * 2);
+  q_c_ = layout_.add(t * cfg.q_lora_rank * 2);
+  q_full_ = layout_.add(t * n * cfg.qk_head_dim() * 2);
   q_heads_ = opts.q_head_pad > 0 ? opts.q_head_pad : g;
-  q_ = DeviceBuffer(size_t(t) * q_heads_ * kRow * dtype_size(opts.q_dtype));
-  if (cfg.gate_dim() > 0) gate_ = DeviceBuffer(size_t(t) * cfg.gate_dim() * 2);
+  q_ = layout_.add(t * q_heads_ * kRow * int64_t(dtype_size(opts.q_dtype)));
+  gate_ = layout_.add(t * cfg.gate_dim() * 2);
   // Partials: the most rows any step up to max_tokens can write: splits * S with fixed splits, and
   // (key-CTAs + B) * Q with the flat plan, key-CTAs = max(B * splits, flat_ctas) (each CTA writes a
   // partial of Q rows per request it touches; consecutive CTAs share at most one request).
@@ -113,21 +113,37 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
         partial_rows = std::max({partial_rows, splits * b * qlen, flat * qlen});
       }
   partial_rows_ = std::max(partial_rows, t);
-  o_ = DeviceBuffer(size_t(partial_rows_) * g * kLatent * sizeof(float));
-  lse_ = DeviceBuffer(size_t(partial_rows_) * g * sizeof(float));
+  const int64_t o_bytes = partial_rows_ * g * kLatent * int64_t(sizeof(float));
+  o_ = layout_.add(o_bytes);
+  lse_ = layout_.add(partial_rows_ * g * int64_t(sizeof(float)));
   if (opts.dcp.size > 1) {  // the combine's exchange destination: [W*splits, S, N, L] = as many rows
-    exchanged_o_ = DeviceBuffer(o_.bytes());
-    exchanged_lse_ = DeviceBuffer(lse_.bytes());
+    exchanged_o_bytes_ = o_bytes;
+    exchanged_o_ = layout_.add(o_bytes);
+    exchanged_lse_ = layout_.add(partial_rows_ * g * int64_t(sizeof(float)));
+  } else {
+    exchanged_o_ = layout_.add(0), exchanged_lse_ = layout_.add(0);
   }
-  part_first_ = DeviceBuffer(size_t(t) * sizeof(int32_t));
-  part_count_ = DeviceBuffer(size_t(t) * sizeof(int32_t));
+  part_first_ = layout_.add(t * int64_t(sizeof(int32_t)));
+  part_count_ = layout_.add(t * int64_t(sizeof(int32_t)));
+  cublas_workspace_ = layout_.add(int64_t(kCublasWorkspace));
+  // (A larger block moves the smaller one's users: the device is idle before the old one goes.)
+  workspace_ = opts.workspace ? opts.workspace : std::make_shared<Workspace>();
+  workspace_->impl().reserve(Device::cuda, opts.cuda_device, layout_.total(), [&](int64_t bytes) {
+    MLA_CUDA_CHECK(cudaDeviceSynchronize());
+    void* p = nullptr;
+    MLA_CUDA_CHECK(cudaMalloc(&p, size_t(bytes)));
+    const int device = opts.cuda_device;
+    return Workspace::Impl::Block(static_cast<uint8_t*>(p), [device](uint8_t* q) {
+      DeviceGuard guard(device);
+      cudaFree(q);
+    });
+  });
   error_ = DeviceBuffer(sizeof(uint32_t));
   MLA_CUDA_CHECK(cudaMemset(error_.get(), 0, sizeof(uint32_t)));
-  cublas_workspace_ = DeviceBuffer(kCublasWorkspace);
   lt_ = std::make_unique<CublasLt>();
-  gemm_qkv_a_ = std::make_unique<Gemm>(lt_->get(), rows, cfg.hidden, cublas_workspace_.get(), kCublasWorkspace);
-  gemm_q_b_ = std::make_unique<Gemm>(lt_->get(), n * cfg.qk_head_dim(), cfg.q_lora_rank, cublas_workspace_.get(),
-                                     kCublasWorkspace);
+  // (the workspace pointer is passed at every run: the block may move)
+  gemm_qkv_a_ = std::make_unique<Gemm>(lt_->get(), rows, cfg.hidden, nullptr, kCublasWorkspace);
+  gemm_q_b_ = std::make_unique<Gemm>(lt_->get(), n * cfg.qk_head_dim(), cfg.q_lora_rank, nullptr, kCublasWorkspace);
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -198,15 +214,15 @@ detail::StepWorkspace CudaBackend::workspace(const StepMeta& meta, const KVCache
   MLA_REQUIRE(int64_t(splits) * s <= partial_rows_, "step: ", splits, " splits x S = ", s,
               " exceed the workspace planned from max_tokens (", partial_rows_, " rows); lower LayerOptions.num_splits");
   detail::StepWorkspace ws;
-  ws.pre.q = TensorView::contiguous(q_.get(), opts.q_dtype, {s, q_heads_, kRow}, Device::cuda, opts.cuda_device);
-  if (gate_.get())
-    ws.pre.gate = TensorView::contiguous(gate_.get(), DType::bf16, {s, cfg.gate_dim()}, Device::cuda, opts.cuda_device);
+  ws.pre.q = TensorView::contiguous(at(q_), opts.q_dtype, {s, q_heads_, kRow}, Device::cuda, opts.cuda_device);
+  if (cfg.gate_dim() > 0)
+    ws.pre.gate = TensorView::contiguous(at(gate_), DType::bf16, {s, cfg.gate_dim()}, Device::cuda, opts.cuda_device);
   if (splits == 1) {
-    ws.attend.o = TensorView::contiguous(o_.get(), DType::f32, {s, g, kLatent}, Device::cuda, opts.cuda_device);
-    ws.attend.lse = TensorView::contiguous(lse_.get(), DType::f32, {s, g}, Device::cuda, opts.cuda_device);
+    ws.attend.o = TensorView::contiguous(at(o_), DType::f32, {s, g, kLatent}, Device::cuda, opts.cuda_device);
+    ws.attend.lse = TensorView::contiguous(at(lse_), DType::f32, {s, g}, Device::cuda, opts.cuda_device);
   } else {
-    ws.attend.o = TensorView::contiguous(o_.get(), DType::f32, {splits, s, g, kLatent}, Device::cuda, opts.cuda_device);
-    ws.attend.lse = TensorView::contiguous(lse_.get(), DType::f32, {splits, s, g}, Device::cuda, opts.cuda_device);
+    ws.attend.o = TensorView::contiguous(at(o_), DType::f32, {splits, s, g, kLatent}, Device::cuda, opts.cuda_device);
+    ws.attend.lse = TensorView::contiguous(at(lse_), DType::f32, {splits, s, g}, Device::cuda, opts.cuda_device);
   }
   return ws;
 }
@@ -249,14 +265,14 @@ void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCa
                           .y = static_cast<uint16_t*>(y), .ldy = n_out, .s = int(s), .n = n_out, .k = k},
                          stream_);
     else
-      gemm.run(x, ldx, w.get(), y, n_out, int(s), stream_);
+      gemm.run(x, ldx, w.get(), y, n_out, int(s), stream_, at(cublas_workspace_));
   };
-  project(*gemm_qkv_a_, hidden.data, hidden.stride[0], qkv_a_, y_.get(), rows, cfg.hidden);
-  launch_pre_norm({.y = y_.get<uint16_t>(),
+  project(*gemm_qkv_a_, hidden.data, hidden.stride[0], qkv_a_, at(y_), rows, cfg.hidden);
+  launch_pre_norm({.y = at<uint16_t>(y_),
                    .y_stride = rows,
                    .q_a_norm = q_a_norm_.get<float>(),
                    .kv_a_norm = kv_a_norm_.get<float>(),
-                   .q_c = q_c_.get<uint16_t>(),
+                   .q_c = at<uint16_t>(q_c_),
                    .q_c_stride = cfg.q_lora_rank,
                    .gate = cfg.gate_dim() > 0 ? out.gate.ptr<uint16_t>() : nullptr,
                    .gate_stride = cfg.gate_dim() > 0 ? out.gate.stride[0] : 0,
@@ -281,8 +297,8 @@ void CudaBackend::pre(const TensorView& hidden, const StepMeta& meta, const KVCa
                    .error = error},
                   stream_);
   const int head_dim = cfg.qk_head_dim();
-  project(*gemm_q_b_, q_c_.get(), cfg.q_lora_rank, q_b_, q_full_.get(), n * head_dim, cfg.q_lora_rank);
-  launch_query({.q = q_full_.get<uint16_t>(),
+  project(*gemm_q_b_, at(q_c_), cfg.q_lora_rank, q_b_, at(q_full_), n * head_dim, cfg.q_lora_rank);
+  launch_query({.q = at<uint16_t>(q_full_),
                 .q_stride = int64_t(n) * head_dim,
                 .w_codes = w_uk_codes_.get<uint8_t>(),
                 .w_scales = w_uk_scales_.get<uint8_t>(),
@@ -313,7 +329,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   const bool split_form = out.o.rank == 4;
   const bool q_fp8 = q.dtype == DType::fp8_e4m3, cache_fp8 = cache.pages.dtype == DType::fp8_e4m3;
   // The step's own partials (the workspace) feed post's bf16 out: one-rounded P suffices there.
-  const bool step_partials = out.o.data == o_.get();
+  const bool step_partials = out.o.data == at(o_);
   AttendParams p{.q = q.data,
                  .q_fp8 = q_fp8,
                  .q_s_stride = q.stride[0],
@@ -378,8 +394,8 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   if (flat) {
     const FlatStrides st = flat_strides(query_heads(), meta.qlen);
     p.flat_ctas = ctas;
-    p.part_first = part_first_.get<int32_t>();
-    p.part_count = part_count_.get<int32_t>();
+    p.part_first = at<int32_t>(part_first_);
+    p.part_count = at<int32_t>(part_count_);
     p.o_split_stride = st.o_split, p.o_s_stride = st.o_s, p.o_h_stride = st.o_h;
     p.lse_split_stride = st.lse_split, p.lse_s_stride = st.lse_s, p.lse_h_stride = st.lse_h;
   }
@@ -401,9 +417,9 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
   if (opts.dcp.size > 1) {
     const std::vector<int64_t> o_shape = detail::exchanged_o_shape(cfg, opts, attn.o);
     const std::vector<int64_t> lse_shape = detail::exchanged_lse_shape(cfg, opts, attn.o);
-    in.o = TensorView::contiguous(exchanged_o_.get(), attn.o.dtype, o_shape, Device::cuda, opts.cuda_device);
-    in.lse = TensorView::contiguous(exchanged_lse_.get(), DType::f32, lse_shape, Device::cuda, opts.cuda_device);
-    MLA_REQUIRE(size_t(in.o.numel()) * dtype_size(in.o.dtype) <= exchanged_o_.bytes(), "post: ", in.o.str(),
+    in.o = TensorView::contiguous(at(exchanged_o_), attn.o.dtype, o_shape, Device::cuda, opts.cuda_device);
+    in.lse = TensorView::contiguous(at(exchanged_lse_), DType::f32, lse_shape, Device::cuda, opts.cuda_device);
+    MLA_REQUIRE(int64_t(in.o.numel() * dtype_size(in.o.dtype)) <= exchanged_o_bytes_, "post: ", in.o.str(),
                 " exceeds the DCP exchange workspace planned from max_tokens");
     detail::exchange_partials(cfg, opts, attn, in, stream_);
     head_offset = 0;
@@ -430,10 +446,10 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
                .head_offset = head_offset,
                .v_dim = cfg.v_head_dim,
                .sms = sms_};
-  if (partials_flat_ && attn.o.data == o_.get() && opts.dcp.size == 1) {  // attend's flat plan (above)
+  if (partials_flat_ && attn.o.data == at(o_) && opts.dcp.size == 1) {  // attend's flat plan (above)
     const FlatStrides st = flat_strides(query_heads(), meta.qlen);
-    p.part_first = part_first_.get<int32_t>();
-    p.part_count = part_count_.get<int32_t>();
+    p.part_first = at<int32_t>(part_first_);
+    p.part_count = at<int32_t>(part_count_);
     p.qlen = meta.qlen;
     p.splits = 1;  // per token: its request's part_count instead (at most key-CTAs + 1)
     p.o_split_stride = st.o_split, p.o_s_stride = st.o_s, p.o_h_stride = st.o_h;

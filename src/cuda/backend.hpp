@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/backend.hpp"
+#include "core/workspace_impl.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/handles.hpp"
 
@@ -57,14 +58,21 @@ class CudaBackend final : public detail::BackendImpl {
   DeviceBuffer inv_freq_;  // [R/2] double; empty for NoPE
   double rope_mscale_ = 1.0;
 
-  // Workspace.
-  DeviceBuffer y_, q_c_, q_full_, q_, gate_, o_, lse_, error_, cublas_workspace_;
-  DeviceBuffer exchanged_o_, exchanged_lse_;  // W > 1: the combine's [W*splits, S, N, L] partials
+  // Workspace: slots in the layer's own mla::Workspace or the one it shares with other layers
+  // (LayerOptions.workspace), resolved at every use (a later, larger layer may move the block).
+  std::shared_ptr<Workspace> workspace_;
+  mla::detail::WorkspaceLayout layout_;
+  template <class T = void>
+  T* at(int slot) const { return reinterpret_cast<T*>(layout_.at(workspace_->impl().data(), slot)); }
+  int y_ = 0, q_c_ = 0, q_full_ = 0, q_ = 0, gate_ = 0, o_ = 0, lse_ = 0, cublas_workspace_ = 0;
+  int exchanged_o_ = 0, exchanged_lse_ = 0;  // W > 1: the combine's [W*splits, S, N, L] partials
+  int64_t exchanged_o_bytes_ = 0;
   int64_t q_heads_ = 0, partial_rows_ = 0;
   // The flat plan's partial index ranges per request (AttendParams.flat_ctas), and whether the
   // workspace partials were last written that way (post reads them accordingly).
-  DeviceBuffer part_first_, part_count_;
+  int part_first_ = 0, part_count_ = 0;
   bool partials_flat_ = false;
+  DeviceBuffer error_;  // the layer's own (take_errors)
   std::unique_ptr<Gemm> gemm_qkv_a_, gemm_q_b_;
   DeviceBuffer flush_;  // time_us's L2 flush, allocated on first use
 };

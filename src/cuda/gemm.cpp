@@ -58,12 +58,13 @@ Gemm::Plan& Gemm::plan(int s, int64_t ldx, int64_t ldy) {
 
 void Gemm::prepare(int s, int64_t ldx, int64_t ldy) { plan(s, ldx, ldy); }
 
-void Gemm::run(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, int s, cudaStream_t stream) {
+void Gemm::run(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, int s, cudaStream_t stream,
+               void* workspace) {
   if (s == 0) return;
   Plan& p = plan(s, ldx, ldy);
   const float alpha = 1.0f, beta = 0.0f;
   MLA_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
-                                  workspace_, workspace_bytes_, stream));
+                                  workspace ? workspace : workspace_, workspace_bytes_, stream));
 }
 
 }  // namespace mla::cuda

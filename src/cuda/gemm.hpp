@@ -2,7 +2,7 @@
 // Dense products through cuBLASLt: y [S, n] = x [S, k] @ w [n, k]^T with row-major bf16 operands,
 // fp32 accumulation and a bf16 result (pre's qkv_a and q_b projections). The algorithm for each S
 // is chosen once (heuristic) and cached, so a step only enqueues the matmul; the workspace is the
-// backend's, allocated at construction.
+// backend's (its mla::Workspace, passed at every run: a shared one may move).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -22,8 +22,10 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // x [s, k] row stride ldx, w [n, k] contiguous, y [s, n] row stride ldy (elements).
-  void run(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, int s, cudaStream_t stream);
+  // x [s, k] row stride ldx, w [n, k] contiguous, y [s, n] row stride ldy (elements); workspace:
+  // workspace_bytes of device memory for this run (nullptr: the constructor's).
+  void run(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, int s, cudaStream_t stream,
+           void* workspace = nullptr);
   // Chooses (and caches) the algorithm for s rows now, e.g. at construction, so that the first
   // step runs no heuristic query.
   void prepare(int s, int64_t ldx, int64_t ldy);

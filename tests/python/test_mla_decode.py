@@ -170,6 +170,25 @@ class CpuLayer(unittest.TestCase):
         self.assertTrue(np.isfinite(a).all())
         self.assertLess(rel_l2(a, b), 1e-2)
 
+    def test_layers_sharing_a_workspace_step_as_their_own(self):
+        ws = mla.Workspace()
+        self.assertEqual(ws.bytes, 0)
+        small = mla.Layer(self.cfg, self.weights, backend="cpu", max_tokens=4, num_threads=2, workspace=ws)
+        large = mla.Layer(self.cfg, self.weights, backend="cpu", max_tokens=16, num_threads=2, workspace=ws)
+        self.assertGreater(ws.bytes, 0)
+        self.assertEqual(ws.device, "cpu")
+        step = Step(self.rng, self.cfg, contexts=[120, 9, 0], qlen=1, page_size=16)
+        hidden = f32_to_bf16(self.rng.standard_normal((step.tokens, self.cfg.hidden)))
+        before = step.cache.copy()
+        outs = []
+        for layer in (self.layer, small, large, small):
+            step.cache[...] = before
+            out = np.full((step.tokens, self.cfg.heads * self.cfg.v_head_dim), 0x7FC0, np.uint16)
+            layer.step(hidden, slot_mapping=step.slot_mapping, cache=step.cache, out=out, **step.meta())
+            outs.append(out)
+        for out in outs[1:]:
+            self.assertTrue(np.array_equal(out, outs[0]))
+
     def test_bad_input_is_rejected_naming_the_argument_and_the_cache_stays(self):
         step = Step(self.rng, self.cfg, contexts=[10, 20], qlen=1, page_size=16)
         hidden = f32_to_bf16(self.rng.standard_normal((step.tokens, self.cfg.hidden)))
