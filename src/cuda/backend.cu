@@ -132,11 +132,7 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
     MLA_CUDA_CHECK(cudaDeviceSynchronize());
     void* p = nullptr;
     MLA_CUDA_CHECK(cudaMalloc(&p, size_t(bytes)));
-    const int device = opts.cuda_device;
-    return Workspace::Impl::Block(static_cast<uint8_t*>(p), [device](uint8_t* q) {
-      DeviceGuard guard(device);
-      cudaFree(q);
-    });
+    return Workspace::Impl::Block(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFree(q); });  // (as DeviceBuffer)
   });
   error_ = DeviceBuffer(sizeof(uint32_t));
   MLA_CUDA_CHECK(cudaMemset(error_.get(), 0, sizeof(uint32_t)));
