@@ -14,18 +14,9 @@
 namespace mla {
 namespace {
 
-struct Model {
-  LayerConfig cfg;
-  PreparedWeights w;
-  synth::ScenarioSpec spec;
-};
-
+using Model = testing::SmallModel;
 Model model(const char* preset, GateLayout gate, int heads, std::vector<int32_t> lens, int qlen, uint64_t seed) {
-  Model m;
-  m.cfg = testing::small_config(preset, gate, heads);
-  m.w = prepare_weights(m.cfg, random_checkpoint_weights(m.cfg, seed));
-  m.spec = {.cfg = m.cfg, .seq_lens = std::move(lens), .qlen = qlen, .page_size = 64, .seed = seed + 1};
-  return m;
+  return testing::small_model(preset, gate, heads, std::move(lens), qlen, 64, seed);
 }
 
 // A model's step inputs on the GPU and its output buffer.

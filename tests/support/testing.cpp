@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "core/backend.hpp"
 #include "mla/error.hpp"
@@ -179,6 +180,15 @@ LayerConfig small_config(std::string_view preset, GateLayout gate, int heads_per
   c.gate = gate;
   c.validate();
   return c;
+}
+
+SmallModel small_model(std::string_view preset, GateLayout gate, int heads, std::vector<int32_t> lens, int qlen,
+                       int page_size, uint64_t seed) {
+  SmallModel m;
+  m.cfg = small_config(preset, gate, heads);
+  m.w = prepare_weights(m.cfg, random_checkpoint_weights(m.cfg, seed));
+  m.spec = {.cfg = m.cfg, .seq_lens = std::move(lens), .qlen = qlen, .page_size = page_size, .seed = seed + 1};
+  return m;
 }
 
 namespace {

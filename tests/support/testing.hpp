@@ -10,6 +10,7 @@
 #include "core/synthetic.hpp"
 #include "mla/config.hpp"
 #include "mla/tensor.hpp"
+#include "mla/weights.hpp"
 
 namespace mla::testing {
 
@@ -55,6 +56,16 @@ std::string error_of(const std::function<void()>& fn);
 // (total_heads = heads_per_rank * tp_size), the given gate layout. L = 512, R = 64, P = 128,
 // V = 128 stay (the kernels fix rows of 576; MXFP4 blocks need P, L multiples of 32).
 LayerConfig small_config(std::string_view preset, GateLayout gate, int heads_per_rank);
+
+// A small layer (small_config), its random weights, and one step's scenario over it: lens are the
+// requests' global lengths (0: padding), pages of page_size rows.
+struct SmallModel {
+  LayerConfig cfg;
+  PreparedWeights w;
+  synth::ScenarioSpec spec;
+};
+SmallModel small_model(std::string_view preset, GateLayout gate, int heads, std::vector<int32_t> lens, int qlen,
+                       int page_size, uint64_t seed);
 
 struct RandomCaseLimits {
   int min_batch = 1, max_batch = 64;
