@@ -53,6 +53,11 @@ MLA_HD int query_split_exponent(float amax) {
   return e > 126 ? 126 : e;
 }
 
+// The exponent SplitQueryTile stores for a row holding an infinity (split with e = 0, where the
+// infinities saturate to 448): its scores' factor 2^-e is then +inf, so they come out infinite or
+// NaN, as the bf16 query's own would (SPEC.md: infinities and NaN at the same places).
+inline constexpr int kQuerySplitInfRow = -128;
+
 struct E4m3Split {
   uint8_t hi, lo;
 };

@@ -202,7 +202,8 @@ struct QueryTile {
 // row n, lo at row kN + n of a 2 kN-row B tile (b_offset_n<2 kN>), and the row's exponent into
 // q_exp[n]. Thread t takes row t / 8's 16-dim units t % 8 + 8 k (36 a row: 5 or 4 a thread, 32
 // bytes of bf16 each), so a row's maximum meets in its 8 lanes by three shuffles (no barrier).
-// Rows past the request's are zero (exponent 0). load issues every load before any is used.
+// Rows past the request's are zero (exponent 0); a row with an infinity (and no NaN) stores
+// kQuerySplitInfRow. load issues every load before any is used.
 struct SplitQueryTile {
   static constexpr int kLanes = 8, kUnits = (kChunks + kLanes - 1) / kLanes;  // 5
   static_assert(kThreads == kN * kLanes, "a row's units over 8 lanes of one warp");
@@ -250,7 +251,7 @@ struct SplitQueryTile {
     for (int d = 1; d < kLanes; d *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, d));
     const int e = query_split_exponent(__uint_as_float(amax << 16));
     const float scale = pow2_float(e);
-    if (j == 0) q_exp[n] = e;
+    if (j == 0) q_exp[n] = amax == 0x7F80u ? kQuerySplitInfRow : e;  // (an infinity, no NaN: review, s33)
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
       const int u = j + kLanes * k;
