@@ -41,8 +41,9 @@ TEST(QuerySplit, ExponentPutsTheRowMaximumIn128To256) {
 // hi + lo / 16 is x exactly where |x| >= 2^-6 (e4m3's smallest normal), within 2^-14 below it (hi alone: 2^-10),
 // for every finite bf16 v scaled as the largest of its row and as a value 2^1 .. 2^20 below the
 // row's largest.
-TEST(QuerySplit, InfinityRowScoresComeOutInfinite) {
-  // SplitQueryTile stores kQuerySplitInfRow for a row with an infinity: its scores' 2^-e is +inf.
+TEST(QuerySplit, InfinityRowScaleIsInfinite) {
+  // SplitQueryTile stores kQuerySplitInfRow for a row with an infinity: its scores' 2^-e is +inf
+  // (the row's outputs non-finite, not the finite values of a saturated query).
   EXPECT_EQ(query_split_exponent(INFINITY), 0);  // (the row is split with e = 0)
   EXPECT_TRUE(std::isinf(pow2_float(-kQuerySplitInfRow)));
   EXPECT_GT(pow2_float(-kQuerySplitInfRow), 0.0f);

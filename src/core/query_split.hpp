@@ -54,8 +54,9 @@ MLA_HD int query_split_exponent(float amax) {
 }
 
 // The exponent SplitQueryTile stores for a row holding an infinity (split with e = 0, where the
-// infinities saturate to 448): its scores' factor 2^-e is then +inf, so they come out infinite or
-// NaN, as the bf16 query's own would (SPEC.md: infinities and NaN at the same places).
+// infinities saturate to 448): its scores' factor 2^-e is then +inf, so they and the row's outputs
+// come out non-finite rather than finite values of a saturated query (the infinite scores' signs
+// follow the saturated dot products, so not necessarily the CPU's: garbage in, no finite garbage out).
 inline constexpr int kQuerySplitInfRow = -128;
 
 struct E4m3Split {

@@ -251,7 +251,7 @@ struct SplitQueryTile {
     for (int d = 1; d < kLanes; d *= 2) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, d));
     const int e = query_split_exponent(__uint_as_float(amax << 16));
     const float scale = pow2_float(e);
-    if (j == 0) q_exp[n] = amax == 0x7F80u ? kQuerySplitInfRow : e;  // (an infinity, no NaN: review, s33)
+    if (j == 0) q_exp[n] = amax == 0x7F80u ? kQuerySplitInfRow : e;  // (an infinity and no NaN: s33)
 #pragma unroll
     for (int k = 0; k < kUnits; ++k) {
       const int u = j + kLanes * k;
