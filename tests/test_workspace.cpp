@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "core/synthetic.hpp"
+#include "core/workspace_impl.hpp"
 #include "mla/mla.hpp"
 #include "support/testing.hpp"
 
@@ -89,6 +92,35 @@ TEST(Workspace, StageCallsKeepOutOfIt) {
   Layer la(a.cfg, a.w, options(8, shared)), lb(b.cfg, b.w, options(8, shared));
   const std::vector<uint8_t> want = staged(la, a, nullptr, b);
   EXPECT_EQ(staged(la, a, &lb, b), want);
+}
+
+TEST(Workspace, FailedGrowthChangesNothing) {
+  // The backends' side: a growth whose allocation fails (out of memory) leaves the block, its size
+  // and the device binding as they were, so the layers already using it go on as before.
+  Workspace ws;
+  auto host = [](int64_t bytes) { return Workspace::Impl::Block(new uint8_t[size_t(bytes)], std::default_delete<uint8_t[]>()); };
+  auto fails = [](int64_t) -> Workspace::Impl::Block { throw std::bad_alloc(); };
+  EXPECT_THROW(ws.impl().reserve(Device::cuda, 1, 4096, fails), std::bad_alloc);
+  EXPECT_EQ(ws.bytes(), 0);
+  ws.impl().reserve(Device::cpu, 0, 1000, host);  // not bound to the failed reservation's device
+  uint8_t* const block = ws.impl().data();
+  ASSERT_NE(block, nullptr);
+  EXPECT_THROW(ws.impl().reserve(Device::cpu, 0, 1 << 20, fails), std::bad_alloc);
+  EXPECT_EQ(ws.bytes(), 1000);
+  EXPECT_EQ(ws.impl().data(), block);
+  ws.impl().reserve(Device::cpu, 0, 500, fails);  // within the block: no allocation
+  EXPECT_EQ(ws.bytes(), 1000);
+  const std::string err = testing::error_of([&] { ws.impl().reserve(Device::cuda, 0, 10, host); });
+  EXPECT_NE(err.find("LayerOptions.workspace"), std::string::npos) << err;
+  EXPECT_EQ(ws.device(), Device::cpu);
+  detail::WorkspaceLayout layout;  // slots at 256-byte boundaries, an empty one null
+  EXPECT_EQ(layout.add(1), 0);
+  EXPECT_EQ(layout.add(0), 1);
+  EXPECT_EQ(layout.add(300), 2);
+  EXPECT_EQ(layout.total(), 256 + 512);
+  EXPECT_EQ(layout.at(block, 0), block);
+  EXPECT_EQ(layout.at(block, 1), nullptr);
+  EXPECT_EQ(layout.at(block, 2), block + 256);
 }
 
 TEST(Workspace, DefaultIsTheLayersOwn) {

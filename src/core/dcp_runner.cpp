@@ -53,6 +53,7 @@ std::vector<RankResult> run_ranks(std::span<const PreparedWeights> weights, cons
     threads.emplace_back([&, r] {
       try {
         LayerOptions ro = opts;
+        ro.workspace = nullptr;  // (the ranks step at once: each its own)
         ro.dcp = {.size = w, .rank = r, .interleave = spec.dcp.interleave};
         ro.comm = comms[r].get();
         std::shared_ptr<void> stream;

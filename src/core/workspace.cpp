@@ -21,12 +21,14 @@ void Workspace::Impl::reserve(Device dev, int index, int64_t want, const Allocat
                 " (the workspace's), got one on ", device_name(dev),
                 dev == Device::cuda ? ":" + std::to_string(index) : std::string());
   }
+  if (want > bytes) {
+    // The new block before the old one goes: an allocation that fails (out of memory) leaves the
+    // workspace as it was for the layers already using it (so both must fit for a moment).
+    Block grown = allocate(want);
+    block = std::move(grown);
+    bytes = want;
+  }
   bound = true, device = dev, device_index = index;
-  if (want <= bytes) return;
-  block.reset();  // before the new one: the two need not fit at once
-  bytes = 0;
-  block = allocate(want);
-  bytes = want;
 }
 
 }  // namespace mla

@@ -22,9 +22,10 @@ struct Workspace::Impl {
   int64_t bytes = 0;
   Block block;
 
-  // Grows the block to at least `want` bytes with `allocate` (the old block is released first: the
-  // caller has finished every use of it), after checking the device: a workspace holds one device's
-  // memory (mla::Error naming LayerOptions.workspace otherwise).
+  // Grows the block to at least `want` bytes with `allocate` (the caller has finished every use of
+  // the old one, which goes once the new one is there; a failed allocation changes nothing), after
+  // checking the device: a workspace holds one device's memory (mla::Error naming
+  // LayerOptions.workspace otherwise). Only a reservation that succeeds binds the device.
   void reserve(Device dev, int index, int64_t want, const Allocate& allocate);
   uint8_t* data() const { return block.get(); }
 };

@@ -7,6 +7,7 @@
 #include "core/workspace_impl.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/stages.hpp"
+#include "mla/error.hpp"
 
 namespace mla::detail {
 namespace {
@@ -52,6 +53,8 @@ class CpuBackend final : public BackendImpl {
 
   StepWorkspace workspace(const StepMeta& meta, const KVCache&) override {
     const int64_t s = meta.tokens();
+    MLA_REQUIRE(workspace_->bytes() >= layout_.total(), "LayerOptions.workspace: holds ", workspace_->bytes(),
+                " bytes, this layer needs ", layout_.total());
     uint8_t* base = workspace_->impl().data();
     auto rows = [&](const Slot& slot) {  // the slot's first s rows, contiguous
       std::vector<int64_t> shape{s};

@@ -126,7 +126,7 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   part_first_ = layout_.add(t * int64_t(sizeof(int32_t)));
   part_count_ = layout_.add(t * int64_t(sizeof(int32_t)));
   cublas_workspace_ = layout_.add(int64_t(kCublasWorkspace));
-  // (A larger block moves the smaller one's users: the device is idle before the old one goes.)
+  // (A larger block moves the smaller one's users: the device is idle before the new block is taken.)
   workspace_ = opts.workspace ? opts.workspace : std::make_shared<Workspace>();
   workspace_->impl().reserve(Device::cuda, opts.cuda_device, layout_.total(), [&](int64_t bytes) {
     MLA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -207,6 +207,8 @@ detail::StepWorkspace CudaBackend::workspace(const StepMeta& meta, const KVCache
   const int64_t s = meta.tokens(), g = query_heads();
   MLA_REQUIRE(s <= opts.max_tokens, "step: S = ", s, " exceeds LayerOptions.max_tokens = ", opts.max_tokens);
   const int splits = plan_splits(meta.batch(), meta.qlen, cache.pages.dtype, meta.seq_lens_host);
+  MLA_REQUIRE(workspace_->bytes() >= layout_.total(), "LayerOptions.workspace: holds ", workspace_->bytes(),
+              " bytes, this layer needs ", layout_.total());
   MLA_REQUIRE(int64_t(splits) * s <= partial_rows_, "step: ", splits, " splits x S = ", s,
               " exceed the workspace planned from max_tokens (", partial_rows_, " rows); lower LayerOptions.num_splits");
   detail::StepWorkspace ws;
@@ -415,8 +417,11 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
     const std::vector<int64_t> lse_shape = detail::exchanged_lse_shape(cfg, opts, attn.o);
     in.o = TensorView::contiguous(at(exchanged_o_), attn.o.dtype, o_shape, Device::cuda, opts.cuda_device);
     in.lse = TensorView::contiguous(at(exchanged_lse_), DType::f32, lse_shape, Device::cuda, opts.cuda_device);
-    MLA_REQUIRE(int64_t(in.o.numel() * dtype_size(in.o.dtype)) <= exchanged_o_bytes_, "post: ", in.o.str(),
-                " exceeds the DCP exchange workspace planned from max_tokens");
+    // (lse's slot holds partial_rows_ rows of G: a bf16 o within o's bytes could hold twice as many)
+    MLA_REQUIRE(int64_t(in.o.numel() * dtype_size(in.o.dtype)) <= exchanged_o_bytes_ &&
+                    in.lse.numel() <= partial_rows_ * query_heads(),
+                "post: ", in.o.str(), " exceeds the DCP exchange workspace planned from max_tokens (",
+                partial_rows_, " rows of ", query_heads(), " heads)");
     detail::exchange_partials(cfg, opts, attn, in, stream_);
     head_offset = 0;
   }
