@@ -33,7 +33,7 @@ struct LayerOptions {
   int cuda_device = 0;
   void* cuda_stream = nullptr;           // cudaStream_t the stages run on; null = default stream
   // step()'s scratch shared with the model's other layers (mla/workspace.hpp); null = the layer's own.
-  std::shared_ptr<Workspace> workspace;
+  std::shared_ptr<Workspace> workspace = nullptr;
 };
 
 // pre's outputs. q may be a strided view padded to more heads than G.
