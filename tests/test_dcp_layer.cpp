@@ -21,7 +21,7 @@ namespace {
 
 struct DcpCase {
   int w, interleave, qlen, page_size;
-  std::vector<int32_t> seq_lens;  // global lengths; 0 = padding request
+  std::vector<int32_t> seq_lens{};  // global lengths; 0 = padding request
   DType kv_dtype = DType::fp8_e4m3;
   int num_splits = 1;
   const char* preset = "kimi-k3";

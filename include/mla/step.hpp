@@ -18,10 +18,10 @@ struct KVCache {
 
 struct StepMeta {
   int qlen = 1;               // Q in 1..8: query tokens per request; S = B*Q
-  TensorView seq_lens;        // [B] i32: global context length incl. this step's Q tokens
-  TensorView kv_indptr;       // [B+1] i32: CSR row pointers into kv_indices
-  TensorView kv_indices;      // [kv_indptr[B]] i32: this rank's pages of each request, by position
-  TensorView slot_mapping;    // [S] i64: page*page_size + offset of token s's row here, or -1
+  TensorView seq_lens{};      // [B] i32: global context length incl. this step's Q tokens
+  TensorView kv_indptr{};     // [B+1] i32: CSR row pointers into kv_indices
+  TensorView kv_indices{};    // [kv_indptr[B]] i32: this rank's pages of each request, by position
+  TensorView slot_mapping{};  // [S] i64: page*page_size + offset of token s's row here, or -1
   // Host copy of seq_lens, where the caller has one: the CUDA backend plans splits from it
   // without a device-to-host copy. Empty: the CPU reads seq_lens; CUDA uses a static plan.
   std::span<const int32_t> seq_lens_host{};

@@ -13,13 +13,19 @@ int64_t Workspace::bytes() const { return impl_->bytes; }
 Device Workspace::device() const { return impl_->device; }
 int Workspace::device_index() const { return impl_->device_index; }
 
+namespace {
+// "cpu" or "cuda:N" (built by appending: GCC 12 warns falsely on ":" + std::to_string(n), -Wrestrict).
+std::string where(Device d, int index) {
+  std::string s = device_name(d);
+  if (d == Device::cuda) s.append(":").append(std::to_string(index));
+  return s;
+}
+}  // namespace
+
 void Workspace::Impl::reserve(Device dev, int index, int64_t want, const Allocate& allocate) {
   if (bound) {
-    MLA_REQUIRE(dev == device && (dev == Device::cpu || index == device_index),
-                "LayerOptions.workspace: expected a layer on ", device_name(device),
-                device == Device::cuda ? ":" + std::to_string(device_index) : std::string(),
-                " (the workspace's), got one on ", device_name(dev),
-                dev == Device::cuda ? ":" + std::to_string(index) : std::string());
+    MLA_REQUIRE(dev == device && (dev == Device::cpu || index == device_index), "LayerOptions.workspace: expected a layer on ",
+                where(device, device_index), " (the workspace's), got one on ", where(dev, index));
   }
   if (want > bytes) {
     // The new block before the old one goes: an allocation that fails (out of memory) leaves the
