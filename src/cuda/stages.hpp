@@ -187,6 +187,8 @@ bool attend_wgmma_bf16_cache(const AttendParams& p);
 bool attend_skew_enabled();
 // The launch of `ctas` CTAs takes the skewed instance (p.skew_sms set, fixed splits, skew::applies).
 bool attend_wgmma_skews(const AttendParams& p, int64_t ctas);
+// Launches of the skewed instance in this process so far (the GPU tests check that they ran it).
+int64_t attend_skew_launches();
 // Where it applies, the wgmma kernel loads whole pages by TMA when the cache allows (pages of 8 or
 // more rows, a power of two, rows of a page contiguous) and the partials may be chunked by whole
 // tiles (the step's own, or one split); else by bulk row copies (below) or cp.async.
