@@ -19,9 +19,6 @@ namespace mla {
 namespace {
 
 using Model = testing::SmallModel;
-Model model(const char* preset, GateLayout gate, int heads, std::vector<int32_t> lens, int qlen, uint64_t seed) {
-  return testing::small_model(preset, gate, heads, std::move(lens), qlen, 16, seed);
-}
 
 // One step of m on a fresh copy of its scenario: the output and the cache after it.
 struct StepResult {
@@ -40,8 +37,8 @@ LayerOptions options(int max_tokens, std::shared_ptr<Workspace> ws) {
 }
 
 TEST(Workspace, SharedByLayersMatchesTheirOwn) {
-  const Model a = model("kimi-k3", GateLayout::merged, 12, {100, 0, 37}, 1, 11);
-  const Model b = model("deepseek-v3", GateLayout::none, 16, {300, 65}, 4, 12);
+  const Model a = testing::small_model("kimi-k3", GateLayout::merged, 12, {100, 0, 37}, 1, 16, 11);
+  const Model b = testing::small_model("deepseek-v3", GateLayout::none, 16, {300, 65}, 4, 16, 12);
   // Alone: each layer's need, and its results.
   auto own_a = std::make_shared<Workspace>(), own_b = std::make_shared<Workspace>();
   Layer alone_a(a.cfg, a.w, options(8, own_a)), alone_b(b.cfg, b.w, options(16, own_b));
@@ -86,8 +83,8 @@ std::vector<uint8_t> staged(Layer& la, const Model& a, Layer* lb, const Model& b
 }
 
 TEST(Workspace, StageCallsKeepOutOfIt) {
-  const Model a = model("kimi-k3", GateLayout::merged, 12, {90, 40}, 2, 21);
-  const Model b = model("kimi-k3", GateLayout::merged, 12, {200, 7, 55}, 2, 22);
+  const Model a = testing::small_model("kimi-k3", GateLayout::merged, 12, {90, 40}, 2, 16, 21);
+  const Model b = testing::small_model("kimi-k3", GateLayout::merged, 12, {200, 7, 55}, 2, 16, 22);
   auto shared = std::make_shared<Workspace>();
   Layer la(a.cfg, a.w, options(8, shared)), lb(b.cfg, b.w, options(8, shared));
   const std::vector<uint8_t> want = staged(la, a, nullptr, b);
@@ -124,7 +121,7 @@ TEST(Workspace, FailedGrowthChangesNothing) {
 }
 
 TEST(Workspace, DefaultIsTheLayersOwn) {
-  const Model a = model("kimi-k2", GateLayout::none, 4, {70}, 1, 31);
+  const Model a = testing::small_model("kimi-k2", GateLayout::none, 4, {70}, 1, 16, 31);
   Layer own(a.cfg, a.w, {.backend = Backend::cpu, .max_tokens = 4, .num_threads = 2});
   auto ws = std::make_shared<Workspace>();
   Layer shared(a.cfg, a.w, options(4, ws));

@@ -15,9 +15,6 @@ namespace mla {
 namespace {
 
 using Model = testing::SmallModel;
-Model model(const char* preset, GateLayout gate, int heads, std::vector<int32_t> lens, int qlen, uint64_t seed) {
-  return testing::small_model(preset, gate, heads, std::move(lens), qlen, 64, seed);
-}
 
 // A model's step inputs on the GPU and its output buffer.
 struct StepRun {
@@ -40,8 +37,8 @@ bool same(const Tensor& a, const Tensor& b) {
 TEST(WorkspaceGpu, SharedByLayersMatchesTheirOwn) {
   MLA_SKIP_WITHOUT_GPU("the shared-workspace tests");
   // 12 heads with the flat plan (uneven), then 128 heads x qlen 2 (16 row tiles at B = 2): the larger second.
-  const Model a = model("kimi-k3", GateLayout::merged, 12, {900, 0, 130, 2000}, 1, 41);
-  const Model b = model("deepseek-v3", GateLayout::none, 128, {1500, 700}, 2, 42);
+  const Model a = testing::small_model("kimi-k3", GateLayout::merged, 12, {900, 0, 130, 2000}, 1, 64, 41);
+  const Model b = testing::small_model("deepseek-v3", GateLayout::none, 128, {1500, 700}, 2, 64, 42);
   auto opts = [](int max_tokens, std::shared_ptr<Workspace> ws) {
     return LayerOptions{.backend = Backend::cuda, .max_tokens = max_tokens, .workspace = std::move(ws)};
   };
@@ -75,8 +72,8 @@ TEST(WorkspaceGpu, SharedByLayersMatchesTheirOwn) {
 
 TEST(WorkspaceGpu, TwoLayersInOneGraph) {
   MLA_SKIP_WITHOUT_GPU("the shared-workspace tests");
-  const Model a = model("kimi-k3", GateLayout::merged, 12, {640, 333}, 1, 51);
-  const Model b = model("kimi-k3", GateLayout::merged, 12, {1000, 64}, 1, 52);
+  const Model a = testing::small_model("kimi-k3", GateLayout::merged, 12, {640, 333}, 1, 64, 51);
+  const Model b = testing::small_model("kimi-k3", GateLayout::merged, 12, {1000, 64}, 1, 64, 52);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   auto shared = std::make_shared<Workspace>();
@@ -109,7 +106,7 @@ TEST(WorkspaceGpu, TwoLayersInOneGraph) {
 
 TEST(WorkspaceGpu, OneDeviceAWorkspace) {
   MLA_SKIP_WITHOUT_GPU("the shared-workspace tests");
-  const Model a = model("kimi-k2", GateLayout::none, 4, {100}, 1, 61);
+  const Model a = testing::small_model("kimi-k2", GateLayout::none, 4, {100}, 1, 64, 61);
   auto shared = std::make_shared<Workspace>();
   Layer cpu(a.cfg, a.w, {.backend = Backend::cpu, .max_tokens = 2, .num_threads = 2, .workspace = shared});
   const std::string err = testing::error_of(
