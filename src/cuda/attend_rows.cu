@@ -367,13 +367,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // read is ordered before the producer's next write of them (two pairs on) by lane 0's own
       // arrival on `empty` (release): with every lane reading, the order of the other lanes' reads
       // rested on __syncwarp, which compute-sanitizer racecheck does not count (hazards on long
-      // segments, where stages are reused; s29). (elect.sync for lane 0, and the shuffle deferred to
-      // the masking, both measured slower at D page 1: s30b in docs/attention.md.)
-      // A segment's missing second tile lands too (its phase completes with 0 bytes and no keys):
-      // unwaited, that phase could still be open when the consumers came back to the stage two
-      // pairs on (an issuing warp delayed between its two tiles while the others ran ahead), and
-      // their wait on the next phase would pass on the one before it (synccheck "Missing wait"
-      // until s30).
+      // segments, where stages are reused; s29).
       auto land = [&](int u) {
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
         uint64_t m = 0;
@@ -396,7 +390,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
-        if (kSplitQk || (u == 1 && kTileRelease)) continue;  // (kTileRelease: tile 1 below)
+        if (kSplitQk || (u == 1 && (!both || kTileRelease))) continue;  // (kTileRelease: tile 1 below)
         land(u);
       }
       if constexpr (kSplitQk) {
@@ -404,7 +398,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // (acc[grp % 2]); the other tile's keys and mask before p.v (below). (key_mask: 0 from the
         // loop above until landed.)
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
-        else land(1);
+        else if (both) land(1);
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
         // kRowCopies: K from registers (k_frag_load, as in the 16-row kernel's row copies), a group's
         // fragments a slot (an in-flight wgmma reads its A registers: a slot's are reloaded once its
@@ -443,7 +437,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           if (grp + 2 < kNGroups) issue_split(slot, grp + 2);
         }
         if (wg == 1) land(0);  // p.v reads both tiles' V, masked by both tiles' keys
-        else land(1);
+        else if (both) land(1);
       } else {
       // Gathered rows are generic-proxy writes, seen complete through the mbarrier: ordered before
       // the tensor cores' reads (async proxy) by each reading thread (TMA writes are async already).
@@ -485,7 +479,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
-        if (kTileRelease && u == 1) land(1);  // (released and issued after tile 0)
+        if (kTileRelease && u == 1 && both) land(1);  // (released and issued after tile 0)
         load_kb(u, 0);
         issue_group(u, 0);
       }
@@ -651,6 +645,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             if (t > 0) wgmma::wait<1>();
           }
         }
+        // A segment's missing second tile: its phase completed with 0 bytes and no keys (the
+        // producer's arrival, or the cp.async copies' with nothing copied), and it is waited on
+        // here, off q.k's path, before the stage goes back: unwaited, it could still be open when
+        // the consumers came back to the stage two pairs on (an issuing warp delayed between its
+        // two tiles while the others ran ahead), and their wait on the next phase would pass on it
+        // (synccheck "Missing wait" until s30).
+        if (!both) tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][1]), parity);
         if constexpr (kProducer)  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
           release(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]);
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
