@@ -47,9 +47,11 @@ bool attend_wgmma_q_split(const AttendParams& p) {
          (attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p));
 }
 
-bool attend_skew_enabled() {
-  static const bool on = env_choice("MLA_ATTEND_SKEW", {{"1", 1}}, 0) == 1;
-  return on;
+bool attend_skew_enabled() { return attend_skew_wanted(2); }
+
+bool attend_skew_wanted(int batch) {
+  static const int mode = env_choice("MLA_ATTEND_SKEW", {{"0", 0}, {"1", 1}}, -1);
+  return mode == 1 || (mode < 0 && batch > 1);
 }
 
 bool attend_wgmma_skews(const AttendParams& p, int64_t ctas) {

@@ -775,14 +775,21 @@ template <int kRowsN, bool kSplit = true>
 constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>>;
 template <int kRowsN, bool kSplit = true>
 constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, false, false, kSplitQk<kRowsN, kSplit>>;
-// MLA_ROWS_ROW_COPIES=1 or 2 (an A/B switch, off by default: not yet run on a GPU): page 1's CTAs
-// copy each key row with one bulk copy and take q.k's keys from registers in groups of that many
-// k32 steps (kRowCopySteps; 64-row CTAs 1); 64- and 48-row ones as 2-CTA clusters where the boxes
-// would be (rows_cluster), each producer copying one tile of a pair into both CTAs.
+// Page 1's bulk row copies (s31a): the CTA copies each key row with one bulk copy and takes q.k's
+// keys from registers in groups of kRowCopySteps k32 steps (64-row CTAs 1); 64- and 48-row ones as
+// 2-CTA clusters where the boxes would be (rows_cluster), each producer copying one tile of a pair
+// into both CTAs. By default (since session 33) the 48- and 32-row CTAs outside clusters, in 2-step
+// groups: H200 (GPU-e6875044, each twice, boxes / 2-step copies) F 143.8-159.8 / 116.6-121.9 us,
+// qlen 2 113.2-113.3 / 101.1-101.3, 16 heads x qlen 2 114.4-114.5 / 102.2-102.5, uneven F 247.1 /
+// 209.4-210.7; the clusters stay on boxes (D 256.4-257.2 / 283.3-283.5 with copies; G and 96 heads
+// 3-4% faster with 2-step copies, but racecheck reported hazards between the multicast copies and
+// the peer's reads on the long step test, not yet understood). MLA_ROWS_ROW_COPIES=0: boxes
+// everywhere; =1 or =2: copies in every page-1 CTA, clusters and 64 rows included, in groups of
+// that many steps.
 int rows_row_copies_env() {
-  static const int n = env_int("MLA_ROWS_ROW_COPIES", 0);
-  static const int steps = n == 1 || n == 2 ? n : 0;
-  return steps;
+  static const int n = env_int("MLA_ROWS_ROW_COPIES", -1);
+  static const int mode = n == 0 || n == 1 || n == 2 ? n : -1;  // -1: the default
+  return mode;
 }
 template <int kRowsN, int kSteps, bool kCluster = false>
 constexpr auto kRowCopyKernel =
@@ -793,7 +800,7 @@ void prepare_rows_split() {
   // The row-copy instances only under their switch (the default step never loads them); 64 rows:
   // one group step.
   if constexpr (kSplit) {
-    if (rows_row_copies_env()) {
+    if (rows_row_copies_env() != 0) {
       prepare_kernel<kRowCopyKernel<kRowsN, 1>, kRowsN>();
       if constexpr (kRowsN < 64) prepare_kernel<kRowCopyKernel<kRowsN, 2>, kRowsN>();
       if constexpr (kRowsN != 32) prepare_kernel<kRowCopyKernel<kRowsN, 1, true>, kRowsN>();
@@ -868,7 +875,7 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
 template <int kRowsN, bool kCluster>
 void launch_row_copies(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
   if constexpr (kRowsN < 64) {
-    if (rows_row_copies_env() == 2) {
+    if (rows_row_copies_env() != 1) {  // (2, or the default)
       if constexpr (kCluster) launch_rows_cluster<kRowCopyKernel<kRowsN, 2, true>>(p, map, grid, smem, stream);
       else kRowCopyKernel<kRowsN, 2><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
       return;
@@ -896,11 +903,12 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
     if constexpr (kRowsN != 32)
       if (rows_cluster<kRowsN>(p, grid)) {
         if constexpr (kSplit)
-          if (rows_row_copies_env()) return launch_row_copies<kRowsN, true>(p, map, grid, smem, stream);
+          if (rows_row_copies_env() > 0) return launch_row_copies<kRowsN, true>(p, map, grid, smem, stream);
         return launch_rows_cluster<kPage1Kernel<kRowsN, true, kSplit>>(p, map, grid, smem, stream);
       }
     if constexpr (kSplit)
-      if (rows_row_copies_env()) return launch_row_copies<kRowsN, false>(p, map, grid, smem, stream);
+      if (rows_row_copies_env() > 0 || (rows_row_copies_env() < 0 && kRowsN < 64))
+        return launch_row_copies<kRowsN, false>(p, map, grid, smem, stream);
     kPage1Kernel<kRowsN, false, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
     return;
   }

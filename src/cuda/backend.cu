@@ -398,7 +398,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
     p.lse_split_stride = st.lse_split, p.lse_s_stride = st.lse_s, p.lse_h_stride = st.lse_h;
   }
   if (step_partials) partials_flat_ = flat;
-  if (attend_skew_enabled()) p.skew_sms = sms_;  // (s33a: the 16-row kernel's fixed splits, where it applies)
+  if (attend_skew_wanted(p.batch)) p.skew_sms = sms_;  // (s33a: the 16-row kernel's fixed splits, where it applies)
   launch_attend(p, stream_);
 }
 

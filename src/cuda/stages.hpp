@@ -181,10 +181,13 @@ bool attend_wgmma_q_split(const AttendParams& p);
 // instance over TMA boxes (kBf16: HGMMA, V read MN-major from the slabs) instead of the mma.sync kernel.
 bool attend_bf16_16row_enabled();
 bool attend_wgmma_bf16_cache(const AttendParams& p);
-// MLA_ATTEND_SKEW=1 (off by default: not yet run on a GPU): the 16-row kernel's default TMA instance
-// (FastDivs) at fixed splits skews each pair of a request's splits toward the CTA placed first on
-// its SM (skew_plan.hpp, s33a) where skew::applies (even splits, one to two CTAs an SM).
+// The 16-row kernel's default TMA instance (FastDivs) at fixed splits skews each pair of a request's
+// splits toward the CTA placed first on its SM (skew_plan.hpp, s33a) where skew::applies (even
+// splits, one to two CTAs an SM): by default for batches of two or more (one 128K request was
+// 1-2% slower with it: its 8-tile splits gain no tile, the order changes), MLA_ATTEND_SKEW=1 also at
+// B = 1, =0 never. attend_skew_wanted(batch): for this batch; attend_skew_enabled: for some.
 bool attend_skew_enabled();
+bool attend_skew_wanted(int batch);
 // The launch of `ctas` CTAs takes the skewed instance (p.skew_sms set, fixed splits, skew::applies).
 bool attend_wgmma_skews(const AttendParams& p, int64_t ctas);
 // Launches of the skewed instance in this process so far (the GPU tests check that they ran it).

@@ -2,8 +2,9 @@
 // steps against the CPU backend at even batches whose grid holds one to two CTAs an SM, with even
 // split counts (2, 4, 6, and ~sms / 2 at B = 1), one and two row tiles, qlen 2, pages 64, 32 and
 // 16, lengths within an eighth of each other (fixed splits, not the flat plan), NaN in unused
-// pages and page tails, poisoned outputs. Under MLA_ATTEND_SKEW=1 (scripts/device-check skew) these steps take the skewed instance
-// (asserted by its launch count); without it the default one, which they check the same way.
+// pages and page tails, poisoned outputs. By default the shapes of two or more requests take the
+// skewed instance (asserted by its launch count), under MLA_ATTEND_SKEW=1 the B = 1 one too, under
+// =0 none (the unskewed instance, checked the same way).
 // Without a GPU they skip.
 #include <gtest/gtest.h>
 
@@ -32,13 +33,14 @@ TEST(Skew, EvenBatchStepMatchesCpu) {
     ASSERT_TRUE(cuda::skew::applies(splits, ctas, sms)) << ctas << " CTAs on " << sms << " SMs";
     cuda::AttendParams p{};  // what CudaBackend::attend sets under the switch, at fixed splits
     p.splits = splits;
-    p.skew_sms = cuda::attend_skew_enabled() ? sms : 0;
-    EXPECT_EQ(cuda::attend_wgmma_skews(p, ctas), cuda::attend_skew_enabled());
+    const bool wanted = cuda::attend_skew_wanted(shape.batch);
+    p.skew_sms = wanted ? sms : 0;
+    EXPECT_EQ(cuda::attend_wgmma_skews(p, ctas), wanted);
     const int64_t launched = cuda::attend_skew_launches();
     testing::steps_match_cpu({shape}, DType::fp8_e4m3, DType::fp8_e4m3, 3300 + uint64_t(splits),
                              testing::RowsKernel::kSixteen, splits, 8);
     // Each shape's steps took the skewed instance under the switch (and never without it).
-    if (cuda::attend_skew_enabled()) EXPECT_GT(cuda::attend_skew_launches(), launched);
+    if (wanted) EXPECT_GT(cuda::attend_skew_launches(), launched);
     else EXPECT_EQ(cuda::attend_skew_launches(), launched);
   }
 }
