@@ -791,14 +791,20 @@ int rows_row_copies_env() {
   static const int mode = n == 0 || n == 1 || n == 2 ? n : -1;  // -1: the default
   return mode;
 }
+// Whether a page-1 CTA of kRowsN rows (in a 2-CTA cluster or not) takes the row copies.
+template <int kRowsN>
+bool rows_row_copies(bool cluster) {
+  const int mode = rows_row_copies_env();
+  return mode > 0 || (mode < 0 && !cluster && kRowsN < 64);
+}
 template <int kRowsN, int kSteps, bool kCluster = false>
 constexpr auto kRowCopyKernel =
     attend_rows_kernel<true, kRowsN, false, 1, kCluster, false, kSplitQk<kRowsN, true>, kSteps>;
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
-  // The row-copy instances only under their switch (the default step never loads them); 64 rows:
-  // one group step.
+  // The row-copy instances unless MLA_ROWS_ROW_COPIES=0 (by default the 48- and 32-row ones outside
+  // clusters run); 64 rows: one group step.
   if constexpr (kSplit) {
     if (rows_row_copies_env() != 0) {
       prepare_kernel<kRowCopyKernel<kRowsN, 1>, kRowsN>();
@@ -869,7 +875,7 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
   const cudaLaunchConfig_t cfg = pair_config(grid, smem, stream, attr);
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernel, p, map));
 }
-// The row-copy instance of a height for MLA_ROWS_ROW_COPIES's group steps (1 or 2).
+// The row-copy instance of a height for MLA_ROWS_ROW_COPIES's group steps (1, or 2 as by default).
 // (64 rows: 1-step groups whatever the switch says: 2-step groups of both tiles spill 38 local loads
 // and 19 stores in its pair loop.)
 template <int kRowsN, bool kCluster>
@@ -903,12 +909,11 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
     if constexpr (kRowsN != 32)
       if (rows_cluster<kRowsN>(p, grid)) {
         if constexpr (kSplit)
-          if (rows_row_copies_env() > 0) return launch_row_copies<kRowsN, true>(p, map, grid, smem, stream);
+          if (rows_row_copies<kRowsN>(true)) return launch_row_copies<kRowsN, true>(p, map, grid, smem, stream);
         return launch_rows_cluster<kPage1Kernel<kRowsN, true, kSplit>>(p, map, grid, smem, stream);
       }
     if constexpr (kSplit)
-      if (rows_row_copies_env() > 0 || (rows_row_copies_env() < 0 && kRowsN < 64))
-        return launch_row_copies<kRowsN, false>(p, map, grid, smem, stream);
+      if (rows_row_copies<kRowsN>(false)) return launch_row_copies<kRowsN, false>(p, map, grid, smem, stream);
     kPage1Kernel<kRowsN, false, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
     return;
   }

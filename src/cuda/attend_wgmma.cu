@@ -186,9 +186,10 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
     launch_timeline(p, grid, map, stream);
   } else if (tma) {
     AttendParams q = p;
-    if (qk_group_steps() == 2 && with_fast_divs(q, grid) && attend_wgmma_skews(q, grid.x))
-      launch_attend_wgmma_skew(q, map, grid, stream);  // (MLA_ATTEND_SKEW=1: attend_wgmma_skew.cu)
-    else if (qk_group_steps() == 2 && with_fast_divs(q, grid))
+    const bool fast_divs = qk_group_steps() == 2 && with_fast_divs(q, grid);
+    if (fast_divs && attend_wgmma_skews(q, grid.x))
+      launch_attend_wgmma_skew(q, map, grid, stream);  // (skewed splits: attend_wgmma_skew.cu)
+    else if (fast_divs)
       attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>
           <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(q, map);
     else if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());

@@ -1,7 +1,8 @@
 #pragma once
-// Fixed splits skewed toward the CTAs the GPU places first (s33a, MLA_ATTEND_SKEW=1; off by default,
-// not yet run on a GPU): the 16-row kernel's default TMA instance at even batches, where the
-// planner's one wave puts two CTAs on each SM.
+// Fixed splits skewed toward the CTAs the GPU places first (s33a; by default from B = 2 since
+// session 33: B 1.6-2.8%, C 1.2% faster on the H200; MLA_ATTEND_SKEW=0 off, =1 at B = 1 too): the
+// 16-row kernel's default TMA instance at even batches, where the planner's one wave puts two CTAs
+// on each SM.
 //
 // Why: session 21's timeline (docs/attention.md) found that of an SM's two CTAs the one placed first
 // (blockIdx below the SM count) streams its tiles 8-9% faster than the second for equal work (2.20

@@ -151,8 +151,8 @@ struct AttendParams {
   // The 16-row kernel's FastDivs instance (s23a): multiply-shifts for blockIdx.x / m_tiles, work /
   // splits and the flat plan's T / CTAs, set by launch_attend_wgmma where they are exact.
   uint64_t m_tiles_magic = 0, splits_magic = 0, flat_ctas_magic = 0;
-  // The GPU's SM count where MLA_ATTEND_SKEW=1 (s33a, skew_plan.hpp; else 0): the 16-row kernel's
-  // FastDivs instance skews fixed splits toward the CTAs placed first where attend_wgmma_skews holds.
+  // The GPU's SM count where the batch takes skewed splits (attend_skew_wanted; s33a, skew_plan.hpp;
+  // else 0): the 16-row kernel's FastDivs instance skews fixed splits where attend_wgmma_skews holds.
   int skew_sms = 0;
 };
 inline constexpr int kMaxQueryHeads = 8190;  // G: G * 8 + 16 <= 2^16 (launch_attend_wgmma's heads_magic)
@@ -168,7 +168,7 @@ bool attend_o_pairs_aligned(const AttendParams& p);
 // The Hopper wgmma kernel (attend_wgmma.cu), which launch_attend picks where it applies: the step's
 // own partials (step_partials) with an fp8 query and cache, o rows pair-aligned.
 bool attend_wgmma_applies(const AttendParams& p);
-// MLA_ATTEND_Q_SPLIT=1 (off by default: not yet run on a GPU): a bf16 query over an fp8 cache takes the
+// MLA_ATTEND_Q_SPLIT=1 (off by default: tested on the H200 in session 33, not yet timed): a bf16 query over an fp8 cache takes the
 // 16-row wgmma kernel too, each query row split exactly into two e4m3 rows (core/query_split.hpp),
 // over TMA boxes (pages of 8+ rows, a power of two) or bulk row copies (other pages: 16-byte aligned
 // rows, the step's partials), at every height, planned for 16-row CTAs (CudaBackend::attend_shape:
@@ -176,7 +176,7 @@ bool attend_wgmma_applies(const AttendParams& p);
 // mma.sync kernel (attend_wgmma_q_split: that case).
 bool attend_q_split_enabled();
 bool attend_wgmma_q_split(const AttendParams& p);
-// MLA_ATTEND_BF16_16ROW=1 (off by default: not yet run on a GPU): a bf16 query and cache where the
+// MLA_ATTEND_BF16_16ROW=1 (off by default: tested on the H200 in session 33, not yet timed): a bf16 query and cache where the
 // planner does not ask for many rows (12-16 heads, qlen 1) take the 16-row wgmma kernel's bf16
 // instance over TMA boxes (kBf16: HGMMA, V read MN-major from the slabs) instead of the mma.sync kernel.
 bool attend_bf16_16row_enabled();

@@ -30,7 +30,7 @@ void launch_attend_wgmma_bf16(const AttendParams& p, const CUtensorMap& map, cud
 void prepare_attend_wgmma_bf16();
 // The 16-row kernel's default TMA instance with skewed fixed splits (attend_wgmma_skew.cu, s33a;
 // attend_wgmma_skews in stages.hpp says where): p with its multiply-shifts set (FastDivs), grid the
-// launch's; and its shared-memory limit (where MLA_ATTEND_SKEW=1).
+// launch's; and its shared-memory limit (unless MLA_ATTEND_SKEW=0).
 void launch_attend_wgmma_skew(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream);
 void prepare_attend_wgmma_skew();
 
