@@ -159,6 +159,12 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   constexpr bool kRowCopies = kRowCopySteps > 0;
   static_assert(!kRowCopies || (kTma && (kSplitQk || kRowsN == 64)), "row copies: TMA instances, q.k split or 64 rows");
   constexpr Tiles kTiles = kRowCopies ? Tiles::kRows : Tiles::kBoxes;  // the tiles' layout (p.v's V^T loads)
+  // A segment's missing second tile (its phase completes with 0 bytes and no keys) waited on at the
+  // end of the pair, off q.k's path (kEndWait: the page-1 and cp.async instances, where it won back
+  // qlen 2 at page 1: 122.7 -> 113.3 us, s31), or before q.k like a landed one (8113f3f's form: the
+  // whole-page TMA instances, where the end wait measured 1.2-1.5% slower on F, G, 96 heads and
+  // qlen 2 at page 64; session 33 call 1, GPU-e6875044).
+  constexpr bool kEndWait = !kTma || kSmallBoxes || kMapUniform || kRowCopies;
   // k32 steps an f32-summed q.k group takes, and the groups a tile. kRowCopies: kRowCopySteps, an A/B
   // of two costs at 48 and 32 rows: with 2 the fragments in flight take 16 registers and the 48-row
   // consumers spill in the pair loop (9 local loads and 9 stores, -Xptxas -v), with 1 they take 8 (3
@@ -390,7 +396,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
-        if (kSplitQk || (u == 1 && (!both || kTileRelease))) continue;  // (kTileRelease: tile 1 below)
+        if (kSplitQk || (u == 1 && ((kEndWait && !both) || kTileRelease))) continue;  // (kTileRelease: tile 1 below)
         land(u);
       }
       if constexpr (kSplitQk) {
@@ -398,7 +404,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // (acc[grp % 2]); the other tile's keys and mask before p.v (below). (key_mask: 0 from the
         // loop above until landed.)
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
-        else if (both) land(1);
+        else if (!kEndWait || both) land(1);
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
         // kRowCopies: K from registers (k_frag_load, as in the 16-row kernel's row copies), a group's
         // fragments a slot (an in-flight wgmma reads its A registers: a slot's are reloaded once its
@@ -437,7 +443,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           if (grp + 2 < kNGroups) issue_split(slot, grp + 2);
         }
         if (wg == 1) land(0);  // p.v reads both tiles' V, masked by both tiles' keys
-        else if (both) land(1);
+        else if (!kEndWait || both) land(1);
       } else {
       // Gathered rows are generic-proxy writes, seen complete through the mbarrier: ordered before
       // the tensor cores' reads (async proxy) by each reading thread (TMA writes are async already).
@@ -479,7 +485,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
-        if (kTileRelease && u == 1 && both) land(1);  // (released and issued after tile 0)
+        if (kTileRelease && u == 1 && (!kEndWait || both)) land(1);  // (released and issued after tile 0)
         load_kb(u, 0);
         issue_group(u, 0);
       }
@@ -645,13 +651,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             if (t > 0) wgmma::wait<1>();
           }
         }
-        // A segment's missing second tile: its phase completed with 0 bytes and no keys (the
-        // producer's arrival, or the cp.async copies' with nothing copied), and it is waited on
-        // here, off q.k's path, before the stage goes back: unwaited, it could still be open when
-        // the consumers came back to the stage two pairs on (an issuing warp delayed between its
-        // two tiles while the others ran ahead), and their wait on the next phase would pass on it
-        // (synccheck "Missing wait" until s30).
-        if (!both) tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][1]), parity);
+        // kEndWait: a segment's missing second tile (its phase completed with 0 bytes and no keys:
+        // the producer's arrival, or the cp.async copies' with nothing copied) is waited on here,
+        // off q.k's path, before the stage goes back (else with the landed ones, above). Unwaited,
+        // it could still be open when the consumers came back to the stage two pairs on (an issuing
+        // warp delayed between its two tiles while the others ran ahead), and their wait on the
+        // next phase would pass on it (synccheck "Missing wait" until s30).
+        if (kEndWait && !both) tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][1]), parity);
         if constexpr (kProducer)  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
           release(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]);
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it
