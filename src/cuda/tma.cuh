@@ -40,10 +40,22 @@ __device__ __forceinline__ bool wait_parity(uint32_t bar, uint32_t parity, uint3
   return false;
 }
 
+// MLA_CLUSTER_SCOPE_SYNC (a diagnostic build only: -DMLA_CLUSTER_SCOPE_SYNC, `scripts/device-check
+// cluster-race`): the waits acquire and the remote arrivals release at cluster scope, the PTX memory
+// model's formal order between a CTA's reads and its cluster peer's later copies into them, to tell
+// whether compute-sanitizer racecheck's reports on the clusters' row copies are about the scope.
+#ifdef MLA_CLUSTER_SCOPE_SYNC
+#define MLA_WAIT_SEM ".acquire.cluster"
+#define MLA_REMOTE_ARRIVE_SEM ".release.cluster"
+#else
+#define MLA_WAIT_SEM ""
+#define MLA_REMOTE_ARRIVE_SEM ""
+#endif
+
 // Waits for the phase with this parity to complete, however long it takes (kernels).
 __device__ __forceinline__ void wait_parity_forever(uint32_t bar, uint32_t parity) {
   asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity" MLA_WAIT_SEM ".shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
 }
@@ -75,7 +87,7 @@ __device__ __forceinline__ void load_2d_multicast(uint32_t dst, const CUtensorMa
 __device__ __forceinline__ void arrive_cluster(uint32_t bar, uint32_t rank) {
   asm volatile(
       "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      " mbarrier.arrive" MLA_REMOTE_ARRIVE_SEM ".shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
       "r"(rank)
       : "memory");
 }
