@@ -38,7 +38,7 @@ bool attend_o_pairs_aligned(const AttendParams& p) {
 }
 
 bool attend_q_split_enabled() {
-  static const bool on = env_choice("MLA_ATTEND_Q_SPLIT", {{"1", 1}}, 0) == 1;
+  static const bool on = env_choice("MLA_ATTEND_Q_SPLIT", {{"0", 0}, {"1", 1}}, 1) == 1;
   return on;
 }
 
@@ -59,7 +59,7 @@ bool attend_wgmma_skews(const AttendParams& p, int64_t ctas) {
 }
 
 bool attend_bf16_16row_enabled() {
-  static const bool on = env_choice("MLA_ATTEND_BF16_16ROW", {{"1", 1}}, 0) == 1;
+  static const bool on = env_choice("MLA_ATTEND_BF16_16ROW", {{"0", 0}, {"1", 1}}, 1) == 1;
   return on;
 }
 
