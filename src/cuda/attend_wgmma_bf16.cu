@@ -1,4 +1,4 @@
-// The 16-row wgmma kernel's bf16 instance (kBf16: attend_wgmma_kernel.cuh, MLA_ATTEND_BF16_16ROW=1):
+// The 16-row wgmma kernel's bf16 instance (kBf16: attend_wgmma_kernel.cuh, MLA_ATTEND_BF16_16ROW):
 // a bf16 query and cache at the heights the many-rows kernels leave to the 16-row one (12-16 heads,
 // qlen 1), over TMA boxes. A translation unit of its own, as attend_wgmma_q_split.cu and for the same
 // reason: the fp8 instances' SASS, which the H200 figures measured, stays as it was.

@@ -1,4 +1,4 @@
-// The 16-row wgmma kernel's bf16-query instances (kQSplit: attend_wgmma_kernel.cuh, MLA_ATTEND_Q_SPLIT=1):
+// The 16-row wgmma kernel's bf16-query instances (kQSplit: attend_wgmma_kernel.cuh, MLA_ATTEND_Q_SPLIT):
 // a bf16 query over an fp8 cache's TMA boxes or bulk row copies, each query row split exactly into two e4m3 rows
 // (core/query_split.hpp). A translation unit of its own: compiled beside the fp8 instances it
 // changed their SASS (ptxas inlines the device code they share differently with one more caller),
