@@ -509,13 +509,22 @@ struct RowCopies {
       tma::arrive_expect_tx(bar, uint32_t(__popc(copied)) * uint32_t(kRow));
     }
     __syncwarp();
+#ifdef MLA_CLUSTER_COPY_SELF
+    // A diagnostic build only (`scripts/device-check cluster-race`): each CTA of a pair copies every
+    // tile for itself alone (multicast to its own rank), the protocol otherwise the same, to tell
+    // whether racecheck's report on the clusters' row copies needs the copy into the peer.
+    send = true;
+    [[maybe_unused]] const uint16_t cta_mask = uint16_t(1u << tma::cluster_rank());
+#else
+    [[maybe_unused]] const uint16_t cta_mask = 0b11;
+#endif
     if (ok && (!kMulticast || send)) {
       const int64_t j = key(ks, tile);
       const int64_t in_page = ks.page_shift >= 0 ? j & (p.page_size - 1) : int32_t(j) % p.page_size;
       const uint8_t* src =
           static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
       const uint32_t at = dst + (kWarps * lane + warp) * kRowPitch;
-      if constexpr (kMulticast) tma::load_bytes_multicast(at, src, kRow, bar, 0b11);
+      if constexpr (kMulticast) tma::load_bytes_multicast(at, src, kRow, bar, cta_mask);
       else tma::load_bytes(at, src, kRow, bar);
     }
   }
