@@ -366,6 +366,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       const uint32_t parity = (at >> 1) & 1;
       // q.k of both tiles for this warpgroup's rows (kWgRows wg ..): S^T [64 keys x kWgRows rows].
       const bool both = 2 * j + 1 < n_tiles;
+      // Tile 1 waited on with the landed ones (below, in q.k's order): always but where kEndWait
+      // leaves a missing one to the pair's end.
+      const bool land1 = !kEndWait || both;
       float x[kQkTiles][kQkAcc];  // raw scores (q.k in the quantized units; the scale is folded in below)
       uint64_t key_mask[kGroups];
       uint64_t kd[kGroups];
@@ -396,7 +399,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       for (int u = 0; u < kGroups; ++u) {
         key_mask[u] = 0;
         kd[u] = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][u][0]));
-        if (kSplitQk || (u == 1 && ((kEndWait && !both) || kTileRelease))) continue;  // (kTileRelease: tile 1 below)
+        if (kSplitQk || (u == 1 && (!land1 || kTileRelease))) continue;  // (kTileRelease: tile 1 below)
         land(u);
       }
       if constexpr (kSplitQk) {
@@ -404,7 +407,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // (acc[grp % 2]); the other tile's keys and mask before p.v (below). (key_mask: 0 from the
         // loop above until landed.)
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
-        else if (!kEndWait || both) land(1);
+        else if (land1) land(1);
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
         // kRowCopies: K from registers (k_frag_load, as in the 16-row kernel's row copies), a group's
         // fragments a slot (an in-flight wgmma reads its A registers: a slot's are reloaded once its
@@ -443,7 +446,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           if (grp + 2 < kNGroups) issue_split(slot, grp + 2);
         }
         if (wg == 1) land(0);  // p.v reads both tiles' V, masked by both tiles' keys
-        else if (!kEndWait || both) land(1);
+        else if (land1) land(1);
       } else {
       // Gathered rows are generic-proxy writes, seen complete through the mbarrier: ordered before
       // the tensor cores' reads (async proxy) by each reading thread (TMA writes are async already).
@@ -485,7 +488,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       };
 #pragma unroll
       for (int u = 0; u < kGroups; ++u) {
-        if (kTileRelease && u == 1 && (!kEndWait || both)) land(1);  // (released and issued after tile 0)
+        if (kTileRelease && u == 1 && land1) land(1);  // (released and issued after tile 0)
         load_kb(u, 0);
         issue_group(u, 0);
       }
@@ -657,7 +660,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // it could still be open when the consumers came back to the stage two pairs on (an issuing
         // warp delayed between its two tiles while the others ran ahead), and their wait on the
         // next phase would pass on it (synccheck "Missing wait" until s30).
-        if (kEndWait && !both) tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][1]), parity);
+        if (!land1) tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][1]), parity);
         if constexpr (kProducer)  // the warp's last read of the stage (q.k's MMAs are done, V is in registers)
           release(kTileRelease ? &sm.empty1[stage] : &sm.empty[stage]);
         if constexpr (!kDrainLate) wgmma::wait<0>();  // else the next pair's first q.k wait covers it

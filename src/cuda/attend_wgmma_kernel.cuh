@@ -89,8 +89,8 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // rows), the scores hi + lo / 16 times the row's 2^-e, so the bf16 query's scores on the fp8 tensor
 // cores (where the mma.sync kernel widened every key to f16). Its 16 accumulator registers a group
 // take 3 in flight (3 waves of 3 groups) where the fp8 query's take 9.
-// kBf16 (MLA_ATTEND_BF16_16ROW, the default since session 34: B64 162 us against mma.sync's 232; TMA boxes): a bf16 query and cache, where
-// the mma.sync kernel took the 12-16 head shapes of a bf16 cache (59% of copy at B64): key tiles of
+// kBf16 (MLA_ATTEND_BF16_16ROW, the default since session 34: B64 162 us against mma.sync's 232;
+// TMA boxes): a bf16 query and cache, where the mma.sync kernel took the 12-16 head shapes of a bf16 cache (59% of copy at B64): key tiles of
 // nine 128-byte slabs (72 KB, one CTA an SM), q.k as HGMMA m64n16k16 bf16 in one f32 chain of 36 k16
 // steps (bf16 products accumulate in f32 proper), p.v as HGMMA m64n16k16 with V^T read MN-major
 // from the slabs as TMA wrote them (no ldmatrix, no widening) and a bf16 P^T; the rows of keys not

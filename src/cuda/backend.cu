@@ -117,7 +117,6 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   o_ = layout_.add(o_bytes);
   lse_ = layout_.add(partial_rows_ * g * int64_t(sizeof(float)));
   if (opts.dcp.size > 1) {  // the combine's exchange destination: [W*splits, S, N, L] = as many rows
-    exchanged_o_bytes_ = o_bytes;
     exchanged_o_ = layout_.add(o_bytes);
     exchanged_lse_ = layout_.add(partial_rows_ * g * int64_t(sizeof(float)));
   } else {
@@ -138,8 +137,8 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   MLA_CUDA_CHECK(cudaMemset(error_.get(), 0, sizeof(uint32_t)));
   lt_ = std::make_unique<CublasLt>();
   // (the workspace pointer is passed at every run: the block may move)
-  gemm_qkv_a_ = std::make_unique<Gemm>(lt_->get(), rows, cfg.hidden, nullptr, kCublasWorkspace);
-  gemm_q_b_ = std::make_unique<Gemm>(lt_->get(), n * cfg.qk_head_dim(), cfg.q_lora_rank, nullptr, kCublasWorkspace);
+  gemm_qkv_a_ = std::make_unique<Gemm>(lt_->get(), rows, cfg.hidden, kCublasWorkspace);
+  gemm_q_b_ = std::make_unique<Gemm>(lt_->get(), n * cfg.qk_head_dim(), cfg.q_lora_rank, kCublasWorkspace);
   MLA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -417,9 +416,11 @@ void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const 
     const std::vector<int64_t> lse_shape = detail::exchanged_lse_shape(cfg, opts, attn.o);
     in.o = TensorView::contiguous(at(exchanged_o_), attn.o.dtype, o_shape, Device::cuda, opts.cuda_device);
     in.lse = TensorView::contiguous(at(exchanged_lse_), DType::f32, lse_shape, Device::cuda, opts.cuda_device);
-    // (lse's slot holds partial_rows_ rows of G: a bf16 o within o's bytes could hold twice as many)
-    MLA_REQUIRE(int64_t(in.o.numel() * dtype_size(in.o.dtype)) <= exchanged_o_bytes_ &&
-                    in.lse.numel() <= partial_rows_ * query_heads(),
+    // (the slots hold partial_rows_ rows of G f32 o and lse: a bf16 o within o's bytes could hold
+    // twice as many rows as lse's slot)
+    const int64_t rows = partial_rows_ * query_heads();
+    MLA_REQUIRE(int64_t(in.o.numel() * dtype_size(in.o.dtype)) <= rows * kLatent * int64_t(sizeof(float)) &&
+                    in.lse.numel() <= rows,
                 "post: ", in.o.str(), " exceeds the DCP exchange workspace planned from max_tokens (",
                 partial_rows_, " rows of ", query_heads(), " heads)");
     detail::exchange_partials(cfg, opts, attn, in, stream_);

@@ -66,7 +66,6 @@ class CudaBackend final : public detail::BackendImpl {
   T* at(int slot) const { return reinterpret_cast<T*>(layout_.at(workspace_->impl().data(), slot)); }
   int y_ = 0, q_c_ = 0, q_full_ = 0, q_ = 0, gate_ = 0, o_ = 0, lse_ = 0, cublas_workspace_ = 0;
   int exchanged_o_ = 0, exchanged_lse_ = 0;  // W > 1: the combine's [W*splits, S, N, L] partials
-  int64_t exchanged_o_bytes_ = 0;
   int64_t q_heads_ = 0, partial_rows_ = 0;
   // The flat plan's partial index ranges per request (AttendParams.flat_ctas), and whether the
   // workspace partials were last written that way (post reads them accordingly).

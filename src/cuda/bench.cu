@@ -199,8 +199,8 @@ detail::Ceilings CudaBackend::measure_ceilings() {
     const bool fp8 = in_type == CUDA_R_8F_E4M3;
     fill_random(x.get(), x.bytes(), 2, fp8, stream_);
     fill_random(w.get(), w.bytes(), 3, fp8, stream_);
-    Gemm gemm(lt_->get(), n, n, ws.get(), ws.bytes(), in_type, CUDA_R_16BF);
-    const double us = median_us(stream_, 3, 10, [&] { gemm.run(x.get(), n, w.get(), y.get(), n, n, stream_); });
+    Gemm gemm(lt_->get(), n, n, ws.bytes(), in_type, CUDA_R_16BF);
+    const double us = median_us(stream_, 3, 10, [&] { gemm.run(x.get(), n, w.get(), y.get(), n, n, stream_, ws.get()); });
     return flops / (us * 1e-6) / 1e12;
   };
   c.matmul_tflops = matmul_rate(CUDA_R_16BF, 2);

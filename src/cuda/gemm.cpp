@@ -18,9 +18,9 @@ struct Gemm::Plan {
   }
 };
 
-Gemm::Gemm(cublasLtHandle_t handle, int n, int k, void* workspace, size_t workspace_bytes,
-           cudaDataType_t in_type, cudaDataType_t out_type)
-    : handle_(handle), n_(n), k_(k), workspace_(workspace), workspace_bytes_(workspace_bytes),
+Gemm::Gemm(cublasLtHandle_t handle, int n, int k, size_t workspace_bytes, cudaDataType_t in_type,
+           cudaDataType_t out_type)
+    : handle_(handle), n_(n), k_(k), workspace_bytes_(workspace_bytes),
       in_type_(in_type), out_type_(out_type) {
   MLA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
@@ -64,7 +64,7 @@ void Gemm::run(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, 
   Plan& p = plan(s, ldx, ldy);
   const float alpha = 1.0f, beta = 0.0f;
   MLA_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
-                                  workspace ? workspace : workspace_, workspace_bytes_, stream));
+                                  workspace, workspace_bytes_, stream));
 }
 
 }  // namespace mla::cuda

@@ -169,17 +169,19 @@ bool attend_o_pairs_aligned(const AttendParams& p);
 // own partials (step_partials) with an fp8 cache and an fp8 query (or a bf16 one: the split below),
 // or a bf16 query and cache (below), o rows pair-aligned.
 bool attend_wgmma_applies(const AttendParams& p);
-// By default since session 34 (MLA_ATTEND_Q_SPLIT=0: off; H200: B64 89 us against mma.sync's 143-148, uneven 171
-// against 459): a bf16 query over an fp8 cache takes the 16-row wgmma kernel too, each query row split exactly into two e4m3 rows (core/query_split.hpp),
-// over TMA boxes (pages of 8+ rows, a power of two) or bulk row copies (other pages: 16-byte aligned
-// rows, the step's partials), at every height, planned for 16-row CTAs (CudaBackend::attend_shape:
-// no many-rows kernel takes this pair); else (and with the switch off) the
-// mma.sync kernel (attend_wgmma_q_split: that case).
+// By default since session 34 (MLA_ATTEND_Q_SPLIT=0: off; H200: B64 89 us against mma.sync's
+// 143-148, uneven 171 against 459): a bf16 query over an fp8 cache takes the 16-row wgmma kernel
+// too, each query row split exactly into two e4m3 rows (core/query_split.hpp), over TMA boxes (pages
+// of 8+ rows, a power of two) or bulk row copies (other pages: 16-byte aligned rows, the step's
+// partials), at every height, planned for 16-row CTAs (CudaBackend::attend_shape: no many-rows
+// kernel takes this pair); else (and with the switch off) the mma.sync kernel
+// (attend_wgmma_q_split: that case).
 bool attend_q_split_enabled();
 bool attend_wgmma_q_split(const AttendParams& p);
-// By default since session 34 (MLA_ATTEND_BF16_16ROW=0: off; H200: B64 162 us against mma.sync's 232): a bf16 query and cache where the
-// planner does not ask for many rows (12-16 heads, qlen 1) take the 16-row wgmma kernel's bf16
-// instance over TMA boxes (kBf16: HGMMA, V read MN-major from the slabs) instead of the mma.sync kernel.
+// By default since session 34 (MLA_ATTEND_BF16_16ROW=0: off; H200: B64 162 us against mma.sync's
+// 232): a bf16 query and cache where the planner does not ask for many rows (12-16 heads, qlen 1)
+// take the 16-row wgmma kernel's bf16 instance over TMA boxes (kBf16: HGMMA, V read MN-major from
+// the slabs) instead of the mma.sync kernel.
 bool attend_bf16_16row_enabled();
 bool attend_wgmma_bf16_cache(const AttendParams& p);
 // The 16-row kernel's default TMA instance (FastDivs) at fixed splits skews each pair of a request's
