@@ -47,6 +47,15 @@ bool attend_wgmma_q_split(const AttendParams& p) {
          (attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p));
 }
 
+bool attend_rows_q_split_enabled() {
+  static const bool on = attend_q_split_enabled() && env_choice("MLA_ROWS_Q_SPLIT", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
+
+bool attend_rows_q_split(const AttendParams& p) {
+  return attend_rows_q_split_enabled() && !p.q_fp8 && p.cache_fp8 && p.many_rows && attend_wgmma_uses_tma(p);
+}
+
 bool attend_skew_enabled() { return attend_skew_wanted(2); }
 
 bool attend_skew_wanted(int batch) {
@@ -71,7 +80,8 @@ bool attend_wgmma_applies(const AttendParams& p) {
   // The default for the step's partials: with its copies through L1 it beats the mma.sync kernel on
   // every shape measured (H200, docs/attention.md v8d).
   const int mode = attend_kernel_mode();
-  const bool operands = p.cache_fp8 ? p.q_fp8 || attend_wgmma_q_split(p) : attend_wgmma_bf16_cache(p);
+  const bool operands =
+      p.cache_fp8 ? p.q_fp8 || attend_wgmma_q_split(p) || attend_rows_q_split(p) : attend_wgmma_bf16_cache(p);
   return mode > 0 && (p.step_partials || mode == 2) && operands && !p.exact_p && attend_o_pairs_aligned(p);
 }
 
@@ -108,7 +118,7 @@ bool attend_wgmma_uses_tma(const AttendParams& p) {
   // (session 24; session 10's one-row boxes were issued by the consumers); MLA_ROWS_SMALL_BOXES=0
   // gathers them by the consumers' cp.async as before (A/B).
   static const bool small_boxes = env_choice("MLA_ROWS_SMALL_BOXES", {{"0", 0}}, 1) == 1;
-  const bool boxes_small = !p.cache_fp8 || (small_boxes && p.many_rows && p.q_fp8);
+  const bool boxes_small = !p.cache_fp8 || (small_boxes && p.many_rows && (p.q_fp8 || attend_rows_q_split_enabled()));
   const bool pow2_page = p.page_size >= (boxes_small ? 1 : kFp8SmallPage) && (p.page_size & (p.page_size - 1)) == 0;
   return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride &&
          p.num_pages * p.page_size <= INT32_MAX && rows_copyable(p);

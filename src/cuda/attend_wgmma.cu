@@ -141,6 +141,7 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
   set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
   if (attend_q_split_enabled()) prepare_attend_wgmma_q_split();  // (only under their switches)
+  if (attend_rows_q_split_enabled()) prepare_attend_rows_q_split();
   if (attend_bf16_16row_enabled()) prepare_attend_wgmma_bf16();
   if (attend_skew_enabled()) prepare_attend_wgmma_skew();
   prepare_attend_rows_kernel();
@@ -162,6 +163,11 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
   // Many rows a key: 64-row CTAs. attend_rows_bf16.cu takes TMA tiles only (attend_rows_bf16_applies);
   // attend_rows.cu TMA tiles or, for other pages, rows gathered by cp.async (16-byte aligned rows,
   // chunks rounded to whole tiles as with TMA: the step's partials or one split).
+  if (p.many_rows && !p.q_fp8 && p.cache_fp8) {  // (attend_rows_q_split: TMA boxes)
+    MLA_REQUIRE(tma, "attend: a bf16 query over an fp8 cache takes the many-rows kernel over TMA boxes only");
+    launch_attend_rows_q_split(p, map, stream);
+    return;
+  }
   if (p.many_rows && !p.q_fp8) {
     launch_attend_rows_bf16(p, map, stream);
     return;

@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       limit[r] = keys.limit_of_query(p, m, rows_total, fast_div(m, p.heads_magic));
     }
     // (kQSplit: a bf16 query split into hi and lo rows; the same two calls)
-    std::conditional_t<kQSplit, SplitQueryTile, QueryTile<kN, kThreads, kBf16 ? 2 : 1>> query;
+    std::conditional_t<kQSplit, SplitQueryTile<>, QueryTile<kN, kThreads, kBf16 ? 2 : 1>> query;
     query.template load<true>(p, b, m_base, rows_total, tid);
     if constexpr (kQSplit) query.store(sm.q, sm.q_exp, tid);
     else query.store(sm.q, tid);

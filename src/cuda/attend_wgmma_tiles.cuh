@@ -197,16 +197,23 @@ struct QueryTile {
   }
 };
 
-// kQSplit (attend_wgmma_kernel.cuh, MLA_ATTEND_Q_SPLIT=1): the kN bf16 query rows m_base .. of request b,
-// each scaled by its own power of two and split into two e4m3 rows (core/query_split.hpp): hi at
-// row n, lo at row kN + n of a 2 kN-row B tile (b_offset_n<2 kN>), and the row's exponent into
-// q_exp[n]. Thread t takes row t / 8's 16-dim units t % 8 + 8 k (36 a row: 5 or 4 a thread, 32
-// bytes of bf16 each), so a row's maximum meets in its 8 lanes by three shuffles (no barrier).
-// Rows past the request's are zero (exponent 0); a row with an infinity (and no NaN) stores
-// kQuerySplitInfRow. load issues every load before any is used.
+// kQSplit (attend_wgmma_kernel.cuh, MLA_ATTEND_Q_SPLIT=1): the kRowsN bf16 query rows m_base .. of
+// request b, each scaled by its own power of two and split into two e4m3 rows (core/query_split.hpp):
+// hi at row n, lo at row kRowsN + n of a 2 kRowsN-row B tile (b_offset_n<2 kRowsN>: the 16-row
+// kernel's q.k takes both as one N = 32 operand), or (kLoBlock: the many-rows kernel's kQSplit, whose
+// q.k reads the lo rows as k32 steps after the hi ones) hi at b_offset_n<kRowsN> and lo kRowsN x 576
+// bytes after it; the row's exponent into q_exp[n]. Thread t takes row t / 8's 16-dim units
+// t % 8 + 8 k (36 a row: 5 or 4 a thread, 32 bytes of bf16 each), so a row's maximum meets in its 8
+// lanes by three shuffles (no barrier). Rows past the request's are zero (exponent 0); a row with an
+// infinity (and no NaN) stores kQuerySplitInfRow. load issues every load before any is used.
+template <int kRowsN = kN, int kThreadsN = kThreads, bool kLoBlock = false>
 struct SplitQueryTile {
   static constexpr int kLanes = 8, kUnits = (kChunks + kLanes - 1) / kLanes;  // 5
-  static_assert(kThreads == kN * kLanes, "a row's units over 8 lanes of one warp");
+  static_assert(kThreadsN == kRowsN * kLanes, "a row's units over 8 lanes of one warp");
+  static constexpr int hi_offset(int n, int u) { return kLoBlock ? b_offset_n<kRowsN>(n, u) : b_offset_n<2 * kRowsN>(n, u); }
+  static constexpr int lo_offset(int n, int u) {
+    return kLoBlock ? kRowsN * kRow + b_offset_n<kRowsN>(n, u) : b_offset_n<2 * kRowsN>(kRowsN + n, u);
+  }
   uint4 raw[kUnits][2];
 
   template <bool kFastDiv = true>  // (QueryTile's form: the rows' token by heads_magic either way)
@@ -261,8 +268,8 @@ struct SplitQueryTile {
       split_e4m3_x4(raw[k][0].z, raw[k][0].w, scale, hi[1], lo[1]);
       split_e4m3_x4(raw[k][1].x, raw[k][1].y, scale, hi[2], lo[2]);
       split_e4m3_x4(raw[k][1].z, raw[k][1].w, scale, hi[3], lo[3]);
-      *reinterpret_cast<uint4*>(&q_smem[b_offset_n<2 * kN>(n, u)]) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      *reinterpret_cast<uint4*>(&q_smem[b_offset_n<2 * kN>(kN + n, u)]) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      *reinterpret_cast<uint4*>(&q_smem[hi_offset(n, u)]) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *reinterpret_cast<uint4*>(&q_smem[lo_offset(n, u)]) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
   }
 };

@@ -162,8 +162,10 @@ CudaBackend::~CudaBackend() {
 CudaBackend::AttendShape CudaBackend::attend_shape(int batch, int qlen, DType cache_dtype) const {
   const int rows = query_heads() * qlen;
   const bool q_split = opts.q_dtype == DType::bf16 && cache_dtype == DType::fp8_e4m3 && attend_q_split_enabled();
-  if (!q_split && attend_rows_wanted(batch, rows, sms_))
-    return {(rows + kAttendRowsPerCta - 1) / kAttendRowsPerCta, sms_, true};
+  // (MLA_ROWS_Q_SPLIT=1: the many-rows kernel's split takes those, in 32-row CTAs one an SM)
+  const int rows_cta = q_split ? kAttendRowsQSplitCta : kAttendRowsPerCta;
+  if ((!q_split || attend_rows_q_split_enabled()) && attend_rows_wanted(batch, rows, sms_))
+    return {(rows + rows_cta - 1) / rows_cta, sms_, true};
   // The 16-row kernel's bf16-cache instance (MLA_ATTEND_BF16_16ROW, s32b) fits one CTA an SM (171 KB).
   const bool bf16_16row = opts.q_dtype == DType::bf16 && cache_dtype == DType::bf16 && attend_bf16_16row_enabled();
   return {(rows + 15) / 16, bf16_16row ? sms_ : 2 * sms_, false};

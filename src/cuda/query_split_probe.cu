@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kThreads) query_split_probe_kernel(const __gri
   const int tid = threadIdx.x;
   for (int i = tid; i < kTileBytes; i += kThreads) q[i] = 0xA5;  // (every byte must be written)
   __syncthreads();
-  SplitQueryTile query;
+  SplitQueryTile<> query;
   query.load(p, b, m_base, p.heads * p.qlen, tid);
   query.store(q, q_exp, tid);
   __syncthreads();

@@ -178,6 +178,15 @@ bool attend_wgmma_applies(const AttendParams& p);
 // (attend_wgmma_q_split: that case).
 bool attend_q_split_enabled();
 bool attend_wgmma_q_split(const AttendParams& p);
+// MLA_ROWS_Q_SPLIT=1 (s35, prepared: compiled, not yet run on a GPU; off by default): where the
+// planner asks for many rows (attend_rows_wanted), a bf16 query over an fp8 cache takes the many-rows
+// kernel's split instead (attend_rows_q_split.cu: the same exact split, q.k's k32 steps over the hi
+// rows, then the lo rows) in CTAs of kAttendRowsQSplitCta rows, planned as such
+// (CudaBackend::attend_shape), over TMA boxes of any power-of-two page; other pages take the
+// mma.sync kernel under that plan. attend_rows_q_split: this step takes it.
+bool attend_rows_q_split_enabled();
+bool attend_rows_q_split(const AttendParams& p);
+inline constexpr int kAttendRowsQSplitCta = 32;
 // By default since session 34 (MLA_ATTEND_BF16_16ROW=0: off; H200: B64 162 us against mma.sync's
 // 232): a bf16 query and cache where the planner does not ask for many rows (12-16 heads, qlen 1)
 // take the 16-row wgmma kernel's bf16 instance over TMA boxes (kBf16: HGMMA, V read MN-major from

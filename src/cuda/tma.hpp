@@ -24,6 +24,11 @@ void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cuda
 // (once, where the switch is on).
 void launch_attend_wgmma_q_split(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream);
 void prepare_attend_wgmma_q_split();
+// The many-rows kernel's bf16-query instances over an fp8 cache's TMA boxes, 32-row CTAs
+// (attend_rows_q_split.cu; attend_rows_q_split in stages.hpp says where), and their shared-memory
+// limit (once, where MLA_ROWS_Q_SPLIT=1).
+void launch_attend_rows_q_split(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
+void prepare_attend_rows_q_split();
 // The 16-row kernel's bf16-query-and-cache instance over TMA boxes (attend_wgmma_bf16.cu;
 // attend_wgmma_bf16_cache in stages.hpp says where), and its shared-memory limit (where the switch is on).
 void launch_attend_wgmma_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);

@@ -1,0 +1,50 @@
+// The many-rows kernel's bf16-query instances (kQSplit: attend_rows_kernel.cuh, MLA_ROWS_Q_SPLIT=1;
+// s35, prepared: compiled, not yet run on a GPU): a bf16 query over an fp8 cache at the many-rows
+// heights, each query row split exactly into two e4m3 rows (core/query_split.hpp) whose q.k runs as
+// 36 k32 steps against the same keys, in 32-row CTAs (the split query tile twice the fp8 one: 48 and
+// 64 rows pass 227 KB of shared memory). By default the 16-row kernel's split takes these steps too,
+// reading every key tile once a 16-row tile (D 594.7 us against the fp8 query's 234.5: session 34);
+// here once a 32-row tile. A translation unit of its own, as attend_wgmma_q_split.cu: beside the fp8
+// instances it could change their SASS, and the H200 figures hold for the SASS they measured.
+#include "cuda/attend_rows_kernel.cuh"
+#include "cuda/check.hpp"
+#include "cuda/stages.hpp"
+#include "cuda/tma.hpp"
+
+namespace mla::cuda {
+namespace {
+
+// Boxes of whole pages (8+ rows), of 2 and 4 rows, and of one row (page 1: their rows four at a time
+// through shared memory, the tensor map's address warp-uniform), as the fp8 query's 32-row
+// instances (attend_rows.cu: kTmaKernel, kSmallPageKernel, kPage1Kernel), q.k split by tile.
+template <bool kSmallBoxes, int kAhead, bool kMapUniform>
+constexpr auto kQSplitRowsKernel =
+    attend_rows_kernel<true, 32, kSmallBoxes, kAhead, false, kMapUniform, true, 0, true>;
+constexpr int kQSplitRowsSmem = rows_smem_bytes<32, true>();
+
+template <auto kKernel>
+void prepare() {
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kQSplitRowsSmem));
+}
+
+}  // namespace
+
+void prepare_attend_rows_q_split() {
+  prepare<kQSplitRowsKernel<false, 1, false>>();
+  prepare<kQSplitRowsKernel<true, 1, false>>();
+  prepare<kQSplitRowsKernel<true, 4, true>>();
+}
+
+void launch_attend_rows_q_split(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
+  const dim3 grid = attend_launch_grid(p, kAttendRowsQSplitCta);
+  constexpr int threads = kRowsCtaThreads<true>;
+  if (p.page_size == 1)
+    kQSplitRowsKernel<true, 4, true><<<grid, threads, kQSplitRowsSmem, stream>>>(p, map);
+  else if (p.page_size < kFp8SmallPage)
+    kQSplitRowsKernel<true, 1, false><<<grid, threads, kQSplitRowsSmem, stream>>>(p, map);
+  else
+    kQSplitRowsKernel<false, 1, false><<<grid, threads, kQSplitRowsSmem, stream>>>(p, map);
+  MLA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mla::cuda
