@@ -156,9 +156,10 @@ CudaBackend::~CudaBackend() {
 // (attend_rows.cu, or attend_rows_bf16.cu with a bf16 query and cache). Those also need TMA tiles
 // (or gathered ones), which the plan cannot see: with bf16 pages not a power of two, the mma.sync
 // kernel runs the plan made for 64-row CTAs, as it does for a bf16 query over an fp8 cache under
-// MLA_ATTEND_Q_SPLIT=0 (no many-rows kernel takes that pair); by default the 16-row kernel takes it
-// at every height (s32a), and its plan is the 16-row one (the many-rows plan put 48 rows at
-// B = 40 in 360 16-row CTAs on 264 slots: review of session 33).
+// MLA_ATTEND_Q_SPLIT=0; by default the 16-row kernel takes that pair at every height (s32a), and its
+// plan is the 16-row one (the many-rows plan put 48 rows at B = 40 in 360 16-row CTAs on 264 slots:
+// review of session 33); under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split takes it where
+// attend_rows_wanted says so, planned as 32-row CTAs one an SM (attend_rows_q_split.cu).
 CudaBackend::AttendShape CudaBackend::attend_shape(int batch, int qlen, DType cache_dtype) const {
   const int rows = query_heads() * qlen;
   const bool q_split = opts.q_dtype == DType::bf16 && cache_dtype == DType::fp8_e4m3 && attend_q_split_enabled();
@@ -365,8 +366,9 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
                  .error = error_.get<uint32_t>()};
   // The step's partials at W = 1 where the wgmma kernel takes TMA tiles, B > 1: the flat plan,
   // key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
-  // (A bf16 query over an fp8 cache has no many-rows kernel: the 16-row kernel's split takes it at
-  // every height, with the 16-row plan, unless MLA_ATTEND_Q_SPLIT=0: attend_shape.)
+  // (A bf16 query over an fp8 cache: the 16-row kernel's split at every height, with the 16-row
+  // plan, unless MLA_ATTEND_Q_SPLIT=0, or the many-rows kernel's split in 32-row CTAs where the
+  // planner asks for many rows under MLA_ROWS_Q_SPLIT=1: attend_shape.)
   p.many_rows = attend_shape(p.batch, meta.qlen, cache.pages.dtype).many_rows;
   const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen, cache.pages.dtype));
   // An even batch (host lengths within 1/8 of the longest) keeps fixed splits: the flat plan's

@@ -53,9 +53,15 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
   bf16_q.q_fp8 = false;                                  // MLA_ATTEND_Q_SPLIT=1
   EXPECT_EQ(cuda::attend_wgmma_applies(bf16_q), cuda::attend_q_split_enabled());
   EXPECT_EQ(cuda::attend_wgmma_q_split(bf16_q), cuda::attend_q_split_enabled());
-  cuda::AttendParams bf16_q_rows = bf16_q;  // many rows: no bf16-query instance (the mma.sync kernel)
-  bf16_q_rows.many_rows = true;
-  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q_rows));
+  cuda::AttendParams bf16_q_rows = bf16_q;  // many rows: the many-rows kernel's split only under
+  bf16_q_rows.many_rows = true;             // MLA_ROWS_Q_SPLIT=1 (else the mma.sync kernel)
+  EXPECT_EQ(cuda::attend_wgmma_applies(bf16_q_rows), cuda::attend_rows_q_split_enabled());
+  EXPECT_EQ(cuda::attend_rows_q_split(bf16_q_rows), cuda::attend_rows_q_split_enabled());
+  EXPECT_FALSE(cuda::attend_wgmma_q_split(bf16_q_rows));
+  EXPECT_FALSE(cuda::attend_rows_q_split(bf16_q));  // (not where the planner asked for 16 rows)
+  cuda::AttendParams bf16_q_rows_page3 = bf16_q_rows;  // pages no box takes: mma.sync under either
+  bf16_q_rows_page3.page_size = 3, bf16_q_rows_page3.page_stride = 3 * 576;
+  EXPECT_FALSE(cuda::attend_wgmma_applies(bf16_q_rows_page3));
   cuda::AttendParams bf16_q_page1 = bf16_q;  // pages TMA does not box for it: the split's bulk row copies
   bf16_q_page1.page_size = 1, bf16_q_page1.page_stride = 576;
   EXPECT_EQ(cuda::attend_wgmma_applies(bf16_q_page1), cuda::attend_q_split_enabled());
@@ -219,8 +225,8 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
       m.page_size = page, m.page_stride = int64_t(page) * 576;
       EXPECT_TRUE(cuda::attend_wgmma_uses_tma(m)) << "page " << page;
       EXPECT_FALSE(cuda::attend_rows_gathers(m)) << "page " << page;
-      m.q_fp8 = false;  // an fp8 cache under a bf16 query: not this kernel's (the mma.sync kernel)
-      EXPECT_FALSE(cuda::attend_wgmma_uses_tma(m)) << "page " << page << ", bf16 query";
+      m.q_fp8 = false;  // an fp8 cache under a bf16 query: the many-rows split's under MLA_ROWS_Q_SPLIT=1
+      EXPECT_EQ(cuda::attend_wgmma_uses_tma(m), cuda::attend_rows_q_split_enabled()) << "page " << page << ", bf16 query";
       m.q_fp8 = true;
     }
     for (int page : {3, 6, 12, 48}) {  // not a power of two: gathered

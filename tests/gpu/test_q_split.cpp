@@ -1,6 +1,7 @@
 // A bf16 query over an fp8 cache in whole steps against the CPU backend, at shapes the planner gives
-// the 16-row kernel (12 and 16 heads, 8 x qlen 2, 24 rows at B = 1) and at many-rows ones (48, 96
-// and 128 rows a request, which no many-rows kernel takes for this pair): under MLA_ATTEND_Q_SPLIT=1 the
+// the 16-row kernel (12 and 16 heads, 8 x qlen 2, 24 rows at B = 1) and at many-rows ones (32-128
+// rows a request, which the many-rows kernel takes for this pair only under MLA_ROWS_Q_SPLIT=1,
+// attend_rows_q_split.cu): under MLA_ATTEND_Q_SPLIT=1 (the default) the
 // 16-row wgmma kernel with each query row split into two e4m3 rows (core/query_split.hpp,
 // attend_wgmma_q_split.cu) on TMA boxes (pages of 8+ rows, a power of two) or bulk row copies (pages
 // 1 and 3 here); without the switch the mma.sync kernel, which these cases then check. Fixed splits and the flat plan, NaN in
@@ -38,13 +39,18 @@ TEST(QuerySplit, Bf16QueryFp8CacheStepMatchesCpu) {
                            DType::fp8_e4m3, DType::bf16, 1300, testing::RowsKernel::kSixteen);
 }
 
-// Shapes the planner gives many rows: a bf16 query over an fp8 cache has no many-rows kernel, so the
-// 16-row kernel's split takes them under the switch (3 and 8 row tiles a request), else mma.sync.
+// Shapes the planner gives many rows: by default the 16-row kernel's split takes them (3 and 8 row
+// tiles a request); under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split (32-row CTAs,
+// attend_rows_q_split.cu) over boxes of whole pages, of 4 rows and of one row, and the mma.sync
+// kernel on page 3 (no boxes: the 32-row plan on 16-row CTAs); MLA_ATTEND_Q_SPLIT=0: mma.sync.
 TEST(QuerySplit, Bf16QueryFp8CacheManyRowsStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the bf16-query steps");
   testing::steps_match_cpu({{"kimi-k3", 12, 4, 40, 64, 600, false},      // 48 rows, fixed splits
                             {"deepseek-v3", 128, 1, 24, 16, 400, true},  // 128 heads, the flat plan
-                            {"kimi-k3", 12, 8, 32, 64, 500, true}},      // 96 rows, causal inside the tiles
+                            {"kimi-k3", 12, 8, 32, 64, 500, true},       // 96 rows, causal inside the tiles
+                            {"kimi-k3", 12, 8, 20, 1, 300, true},        // page 1, the flat plan
+                            {"deepseek-v3", 16, 2, 6, 4, 400, false},    // 32 rows at B = 6, page 4
+                            {"kimi-k3", 12, 4, 10, 3, 300, false}},      // page 3 (not boxed)
                            DType::fp8_e4m3, DType::bf16, 1400, testing::RowsKernel::kMany);
 }
 
