@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/query_split.hpp"
@@ -54,7 +55,8 @@ TEST(QuerySplit, Bf16QueryFp8CacheManyRowsStepMatchesCpu) {
                            DType::fp8_e4m3, DType::bf16, 1400, testing::RowsKernel::kMany);
 }
 
-// SplitQueryTile as the kernel runs it (query_split_probe): each row's exponent and every byte of its
+// SplitQueryTile as the kernels run it (query_split_probe: the 16-row kernel's form and the many-rows
+// kernel's): each row's exponent and every byte of its
 // hi and lo rows against the host split (core/query_split.hpp) at b_offset_n<32>'s places, on a
 // head-padded (strided) bf16 query whose rows span 2^-20 .. 2^19 in magnitude, with a zero row, small
 // dims inside rows (1/64 of the rest) and a row tile that runs past the request's rows (zeros).
@@ -82,21 +84,23 @@ TEST(QuerySplit, SplitQueryTileMatchesTheHostSplit) {
     }
   Tensor dev = Tensor::empty(DType::bf16, {tokens, kPadded, kDims}, Device::cuda);
   dev.copy_from(host);
-  Tensor tile = Tensor::empty(DType::u8, {2 * 16 * kDims}, Device::cuda);
-  Tensor exps = Tensor::empty(DType::i32, {16}, Device::cuda);
+  Tensor tile = Tensor::empty(DType::u8, {2 * 32 * kDims}, Device::cuda);
+  Tensor exps = Tensor::empty(DType::i32, {32}, Device::cuda);
   cuda::AttendParams p{};
   p.q = dev.data();
   p.q_fp8 = false;
   p.q_s_stride = kPadded * kDims, p.q_h_stride = kDims;
   p.qlen = kQlen, p.heads = kHeads, p.batch = kBatch;
-  for (int b = 0; b < kBatch; ++b)
-    for (int m_base : {0, 16}) {
-      SCOPED_TRACE("request " + std::to_string(b) + ", rows from " + std::to_string(m_base));
-      cuda::query_split_probe(p, b, m_base, tile.ptr<uint8_t>(), exps.ptr<int32_t>(), nullptr);
+  // 16 rows (the 16-row kernel's tile: lo rows 16..31 of it) from rows 0 and 16; 32 rows (the many-rows
+  // kernel's: the lo rows' tile after the hi rows') from row 0, 11 of them past the request's.
+  for (const auto& [rows, m_base] : {std::pair{16, 0}, std::pair{16, 16}, std::pair{32, 0}})
+    for (int b = 0; b < kBatch; ++b) {
+      SCOPED_TRACE("request " + std::to_string(b) + ", " + std::to_string(rows) + " rows from " + std::to_string(m_base));
+      cuda::query_split_probe(p, b, m_base, tile.ptr<uint8_t>(), exps.ptr<int32_t>(), nullptr, rows);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const Tensor tile_host = tile.to_host(), exps_host = exps.to_host();
       const uint8_t* got = tile_host.ptr<uint8_t>();
-      for (int n = 0; n < 16; ++n) {
+      for (int n = 0; n < rows; ++n) {
         const int m = m_base + n;
         const bool valid = m < kQlen * kHeads;
         const uint16_t* row = valid ? q + ((int64_t(b) * kQlen + m / kHeads) * kPadded + m % kHeads) * kDims : nullptr;
@@ -106,7 +110,7 @@ TEST(QuerySplit, SplitQueryTileMatchesTheHostSplit) {
         ASSERT_EQ(exps_host.ptr<int32_t>()[n], std::isinf(amax) ? kQuerySplitInfRow : e) << "row " << n;
         for (int d = 0; d < kDims; ++d) {
           const E4m3Split want = valid ? split_e4m3(bf16_to_float(row[d]) * pow2_float(e)) : E4m3Split{0, 0};
-          const int at = tile_offset(n, d), at_lo = tile_offset(16 + n, d);
+          const int at = tile_offset(n, d), at_lo = rows == 16 ? tile_offset(16 + n, d) : 32 * kDims + tile_offset(n, d);
           ASSERT_EQ(got[at], want.hi) << "row " << n << " dim " << d << " (hi)";
           ASSERT_EQ(got[at_lo], want.lo) << "row " << n << " dim " << d << " (lo)";
         }
