@@ -140,7 +140,7 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
-  // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows.cu: why).
+  // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
   const int tid = threadIdx.x, lane = tid % 32;
