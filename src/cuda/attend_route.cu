@@ -56,6 +56,26 @@ bool attend_rows_q_split(const AttendParams& p) {
   return attend_rows_q_split_enabled() && !p.q_fp8 && p.cache_fp8 && p.many_rows && attend_wgmma_uses_tma(p);
 }
 
+// 16-row CTAs two an SM (attend_wgmma.cu), or where attend_rows_wanted says so (17+ query rows a
+// request and a batch that fills a quarter wave by itself, or up to 48 rows from B = 2), 64-row CTAs
+// one an SM (launched as 48 or 32 rows where as many of those hold a request: attend_rows.cu, or
+// attend_rows_bf16.cu with a bf16 query and cache). Those also need TMA tiles (or gathered ones),
+// which the plan cannot see: with bf16 pages not a power of two, the mma.sync kernel runs the plan
+// made for 64-row CTAs, as it does for a bf16 query over an fp8 cache under MLA_ATTEND_Q_SPLIT=0. By
+// default the 16-row kernel takes that pair at every height (s32a), and its plan is the 16-row one
+// (the many-rows plan put 48 rows at B = 40 in 360 16-row CTAs on 264 slots: review of session 33);
+// under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split takes it where attend_rows_wanted says so,
+// planned as 32-row CTAs one an SM (attend_rows_q_split.cu). The 16-row kernel's bf16-cache instance
+// (MLA_ATTEND_BF16_16ROW, s32b) fits one CTA an SM (171 KB).
+AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, int sms) {
+  const bool q_split = q_bf16 && cache_fp8 && attend_q_split_enabled();
+  const int rows_cta = q_split ? kAttendRowsQSplitCta : kAttendRowsPerCta;
+  if ((!q_split || attend_rows_q_split_enabled()) && attend_rows_wanted(batch, rows, sms))
+    return {(rows + rows_cta - 1) / rows_cta, sms, true};
+  const bool bf16_16row = q_bf16 && !cache_fp8 && attend_bf16_16row_enabled();
+  return {(rows + 15) / 16, bf16_16row ? sms : 2 * sms, false};
+}
+
 bool attend_skew_enabled() { return attend_skew_wanted(2); }
 
 bool attend_skew_wanted(int batch) {

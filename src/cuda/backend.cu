@@ -149,27 +149,10 @@ CudaBackend::~CudaBackend() {
   lt_.reset();
 }
 
-// The CTAs of one (request, split) and the CTA slots of one wave for the attend kernel a step
-// takes: 16-row CTAs two an SM (attend_wgmma.cu), or where attend_rows_wanted says so (17+ query
-// rows a request and a batch that fills a quarter wave by itself, or up to 48 rows from B = 2),
-// 64-row CTAs one an SM (launched as 48 or 32 rows where as many of those hold a request)
-// (attend_rows.cu, or attend_rows_bf16.cu with a bf16 query and cache). Those also need TMA tiles
-// (or gathered ones), which the plan cannot see: with bf16 pages not a power of two, the mma.sync
-// kernel runs the plan made for 64-row CTAs, as it does for a bf16 query over an fp8 cache under
-// MLA_ATTEND_Q_SPLIT=0; by default the 16-row kernel takes that pair at every height (s32a), and its
-// plan is the 16-row one (the many-rows plan put 48 rows at B = 40 in 360 16-row CTAs on 264 slots:
-// review of session 33); under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split takes it where
-// attend_rows_wanted says so, planned as 32-row CTAs one an SM (attend_rows_q_split.cu).
-CudaBackend::AttendShape CudaBackend::attend_shape(int batch, int qlen, DType cache_dtype) const {
-  const int rows = query_heads() * qlen;
-  const bool q_split = opts.q_dtype == DType::bf16 && cache_dtype == DType::fp8_e4m3 && attend_q_split_enabled();
-  // (MLA_ROWS_Q_SPLIT=1: the many-rows kernel's split takes those, in 32-row CTAs one an SM)
-  const int rows_cta = q_split ? kAttendRowsQSplitCta : kAttendRowsPerCta;
-  if ((!q_split || attend_rows_q_split_enabled()) && attend_rows_wanted(batch, rows, sms_))
-    return {(rows + rows_cta - 1) / rows_cta, sms_, true};
-  // The 16-row kernel's bf16-cache instance (MLA_ATTEND_BF16_16ROW, s32b) fits one CTA an SM (171 KB).
-  const bool bf16_16row = opts.q_dtype == DType::bf16 && cache_dtype == DType::bf16 && attend_bf16_16row_enabled();
-  return {(rows + 15) / 16, bf16_16row ? sms_ : 2 * sms_, false};
+// The plan's CTA shape for this layer's query heads (attend_plan_shape, attend_route.cu).
+AttendShape CudaBackend::attend_shape(int batch, int qlen, DType cache_dtype) const {
+  return attend_plan_shape(batch, query_heads() * qlen, opts.q_dtype == DType::bf16, cache_dtype == DType::fp8_e4m3,
+                           sms_);
 }
 
 // The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave for the row tiles

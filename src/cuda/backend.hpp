@@ -11,6 +11,7 @@
 #include "core/workspace_impl.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/handles.hpp"
+#include "cuda/stages.hpp"
 
 namespace mla::cuda {
 
@@ -36,11 +37,7 @@ class CudaBackend final : public detail::BackendImpl {
   // else a static plan).
   int plan_splits(int batch, int qlen, DType cache_dtype, std::span<const int32_t> seq_lens_host) const;
   int flat_ctas(int batch, int qlen, DType cache_dtype) const;
-  struct AttendShape {
-    int m_tiles, slots;  // CTAs of one (request, split); CTA slots of one wave
-    bool many_rows;      // the many-rows kernel (AttendParams.many_rows)
-  };
-  AttendShape attend_shape(int batch, int qlen, DType cache_dtype) const;
+  AttendShape attend_shape(int batch, int qlen, DType cache_dtype) const;  // (attend_plan_shape)
   cudaStream_t stream() const { return stream_; }
 
  private:

@@ -229,6 +229,15 @@ inline constexpr int kAttendRowsSmallBatchMax = 48;
 inline constexpr int kAttendRowsSmallBatch = 2;
 int attend_rows_min();
 bool attend_rows_wanted(int batch, int rows, int sms);
+// The CTAs of one (request, split) and the CTA slots of one wave for the attend kernel a step of
+// `rows` query rows a request (heads x qlen) takes, as the split planner counts them
+// (CudaBackend::plan_splits, flat_ctas; attend_route.cu says which kernel and why). Host arithmetic
+// under the switches above (tests/gpu/test_rows_rule.cpp runs it without a GPU).
+struct AttendShape {
+  int m_tiles, slots;  // CTAs of one (request, split); CTA slots of one wave
+  bool many_rows;      // the many-rows kernel (AttendParams.many_rows)
+};
+AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, int sms);
 int attend_rows_cta_rows(int rows);
 // At page 1, 64- and 48-row CTAs with an even number of row tiles a request run the row tiles of
 // the same keys as 2-CTA clusters, each CTA's producer issuing one tile of every pair into both

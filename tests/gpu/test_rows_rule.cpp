@@ -63,5 +63,42 @@ TEST(RowsRule, ShortestCtasThatAreNoMore) {
   EXPECT_EQ(cuda::attend_rows_cta_rows(144), 48);
 }
 
+// The plan's CTA shape (attend_plan_shape: the CTAs of one request and split, the slots of a wave,
+// many rows or not) for each operand pair, under the switches that change it as they are set for
+// this process (ctest runs this test under each: tests/CMakeLists.txt).
+TEST(RowsRule, PlanShapeOfEachKernel) {
+  if (std::getenv("MLA_ATTEND_ROWS_MIN")) GTEST_SKIP() << "MLA_ATTEND_ROWS_MIN is set: the rule is overridden";
+  constexpr int kSms = 132;  // H200
+  auto expect = [](const cuda::AttendShape& got, int m_tiles, int slots, bool many_rows, const char* what) {
+    EXPECT_EQ(got.m_tiles, m_tiles) << what;
+    EXPECT_EQ(got.slots, slots) << what;
+    EXPECT_EQ(got.many_rows, many_rows) << what;
+  };
+  // fp8 query and cache: 16-row CTAs two an SM, or 64-row ones one an SM where the rule says so.
+  expect(cuda::attend_plan_shape(64, 12, false, true, kSms), 1, 2 * kSms, false, "fp8, 12 heads");
+  expect(cuda::attend_plan_shape(1, 128, false, true, kSms), 8, 2 * kSms, false, "fp8, 128 heads at B = 1");
+  expect(cuda::attend_plan_shape(64, 128, false, true, kSms), 2, kSms, true, "fp8, 128 heads");
+  expect(cuda::attend_plan_shape(64, 48, false, true, kSms), 1, kSms, true, "fp8, 12 heads x qlen 4");
+  // A bf16 query and cache: the same heights; 12-16 heads on the 16-row bf16 instance (one CTA an
+  // SM) unless MLA_ATTEND_BF16_16ROW=0.
+  const int bf16_slots = cuda::attend_bf16_16row_enabled() ? kSms : 2 * kSms;
+  expect(cuda::attend_plan_shape(64, 12, true, false, kSms), 1, bf16_slots, false, "bf16, 12 heads");
+  expect(cuda::attend_plan_shape(64, 128, true, false, kSms), 2, kSms, true, "bf16, 128 heads");
+  // A bf16 query over an fp8 cache: the 16-row split at every height by default; under
+  // MLA_ROWS_Q_SPLIT=1 the many-rows split's 32-row CTAs where the rule asks for many rows; under
+  // MLA_ATTEND_Q_SPLIT=0 the mma.sync kernel under the 64-row plan.
+  expect(cuda::attend_plan_shape(64, 12, true, true, kSms), 1, 2 * kSms, false, "bf16 query, 12 heads");
+  if (!cuda::attend_q_split_enabled()) {
+    expect(cuda::attend_plan_shape(64, 128, true, true, kSms), 2, kSms, true, "bf16 query, 128 heads, mma.sync");
+  } else if (cuda::attend_rows_q_split_enabled()) {
+    expect(cuda::attend_plan_shape(64, 128, true, true, kSms), 4, kSms, true, "bf16 query, 128 heads, rows split");
+    expect(cuda::attend_plan_shape(64, 48, true, true, kSms), 2, kSms, true, "bf16 query, 48 rows, rows split");
+    expect(cuda::attend_plan_shape(1, 128, true, true, kSms), 8, 2 * kSms, false, "bf16 query, 128 heads at B = 1");
+  } else {
+    expect(cuda::attend_plan_shape(64, 128, true, true, kSms), 8, 2 * kSms, false, "bf16 query, 128 heads, 16-row split");
+    expect(cuda::attend_plan_shape(64, 48, true, true, kSms), 3, 2 * kSms, false, "bf16 query, 48 rows, 16-row split");
+  }
+}
+
 }  // namespace
 }  // namespace mla
