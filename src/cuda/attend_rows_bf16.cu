@@ -28,6 +28,9 @@
 // two rows). Shared memory: 2 buffers x 72 KB + the 64 KB query. Measured: docs/attention.md.
 #include <cuda_bf16.h>
 
+#include <cstdlib>
+#include <type_traits>
+
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
@@ -60,6 +63,8 @@ constexpr int kChunkStrideM = kRowsM / 8 * 128;        // K-major core-matrix ti
 constexpr int kQChunks = kLatent * 2 / 16;             // the query's 16-byte chunks in shared memory (64)
 constexpr int kBarPublished = 1;                       // + w: warpgroup w published a tile (named barrier)
 constexpr int kBarGroup = 3;                           // + w: warpgroup w's 128 threads
+constexpr int kBarMax = 5;                             // + w (kRound): warpgroup w published its tile's maxima
+constexpr int kBarP = 7;                               // + w (kRound): warpgroup w stored its tile's P
 static_assert(kTileKeys / 8 * kChunkStrideM == kSlabBytes, "P [64 rows x 64 keys] fills the rope slab");
 
 struct Bf16RowsSmem {
@@ -138,6 +143,9 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
   }
 }
 
+// kRound (MLA_ROWS_BF16_ROUND=1, s35b; prepared, not yet run on a GPU): FlashMLA's round instead of
+// v18c's (the loop below, docs/attention.md "Against FlashMLA's schedule").
+template <bool kRound = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
@@ -163,7 +171,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   int done = 0;  // tiles consumed by earlier segments (buffer and parity run on)
   const TmaTiles tiles(p, &cache_map, lane, warp);  // each warpgroup's warps issue its own parts
 
-  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool, bool) {
+  // (always_inline: with kRound ptxas outlined it, and wgmma across a call is serialized, C7510)
+  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool,
+                   bool) __attribute__((always_inline)) {
     const int n_tiles = keys.n_tiles();
     auto buffer = [&](int j) { return (done + j) & 1; };
     auto parity = [&](int j) { return uint32_t((done + j) >> 1) & 1; };
@@ -373,6 +383,265 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // samples at the named barrier, the tensor pipe 41% busy). Warpgroup 0's first round has no
     // t - 1; a last round may hold only the other's tile. (No branches around the wgmma waits:
     // ptxas serializes every wgmma where it cannot count the groups in flight, C7514.)
+    if constexpr (kRound) {
+      // s35b (kRound): rounds of two tiles, a = t (warpgroup 0's) and b = t + 1 (warpgroup 1's), as
+      // FlashMLA's SM90 decode round. A softmax waits for its own q.k and the previous tile's maxima
+      // only: warpgroup 0 publishes m(a) (kBarMax), warpgroup 1 takes it, publishes m(b); each then
+      // stores its P into its tile's rope slab (kBarP) for the other's p.v, warpgroup 0 scaled to
+      // m(b) first (so both p.v of a warpgroup in a round share one reference maximum and o moves
+      // once a round in warpgroup 1, twice in warpgroup 0), and queues its p.v before the next q.k,
+      // which it issues in two commit groups (its own dims' slabs, then the other's and the rope
+      // slab) with the loads that the round's p.v freed between them. Who loads what is v18c's:
+      // warpgroup w its dims' slabs of every tile and the rope slab of the other's tiles (a part
+      // and mbarrier each), once the p.v that last read them is done; the page ids a round ahead.
+      // Each branch below has the same wgmma groups in flight at its loop's ends (two: q.k's).
+      using std::integral_constant;
+      auto page_at = [&](int j) { return tiles.issues() && j < n_tiles ? tiles.page_of(keys, j) : -1; };
+      auto load_at = [&](int j, int32_t page) {
+        if (!tiles.issues() || j >= n_tiles) return;
+        tiles.issue<kDimSlabs, false>(keys, j, page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp],
+                                      kDimSlabs * wg);
+        if ((j & 1) != wg) tiles.issue<1, false>(keys, j, page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
+      };
+      // q.k(t) in two commit groups: part 0 this warpgroup's dims' slabs, part 1 the other's and the
+      // rope slab (the first MMA of part 0 overwrites s).
+      auto qk_part = [&](int t, float (&s)[32], auto part) {
+        const uint32_t kv = kv_of(t);
+        const int w = decltype(part)::value ^ wg;
+        tma::wait_parity_forever(bar_of(t, w), parity(t));
+        wgmma::fence();
+        uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
+        uint64_t kd = wgmma::descriptor_sw128(kv + kDimSlabs * w * kSlabBytes);
+#pragma unroll
+        for (int k = 0; k < kQkSmemSteps / 2; ++k) {
+          wgmma::mma_m64n64k16_bf16(s, qd, kd, decltype(part)::value > 0 || k > 0);
+          qd = wgmma::advance(qd, 2 * kChunkStrideM);
+          kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
+          asm volatile("" : "+l"(qd), "+l"(kd));
+        }
+        if constexpr (decltype(part)::value == 1) {
+          tma::wait_parity_forever(bar_of(t, 2), parity(t));
+          wgmma::fence();
+          uint64_t kr = wgmma::descriptor_sw128(kv + kRopeSlab * kSlabBytes);
+#pragma unroll
+          for (int k = 0; k < kRopeSteps; ++k) {
+            wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kr);
+            kr = wgmma::advance(kr, 32);
+          }
+        }
+        wgmma::commit();
+      };
+      auto qk2 = [&](int t, float (&s)[32]) {
+        qk_part(t, s, integral_constant<int, 0>{});
+        qk_part(t, s, integral_constant<int, 1>{});
+      };
+      // Tile t's scores masked (keys not loaded, causal) and the rows' maxima from m_ref, lazily as
+      // v18c's (a row's maximum moves only past m_ref + 2^3; -inf stays while a row sees nothing).
+      auto row_max = [&](int t, float (&s)[32], const float (&m_ref)[2], float (&m_new)[2]) {
+        wgmma::fence_operand(s);
+        const uint64_t mask = key_mask(t);
+        const int64_t key0 = keys.k_begin + int64_t(t) * kTileKeys;
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if (!((mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
+        if (position(key0 + kTileKeys - 1) > min_limit) {
+#pragma unroll
+          for (int i = 0; i < 32; ++i)
+            if (position(key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int i = 2 * h; i < 32; i += 4) mx = fmaxf(mx, fmaxf(s[i], s[i + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float tile_max = mx * scale_log2;
+          m_new[h] = tile_max > m_ref[h] + kLazyRescale ? tile_max : m_ref[h];
+        }
+        return mask;
+      };
+      // o and the row sums from m_run to m (o idle), as pv_other's rule.
+      auto move_to = [&](const float (&m)[2]) {
+        float alpha[2];
+        bool moved = false;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          alpha[h] = 1.0f;
+          if (m[h] != m_run[h]) {
+            alpha[h] = exp2_ftz(m_run[h] - m[h]);
+            m_run[h] = m[h];
+            d_run[h] *= alpha[h];
+            moved = true;
+          }
+        }
+        if (__any_sync(0xffffffffu, moved)) {
+          wgmma::fence_operand(o);
+          rescale(alpha);
+        }
+      };
+      // The weights exp2(s scale - m_run) in place, their row sums into d_run, P as bf16 A fragments.
+      auto weights = [&](float (&s)[32], uint32_t (&pa)[kPvSteps][4]) {
+        const float neg_m[2] = {m_run[0] == -INFINITY ? 0.0f : -m_run[0], m_run[1] == -INFINITY ? 0.0f : -m_run[1]};
+#pragma unroll
+        for (int ks = 0; ks < kPvSteps; ++ks)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = 8 * ks + 2 * e, h = e & 1;
+            s[i] = exp2_ftz(fmaf(s[i], scale_log2, neg_m[h]));
+            s[i + 1] = exp2_ftz(fmaf(s[i + 1], scale_log2, neg_m[h]));
+            d_run[h] += s[i] + s[i + 1];
+            pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
+          }
+      };
+      // P times beta (a row's factor to the next tile's maxima; 1: pa as it is) into tile t's rope
+      // slab for the other warpgroup's p.v (K-major core matrices, as own's), then published (kBarP).
+      auto store_p = [&](int t, const float (&w)[32], const uint32_t (&pa)[kPvSteps][4], const float (&beta)[2]) {
+        const uint32_t p_mine = kv_of(t) + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
+        const bool same = beta[0] == 1.0f && beta[1] == 1.0f;
+#pragma unroll
+        for (int ks = 0; ks < kPvSteps; ++ks)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = 8 * ks + 2 * e, h = e & 1;
+            const uint32_t v = same ? pa[ks][e] : ptx::pack_bf16x2(w[i] * beta[h], w[i + 1] * beta[h]);
+            ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, v);
+          }
+        wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
+        ptx::named_arrive(kBarP + wg, kThreadsB);
+      };
+      auto pv_own = [&](int t, const uint32_t (&pa)[kPvSteps][4]) {
+        const uint32_t kv = kv_of(t);
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
+        wgmma::commit();
+      };
+      // The other warpgroup's tile j once its P is stored: this warpgroup's dims' V rows of masked
+      // keys zeroed, P from the rope slab.
+      auto pv_theirs = [&](int j) {
+        ptx::named_sync(kBarP + (wg ^ 1), kThreadsB);
+        tma::wait_parity_forever(bar_of(j, wg), parity(j));
+        zero_masked(j, key_mask(j));
+        const uint32_t kv = kv_of(j);
+        const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < kPvSteps; ++ks)
+          wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+        wgmma::commit();
+      };
+      auto publish_m = [&](const float (&m)[2]) {
+        if (c == 0) sm.m_pub[wg][row0] = m[0], sm.m_pub[wg][row0 + 8] = m[1];
+        ptx::named_arrive(kBarMax + wg, kThreadsB);
+      };
+      auto take_m = [&](float (&m)[2]) {  // the other warpgroup's published maxima
+        ptx::named_sync(kBarMax + (wg ^ 1), kThreadsB);
+        m[0] = sm.m_pub[wg ^ 1][row0], m[1] = sm.m_pub[wg ^ 1][row0 + 8];
+      };
+      float s[32];
+      uint32_t pa[kPvSteps][4];
+      if (wg == 0) {
+        // Warpgroup 0's round at tile t: kB, tile t + 1 exists; kNext, tile t + 2 (the next round).
+        // Its loads: t + 2 (its own: dims 0..255) once p.v(t) is done, t + 3 (dims 0..255 and the
+        // rope slab) once p.v(t + 1) is; pg: their page ids, pn: the next round's.
+        auto round = [&](int t, auto kB, auto kNext, int32_t (&pg)[2]) __attribute__((always_inline)) {
+          int32_t pn[2] = {-1, -1};
+          if constexpr (decltype(kNext)::value) pn[0] = page_at(t + 4), pn[1] = page_at(t + 5);
+          wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
+          float m_a[2];
+          const uint64_t mask = row_max(t, s, m_run, m_a);
+          publish_m(m_a);
+          move_to(m_a);
+          weights(s, pa);
+          zero_masked(t, mask);
+          pv_own(t, pa);
+          float beta[2] = {1.0f, 1.0f}, m_b[2] = {m_a[0], m_a[1]};
+          if constexpr (decltype(kB)::value) {
+            take_m(m_b);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) beta[h] = m_b[h] == m_a[h] ? 1.0f : exp2_ftz(m_a[h] - m_b[h]);
+          }
+          store_p(t, s, pa, beta);
+          wgmma::wait<0>();  // p.v(t): its P registers and dims' slabs are free
+          wgmma::fence_operand(o);
+          if constexpr (decltype(kB)::value) {
+            move_to(m_b);  // (the same alpha as beta: the same operands)
+            if constexpr (decltype(kNext)::value) load_at(t + 2, pg[0]);
+            pv_theirs(t + 1);
+            if constexpr (decltype(kNext)::value) {
+              qk_part(t + 2, s, integral_constant<int, 0>{});
+              wgmma::wait<1>();  // p.v(t + 1) (q.k(t + 2)'s first part runs on)
+              load_at(t + 3, pg[1]);
+              qk_part(t + 2, s, integral_constant<int, 1>{});
+            } else {
+              wgmma::wait<0>();
+            }
+          }
+          pg[0] = pn[0], pg[1] = pn[1];
+        };
+        if (n_tiles > 0) {
+          int32_t pg[2] = {page_at(2), page_at(3)};
+          qk2(0, s);
+          int t = 0;
+          for (; t + 2 < n_tiles; t += 2) round(t, std::true_type{}, std::true_type{}, pg);
+          if (t + 1 < n_tiles) round(t, std::true_type{}, std::false_type{}, pg);
+          else round(t, std::false_type{}, std::false_type{}, pg);
+        }
+      } else {
+        // Warpgroup 1's round at tile t (odd; a = t - 1 is warpgroup 0's): kNext, tile t + 2. Its
+        // loads: t + 2 (its own: dims 256..511) once p.v(t) is done, t + 1 (dims 256..511 and the
+        // rope slab) once p.v(t - 1) is.
+        auto round = [&](int t, auto kNext, int32_t (&pg)[2]) __attribute__((always_inline)) {
+          int32_t pn[2] = {-1, -1};
+          if constexpr (decltype(kNext)::value) pn[0] = page_at(t + 3), pn[1] = page_at(t + 4);
+          wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
+          float m_a[2], m_b[2];
+          take_m(m_a);
+          const uint64_t mask = row_max(t, s, m_a, m_b);
+          publish_m(m_b);
+          move_to(m_b);
+          weights(s, pa);
+          const float one[2] = {1.0f, 1.0f};
+          store_p(t, s, pa, one);
+          zero_masked(t, mask);
+          pv_own(t, pa);
+          pv_theirs(t - 1);
+          wgmma::wait<1>();  // p.v(t)
+          if constexpr (decltype(kNext)::value) {
+            load_at(t + 2, pg[1]);
+            qk_part(t + 2, s, integral_constant<int, 0>{});
+            wgmma::wait<1>();  // p.v(t - 1)
+            load_at(t + 1, pg[0]);
+            qk_part(t + 2, s, integral_constant<int, 1>{});
+          } else {
+            wgmma::wait<0>();  // p.v(t - 1)
+            load_at(t + 1, pg[0]);
+          }
+          pg[0] = pn[0], pg[1] = pn[1];
+        };
+        if (n_tiles > 1) {
+          int32_t pg[2] = {page_at(2), page_at(3)};
+          qk2(1, s);
+          int t = 1;
+          for (; t + 2 < n_tiles; t += 2) round(t, std::true_type{}, pg);
+          round(t, std::false_type{}, pg);
+          if (t + 1 < n_tiles) {  // warpgroup 0's last tile alone
+            float m_a[2];
+            take_m(m_a);
+            move_to(m_a);
+            pv_theirs(t + 1);
+            wgmma::wait<0>();
+          }
+        } else if (n_tiles == 1) {
+          float m_a[2];
+          take_m(m_a);
+          move_to(m_a);
+          pv_theirs(0);
+          wgmma::wait<0>();
+        }
+      }
+    } else {
     int t = wg;
     if (wg == 0 && n_tiles > 0) {
       float s[32];
@@ -394,6 +663,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if (t + 2 < n_tiles) load(t + 2);
     }
     if (t == n_tiles && t >= 1) pv_other(t - 1);
+    }
     wgmma::wait<0>();
     wgmma::fence_operand(o);
 
@@ -435,14 +705,29 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
          !p.exact_p && attend_o_pairs_aligned(p) && p.many_rows && attend_wgmma_uses_tma(p);
 }
 
+namespace {
+// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b).
+bool bf16_round_env() {
+  static const bool on = [] {
+    const char* env = std::getenv("MLA_ROWS_BF16_ROUND");
+    return env && env[0] == '1' && env[1] == 0;
+  }();
+  return on;
+}
+}  // namespace
+
 void prepare_attend_rows_bf16_kernel() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       bf16_rows_smem_bytes()));
+  if (bf16_round_env())
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  attend_rows_bf16_kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  if (bf16_round_env()) attend_rows_bf16_kernel<true><<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  else attend_rows_bf16_kernel<false><<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
 
