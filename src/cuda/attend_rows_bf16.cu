@@ -245,33 +245,76 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     };
 
-    // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
-    auto qk = [&](int t, float (&s)[32]) {
-      const uint32_t kv = kv_of(t);
+    // q.k(t)'s MMAs over warpgroup w's dims' slabs once they landed (the first overwrites s
+    // unless `accumulate`), and over the rope slab (the query's rope dims from registers).
+    auto qk_slabs = [&](int t, float (&s)[32], int w, bool accumulate) {
+      tma::wait_parity_forever(bar_of(t, w), parity(t));
+      wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
+      uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
+      uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kDimSlabs * w * kSlabBytes);
 #pragma unroll
-      for (int half = 0; half < kGroups; ++half) {
-        const int w = half ^ wg;
-        tma::wait_parity_forever(bar_of(t, w), parity(t));
-        wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
-        uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
-        uint64_t kd = wgmma::descriptor_sw128(kv + kDimSlabs * w * kSlabBytes);
-#pragma unroll
-        for (int k = 0; k < kQkSmemSteps / 2; ++k) {
-          wgmma::mma_m64n64k16_bf16(s, qd, kd, half > 0 || k > 0);
-          // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
-          qd = wgmma::advance(qd, 2 * kChunkStrideM);
-          kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
-          asm volatile("" : "+l"(qd), "+l"(kd));  // (unrolled, ptxas would hold every descriptor at once)
-        }
+      for (int k = 0; k < kQkSmemSteps / 2; ++k) {
+        wgmma::mma_m64n64k16_bf16(s, qd, kd, accumulate || k > 0);
+        // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
+        qd = wgmma::advance(qd, 2 * kChunkStrideM);
+        kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
+        asm volatile("" : "+l"(qd), "+l"(kd));  // (unrolled, ptxas would hold every descriptor at once)
       }
+    };
+    auto qk_rope = [&](int t, float (&s)[32]) {
       tma::wait_parity_forever(bar_of(t, 2), parity(t));
       wgmma::fence();
-      uint64_t kd = wgmma::descriptor_sw128(kv + kRopeSlab * kSlabBytes);
+      uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kRopeSlab * kSlabBytes);
 #pragma unroll
       for (int k = 0; k < kRopeSteps; ++k) {
         wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kd);
         kd = wgmma::advance(kd, 32);
       }
+    };
+    // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
+    auto qk = [&](int t, float (&s)[32]) {
+#pragma unroll
+      for (int half = 0; half < kGroups; ++half) qk_slabs(t, s, half ^ wg, half > 0);
+      qk_rope(t, s);
+      wgmma::commit();
+    };
+    // Tile t's scores masked by a select (a NaN of a masked key goes too): keys not loaded, and
+    // the causal rule. Element i: row row0 + 8 h (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1).
+    // Positions grow with the local index, so the tile's last key decides whether every row sees
+    // all of it. Returns the tile's real keys.
+    auto mask_scores = [&](int t, float (&s)[32]) {
+      const uint64_t mask = key_mask(t);
+      const int64_t key0 = keys.k_begin + int64_t(t) * kTileKeys;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if (!((mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
+      if (position(key0 + kTileKeys - 1) > min_limit) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if (position(key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
+      }
+      return mask;
+    };
+    // Row h's (row0 + 8 h) maximum score of the tile in log2 units (over the quad).
+    auto row_tile_max = [&](const float (&s)[32], int h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 2 * h; i < 32; i += 4) mx = fmaxf(mx, fmaxf(s[i], s[i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      return mx * scale_log2;
+    };
+    // p.v of the other warpgroup's tile j (its P in j's rope slab): this warpgroup's dims' V rows of
+    // masked keys zeroed first.
+    auto pv_smem = [&](int j) {
+      tma::wait_parity_forever(bar_of(j, wg), parity(j));
+      zero_masked(j, key_mask(j));
+      const uint32_t kv = kv_of(j);
+      const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kPvSteps; ++ks)
+        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
       wgmma::commit();
     };
     // p.v of the other warpgroup's tile j, once it has published the tile's maxima and P (in the
@@ -292,45 +335,20 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         }
       }
       if (__any_sync(0xffffffffu, moved)) rescale(alpha);
-      tma::wait_parity_forever(bar_of(j, wg), parity(j));
-      zero_masked(j, key_mask(j));
-      const uint32_t kv = kv_of(j);
-      const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks)
-        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
-      wgmma::commit();
+      pv_smem(j);
     };
     // The owner's softmax of tile t (q.k done, nothing in flight), its maxima and P published, then
     // its p.v with P from registers.
     auto own = [&](int t, float (&s)[32]) {
       wgmma::fence_operand(s);
-      // Scores masked by a select (a NaN of a masked key goes too). Element i: row row0 + 8 h
-      // (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1). Positions grow with the local index, so
-      // the tile's last key decides whether every row sees all of it.
-      const uint64_t mask = key_mask(t);
-      const int64_t key0 = keys.k_begin + int64_t(t) * kTileKeys;
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        if (!((mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
-      if (position(key0 + kTileKeys - 1) > min_limit) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i)
-          if (position(key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
-      }
+      const uint64_t mask = mask_scores(t, s);
       // The rows' maxima over the tile and the lazy rescale: a row's maximum moves only past
       // m_run + 2^3 (weights stay <= 2^8), to the tile's maximum; -inf stays -inf while a row sees nothing.
       float alpha[2];
       bool moved = false;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int i = 2 * h; i < 32; i += 4) mx = fmaxf(mx, fmaxf(s[i], s[i + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float tile_max = mx * scale_log2;
+        const float tile_max = row_tile_max(s, h);
         alpha[h] = 1.0f;
         if (tile_max > m_run[h] + kLazyRescale) {
           alpha[h] = exp2_ftz(m_run[h] - tile_max);  // 0 from -inf (the same function as the owner's rule above)
@@ -406,29 +424,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // q.k(t) in two commit groups: part 0 this warpgroup's dims' slabs, part 1 the other's and the
       // rope slab (the first MMA of part 0 overwrites s).
       auto qk_part = [&](int t, float (&s)[32], auto part) {
-        const uint32_t kv = kv_of(t);
-        const int w = decltype(part)::value ^ wg;
-        tma::wait_parity_forever(bar_of(t, w), parity(t));
-        wgmma::fence();
-        uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
-        uint64_t kd = wgmma::descriptor_sw128(kv + kDimSlabs * w * kSlabBytes);
-#pragma unroll
-        for (int k = 0; k < kQkSmemSteps / 2; ++k) {
-          wgmma::mma_m64n64k16_bf16(s, qd, kd, decltype(part)::value > 0 || k > 0);
-          qd = wgmma::advance(qd, 2 * kChunkStrideM);
-          kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
-          asm volatile("" : "+l"(qd), "+l"(kd));
-        }
-        if constexpr (decltype(part)::value == 1) {
-          tma::wait_parity_forever(bar_of(t, 2), parity(t));
-          wgmma::fence();
-          uint64_t kr = wgmma::descriptor_sw128(kv + kRopeSlab * kSlabBytes);
-#pragma unroll
-          for (int k = 0; k < kRopeSteps; ++k) {
-            wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kr);
-            kr = wgmma::advance(kr, 32);
-          }
-        }
+        qk_slabs(t, s, decltype(part)::value ^ wg, decltype(part)::value > 0);
+        if constexpr (decltype(part)::value == 1) qk_rope(t, s);
         wgmma::commit();
       };
       auto qk2 = [&](int t, float (&s)[32]) {
@@ -439,24 +436,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // v18c's (a row's maximum moves only past m_ref + 2^3; -inf stays while a row sees nothing).
       auto row_max = [&](int t, float (&s)[32], const float (&m_ref)[2], float (&m_new)[2]) {
         wgmma::fence_operand(s);
-        const uint64_t mask = key_mask(t);
-        const int64_t key0 = keys.k_begin + int64_t(t) * kTileKeys;
-#pragma unroll
-        for (int i = 0; i < 32; ++i)
-          if (!((mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
-        if (position(key0 + kTileKeys - 1) > min_limit) {
-#pragma unroll
-          for (int i = 0; i < 32; ++i)
-            if (position(key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
-        }
+        const uint64_t mask = mask_scores(t, s);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int i = 2 * h; i < 32; i += 4) mx = fmaxf(mx, fmaxf(s[i], s[i + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float tile_max = mx * scale_log2;
+          const float tile_max = row_tile_max(s, h);
           m_new[h] = tile_max > m_ref[h] + kLazyRescale ? tile_max : m_ref[h];
         }
         return mask;
@@ -521,15 +504,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // keys zeroed, P from the rope slab.
       auto pv_theirs = [&](int j) {
         ptx::named_sync(kBarP + (wg ^ 1), kThreadsB);
-        tma::wait_parity_forever(bar_of(j, wg), parity(j));
-        zero_masked(j, key_mask(j));
-        const uint32_t kv = kv_of(j);
-        const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
-        wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks)
-          wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
-        wgmma::commit();
+        pv_smem(j);
       };
       auto publish_m = [&](const float (&m)[2]) {
         if (c == 0) sm.m_pub[wg][row0] = m[0], sm.m_pub[wg][row0 + 8] = m[1];
