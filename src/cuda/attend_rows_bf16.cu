@@ -406,8 +406,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // FlashMLA's SM90 decode round. A softmax waits for its own q.k and the previous tile's maxima
       // only: warpgroup 0 publishes m(a) (kBarMax), warpgroup 1 takes it, publishes m(b); each then
       // stores its P into its tile's rope slab (kBarP) for the other's p.v, warpgroup 0 scaled to
-      // m(b) first (so both p.v of a warpgroup in a round share one reference maximum and o moves
-      // once a round in warpgroup 1, twice in warpgroup 0), and queues its p.v before the next q.k,
+      // m(b) first and after its p.v(a) is done and a + 2's boxes are out (so both p.v of a
+      // warpgroup in a round share one reference maximum and o moves once a round in warpgroup 1,
+      // twice in warpgroup 0), and queues its p.v before the next q.k,
       // which it issues in two commit groups (its own dims' slabs, then the other's and the rope
       // slab) with the loads that the round's p.v freed between them. Who loads what is v18c's:
       // warpgroup w its dims' slabs of every tile and the rope slab of the other's tiles (a part
@@ -538,12 +539,12 @@ __global__ void __launch_bounds__(kThreadsB, 1)
 #pragma unroll
             for (int h = 0; h < 2; ++h) beta[h] = m_b[h] == m_a[h] ? 1.0f : exp2_ftz(m_a[h] - m_b[h]);
           }
-          store_p(t, s, pa, beta);
-          wgmma::wait<0>();  // p.v(t): its P registers and dims' slabs are free
+          wgmma::wait<0>();  // p.v(t): its dims' slabs are free (t + 2's boxes out before P's stores, as FlashMLA)
           wgmma::fence_operand(o);
+          if constexpr (decltype(kNext)::value) load_at(t + 2, pg[0]);
+          store_p(t, s, pa, beta);
           if constexpr (decltype(kB)::value) {
             move_to(m_b);  // (the same alpha as beta: the same operands)
-            if constexpr (decltype(kNext)::value) load_at(t + 2, pg[0]);
             pv_theirs(t + 1);
             if constexpr (decltype(kNext)::value) {
               qk_part(t + 2, s, integral_constant<int, 0>{});
