@@ -408,9 +408,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // stores its P into its tile's rope slab (kBarP) for the other's p.v, warpgroup 0 scaled to
       // m(b) first and after its p.v(a) is done and a + 2's boxes are out (so both p.v of a
       // warpgroup in a round share one reference maximum and o moves once a round in warpgroup 1,
-      // twice in warpgroup 0), and queues its p.v before the next q.k,
-      // which it issues in two commit groups (its own dims' slabs, then the other's and the rope
-      // slab) with the loads that the round's p.v freed between them. Who loads what is v18c's:
+      // twice in warpgroup 0), and queues its p.v before the next q.k, which it issues in two commit
+      // groups (its own dims' slabs, then the other's and the rope slab): warpgroup 0 with the
+      // loads the other tile's p.v freed between them, warpgroup 1 after both its loads (warpgroup
+      // 0's next q.k waits for the second). Who loads what is v18c's:
       // warpgroup w its dims' slabs of every tile and the rope slab of the other's tiles (a part
       // and mbarrier each), once the p.v that last read them is done; the page ids a round ahead.
       // Each branch below has the same wgmma groups in flight at its loop's ends (two: q.k's).
@@ -585,16 +586,11 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           pv_own(t, pa);
           pv_theirs(t - 1);
           wgmma::wait<1>();  // p.v(t)
-          if constexpr (decltype(kNext)::value) {
-            load_at(t + 2, pg[1]);
-            qk_part(t + 2, s, integral_constant<int, 0>{});
-            wgmma::wait<1>();  // p.v(t - 1)
-            load_at(t + 1, pg[0]);
-            qk_part(t + 2, s, integral_constant<int, 1>{});
-          } else {
-            wgmma::wait<0>();  // p.v(t - 1)
-            load_at(t + 1, pg[0]);
-          }
+          // (both loads before q.k(t + 2), as FlashMLA: warpgroup 0's q.k(t + 1) waits for t + 1's)
+          if constexpr (decltype(kNext)::value) load_at(t + 2, pg[1]);
+          wgmma::wait<0>();  // p.v(t - 1)
+          load_at(t + 1, pg[0]);
+          if constexpr (decltype(kNext)::value) qk2(t + 2, s);
           pg[0] = pn[0], pg[1] = pn[1];
         };
         if (n_tiles > 1) {
