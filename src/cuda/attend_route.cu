@@ -68,10 +68,12 @@ bool attend_rows_q_split(const AttendParams& p) {
 // planned as 32-row CTAs one an SM (attend_rows_q_split.cu). The 16-row kernel's bf16-cache instance
 // (MLA_ATTEND_BF16_16ROW, s32b) fits one CTA an SM (171 KB).
 AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, int sms) {
-  const bool q_split = q_bf16 && cache_fp8 && attend_q_split_enabled();
-  const int rows_cta = q_split ? kAttendRowsQSplitCta : kAttendRowsPerCta;
-  if ((!q_split || attend_rows_q_split_enabled()) && attend_rows_wanted(batch, rows, sms))
+  const bool q_split = q_bf16 && cache_fp8 && attend_q_split_enabled();  // (the 16-row kernel's, unless:)
+  const bool rows_split = q_split && attend_rows_q_split_enabled();
+  if ((!q_split || rows_split) && attend_rows_wanted(batch, rows, sms)) {
+    const int rows_cta = rows_split ? kAttendRowsQSplitCta : kAttendRowsPerCta;
     return {(rows + rows_cta - 1) / rows_cta, sms, true};
+  }
   const bool bf16_16row = q_bf16 && !cache_fp8 && attend_bf16_16row_enabled();
   return {(rows + 15) / 16, bf16_16row ? sms : 2 * sms, false};
 }

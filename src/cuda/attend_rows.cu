@@ -46,10 +46,6 @@ bool attend_rows_wanted(int batch, int rows, int sms) {
 }
 
 namespace {
-template <auto kKernel, int kRowsN>
-void prepare_kernel() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN>()));
-}
 // MLA_ROWS_MULTICAST=0: no 2-CTA clusters.
 bool rows_multicast_env() {
   static const bool on = env_int("MLA_ROWS_MULTICAST", 1) != 0;
@@ -100,26 +96,26 @@ constexpr auto kRowCopyKernel =
     attend_rows_kernel<true, kRowsN, false, 1, kCluster, false, kSplitQk<kRowsN, true>, kSteps>;
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
-  prepare_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
+  prepare_rows_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
   // The row-copy instances unless MLA_ROWS_ROW_COPIES=0 (by default the 48- and 32-row ones outside
   // clusters run); 64 rows: one group step.
   if constexpr (kSplit) {
     if (rows_row_copies_env() != 0) {
-      prepare_kernel<kRowCopyKernel<kRowsN, 1>, kRowsN>();
-      if constexpr (kRowsN < 64) prepare_kernel<kRowCopyKernel<kRowsN, 2>, kRowsN>();
-      if constexpr (kRowsN != 32) prepare_kernel<kRowCopyKernel<kRowsN, 1, true>, kRowsN>();
-      if constexpr (kRowsN == 48) prepare_kernel<kRowCopyKernel<kRowsN, 2, true>, kRowsN>();
+      prepare_rows_kernel<kRowCopyKernel<kRowsN, 1>, kRowsN>();
+      if constexpr (kRowsN < 64) prepare_rows_kernel<kRowCopyKernel<kRowsN, 2>, kRowsN>();
+      if constexpr (kRowsN != 32) prepare_rows_kernel<kRowCopyKernel<kRowsN, 1, true>, kRowsN>();
+      if constexpr (kRowsN == 48) prepare_rows_kernel<kRowCopyKernel<kRowsN, 2, true>, kRowsN>();
     }
   }
-  if constexpr (kRowsN != 48) prepare_kernel<kSmallPageKernel<kRowsN, kSplit>, kRowsN>();  // pages 2 and 4
-  prepare_kernel<kPage1Kernel<kRowsN, false, kSplit>, kRowsN>();
-  if constexpr (kRowsN != 32) prepare_kernel<kPage1Kernel<kRowsN, true, kSplit>, kRowsN>();  // (rows_cluster)
+  if constexpr (kRowsN != 48) prepare_rows_kernel<kSmallPageKernel<kRowsN, kSplit>, kRowsN>();  // pages 2 and 4
+  prepare_rows_kernel<kPage1Kernel<kRowsN, false, kSplit>, kRowsN>();
+  if constexpr (kRowsN != 32) prepare_rows_kernel<kPage1Kernel<kRowsN, true, kSplit>, kRowsN>();  // (rows_cluster)
 }
 template <int kRowsN>
 void prepare_rows_height() {
   prepare_rows_split<kRowsN, true>();
   if constexpr (kRowsN < 64) prepare_rows_split<kRowsN, false>();
-  prepare_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
+  prepare_rows_kernel<attend_rows_kernel<false, kRowsN>, kRowsN>();
 }
 // A launch of the many-rows kernel with TMA tiles as clusters of 2 CTAs along x (attr: its storage).
 cudaLaunchConfig_t pair_config(dim3 grid, int smem, cudaStream_t stream, cudaLaunchAttribute& attr) {
@@ -140,7 +136,7 @@ cudaLaunchConfig_t pair_config(dim3 grid, int smem, cudaStream_t stream, cudaLau
 template <int kRowsN>
 int max_pairs() {
   static const int pairs = [] {
-    prepare_kernel<kPage1Kernel<kRowsN, true>, kRowsN>();
+    prepare_rows_kernel<kPage1Kernel<kRowsN, true>, kRowsN>();
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = pair_config(dim3(2), rows_smem_bytes<kRowsN>(), nullptr, attr);
     int n = 0;

@@ -42,6 +42,7 @@
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
+#include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/flat_plan.hpp"
 #include "cuda/ptx.cuh"
@@ -100,6 +101,12 @@ struct RowsSmem {
 template <int kRowsN, bool kQSplit = false>
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN, kQSplit>)) + 1024; }
 static_assert(rows_smem_bytes<64>() <= 227 * 1024, "over the H200's shared memory a block");
+// An instance's dynamic shared-memory limit (host; once a process, before its first launch).
+template <auto kKernel, int kRowsN, bool kQSplit = false>
+void prepare_rows_kernel() {
+  MLA_CUDA_CHECK(
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, rows_smem_bytes<kRowsN, kQSplit>()));
+}
 static_assert(rows_smem_bytes<32, true>() <= 227 * 1024 && rows_smem_bytes<48, true>() > 227 * 1024,
               "the split query fits 32-row CTAs only");
 static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in a box tile's place");

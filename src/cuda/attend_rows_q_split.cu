@@ -19,20 +19,15 @@ namespace {
 // instances (attend_rows.cu: kTmaKernel, kSmallPageKernel, kPage1Kernel), q.k split by tile.
 template <bool kSmallBoxes, int kAhead, bool kMapUniform>
 constexpr auto kQSplitRowsKernel =
-    attend_rows_kernel<true, 32, kSmallBoxes, kAhead, false, kMapUniform, true, 0, true>;
-constexpr int kQSplitRowsSmem = rows_smem_bytes<32, true>();
-
-template <auto kKernel>
-void prepare() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kQSplitRowsSmem));
-}
+    attend_rows_kernel<true, kAttendRowsQSplitCta, kSmallBoxes, kAhead, false, kMapUniform, true, 0, true>;
+constexpr int kQSplitRowsSmem = rows_smem_bytes<kAttendRowsQSplitCta, true>();
 
 }  // namespace
 
 void prepare_attend_rows_q_split() {
-  prepare<kQSplitRowsKernel<false, 1, false>>();
-  prepare<kQSplitRowsKernel<true, 1, false>>();
-  prepare<kQSplitRowsKernel<true, 4, true>>();
+  prepare_rows_kernel<kQSplitRowsKernel<false, 1, false>, kAttendRowsQSplitCta, true>();
+  prepare_rows_kernel<kQSplitRowsKernel<true, 1, false>, kAttendRowsQSplitCta, true>();
+  prepare_rows_kernel<kQSplitRowsKernel<true, 4, true>, kAttendRowsQSplitCta, true>();
 }
 
 void launch_attend_rows_q_split(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {

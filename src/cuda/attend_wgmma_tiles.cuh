@@ -197,7 +197,7 @@ struct QueryTile {
   }
 };
 
-// kQSplit (attend_wgmma_kernel.cuh, MLA_ATTEND_Q_SPLIT=1): the kRowsN bf16 query rows m_base .. of
+// kQSplit (attend_wgmma_kernel.cuh, MLA_ATTEND_Q_SPLIT): the kRowsN bf16 query rows m_base .. of
 // request b, each scaled by its own power of two and split into two e4m3 rows (core/query_split.hpp):
 // hi at row n, lo at row kRowsN + n of a 2 kRowsN-row B tile (b_offset_n<2 kRowsN>: the 16-row
 // kernel's q.k takes both as one N = 32 operand), or (kLoBlock: the many-rows kernel's kQSplit, whose

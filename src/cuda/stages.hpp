@@ -173,9 +173,8 @@ bool attend_wgmma_applies(const AttendParams& p);
 // 143-148, uneven 171 against 459): a bf16 query over an fp8 cache takes the 16-row wgmma kernel
 // too, each query row split exactly into two e4m3 rows (core/query_split.hpp), over TMA boxes (pages
 // of 8+ rows, a power of two) or bulk row copies (other pages: 16-byte aligned rows, the step's
-// partials), at every height, planned for 16-row CTAs (CudaBackend::attend_shape: no many-rows
-// kernel takes this pair); else (and with the switch off) the mma.sync kernel
-// (attend_wgmma_q_split: that case).
+// partials), at every height, planned for 16-row CTAs (attend_plan_shape; unless MLA_ROWS_Q_SPLIT=1,
+// below); else (and with the switch off) the mma.sync kernel (attend_wgmma_q_split: that case).
 bool attend_q_split_enabled();
 bool attend_wgmma_q_split(const AttendParams& p);
 // MLA_ROWS_Q_SPLIT=1 (s35, prepared: compiled, not yet run on a GPU; off by default): where the
