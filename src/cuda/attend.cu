@@ -8,8 +8,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdlib>
+#include <iterator>
 #include <string_view>
 
 #include "core/softmax_state.hpp"
@@ -496,12 +498,26 @@ bool wgmma_l1_copies() {
   return on;
 }
 
+namespace {
+std::atomic<int64_t> family_launches[int(AttendKernel::kCount)];
+}  // namespace
+
+const char* attend_kernel_name(AttendKernel k) {
+  static constexpr const char* kNames[] = {"mma", "wgmma", "wgmma_q_split", "wgmma_bf16", "rows", "rows_q_split",
+                                           "rows_bf16"};
+  static_assert(std::size(kNames) == size_t(AttendKernel::kCount));
+  return k < AttendKernel::kCount ? kNames[int(k)] : "?";
+}
+
+int64_t attend_launches(AttendKernel k) { return family_launches[int(k)].load(); }
+
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
   AttendParams p = in;
   if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
-    return launch_attend_wgmma(p, stream);
+    ++family_launches[int(launch_attend_wgmma(p, stream))];
+    return;
   }
   MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");
   const dim3 grid = attend_grid(p, kMTile);
@@ -516,6 +532,7 @@ void launch_attend(const AttendParams& in, cudaStream_t stream) {
     launch<Fp8>(p, grid, stream);
   }
   MLA_CUDA_CHECK_LAUNCH();
+  ++family_launches[int(AttendKernel::kMma)];
 }
 
 }  // namespace mla::cuda

@@ -64,12 +64,12 @@ bool attend_rows_q_split(const AttendParams& p) {
 // made for 64-row CTAs, as it does for a bf16 query over an fp8 cache under MLA_ATTEND_Q_SPLIT=0. By
 // default the 16-row kernel takes that pair at every height (s32a), and its plan is the 16-row one
 // (the many-rows plan put 48 rows at B = 40 in 360 16-row CTAs on 264 slots: review of session 33);
-// under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split takes it where attend_rows_wanted says so,
-// planned as 32-row CTAs one an SM (attend_rows_q_split.cu). The 16-row kernel's bf16-cache instance
+// under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split takes it where attend_rows_wanted says so
+// and TMA boxes the pages (rows_boxes), planned as 32-row CTAs one an SM (attend_rows_q_split.cu). The 16-row kernel's bf16-cache instance
 // (MLA_ATTEND_BF16_16ROW, s32b) fits one CTA an SM (171 KB).
-AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, int sms) {
+AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, int sms, bool rows_boxes) {
   const bool q_split = q_bf16 && cache_fp8 && attend_q_split_enabled();  // (the 16-row kernel's, unless:)
-  const bool rows_split = q_split && attend_rows_q_split_enabled();
+  const bool rows_split = q_split && attend_rows_q_split_enabled() && rows_boxes;
   if ((!q_split || rows_split) && attend_rows_wanted(batch, rows, sms)) {
     const int rows_cta = rows_split ? kAttendRowsQSplitCta : kAttendRowsPerCta;
     return {(rows + rows_cta - 1) / rows_cta, sms, true};
@@ -144,6 +144,15 @@ bool attend_wgmma_uses_tma(const AttendParams& p) {
   const bool pow2_page = p.page_size >= (boxes_small ? 1 : kFp8SmallPage) && (p.page_size & (p.page_size - 1)) == 0;
   return allowed && pow2_page && p.page_stride == int64_t(p.page_size) * p.row_stride &&
          p.num_pages * p.page_size <= INT32_MAX && rows_copyable(p);
+}
+
+bool attend_rows_q_split_boxes(const void* cache, bool cache_fp8, int64_t page_stride, int64_t row_stride,
+                             int page_size, int64_t num_pages) {
+  AttendParams p{};
+  p.cache = cache, p.cache_fp8 = cache_fp8, p.page_stride = page_stride, p.row_stride = row_stride;
+  p.page_size = page_size, p.num_pages = num_pages;
+  p.many_rows = true, p.step_partials = true;  // a step's many-rows launch of a bf16 query (q_fp8 false)
+  return attend_wgmma_uses_tma(p);
 }
 
 bool attend_wgmma_row_copies(const AttendParams& p) {

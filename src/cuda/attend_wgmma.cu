@@ -148,7 +148,7 @@ void prepare_attend_wgmma_kernels() {
   prepare_attend_rows_bf16_kernel();
 }
 
-void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
+AttendKernel launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
   const AttendParams p = with_heads_magic(in);
   const bool tma = attend_wgmma_uses_tma(p);
   MLA_REQUIRE(p.flat_ctas == 0 || ((tma || !p.many_rows || attend_rows_gathers(p)) && p.dcp_size == 1 &&
@@ -166,26 +166,26 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
   if (p.many_rows && !p.q_fp8 && p.cache_fp8) {  // (attend_rows_q_split: TMA boxes)
     MLA_REQUIRE(tma, "attend: a bf16 query over an fp8 cache takes the many-rows kernel over TMA boxes only");
     launch_attend_rows_q_split(p, map, stream);
-    return;
+    return AttendKernel::kRowsQSplit;
   }
   if (p.many_rows && !p.q_fp8) {
     launch_attend_rows_bf16(p, map, stream);
-    return;
+    return AttendKernel::kRowsBf16;
   }
   if (p.many_rows && (tma || attend_rows_gathers(p))) {
     launch_attend_rows(p, map, tma, stream);
-    return;
+    return AttendKernel::kRows;
   }
   if (!p.cache_fp8) {  // a bf16 query and cache at 16 rows or fewer (attend_wgmma_bf16_cache)
     MLA_REQUIRE(tma && !p.q_fp8, "attend: a bf16 cache takes the 16-row kernel with a bf16 query over TMA boxes only");
     launch_attend_wgmma_bf16(p, map, stream);
-    return;
+    return AttendKernel::kWgmmaBf16;
   }
   if (!p.q_fp8) {  // a bf16 query over an fp8 cache, split into two e4m3 rows (attend_wgmma_q_split)
     MLA_REQUIRE(p.cache_fp8 && (tma || attend_wgmma_row_copies(p)),
                 "attend: a bf16 query takes the 16-row kernel over TMA boxes or row copies of an fp8 cache only");
     launch_attend_wgmma_q_split(p, map, tma, stream);
-    return;
+    return AttendKernel::kWgmmaQSplit;
   }
   MLA_REQUIRE(p.q_fp8 && p.cache_fp8, "attend: the 16-row wgmma kernel takes an fp8 query and cache");
   if (tma && timeline_path()) {  // measurement: the default TMA kernel (2-step groups) with phase stamps
@@ -209,6 +209,7 @@ void launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
     else go(attend_wgmma_kernel<2, 1, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());
   }
   MLA_CUDA_CHECK_LAUNCH();
+  return AttendKernel::kWgmma;
 }
 
 }  // namespace mla::cuda

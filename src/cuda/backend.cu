@@ -103,15 +103,17 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   // Partials: the most rows any step up to max_tokens can write: splits * S with fixed splits, and
   // (key-CTAs + B) * Q with the flat plan, key-CTAs = max(B * splits, flat_ctas) (each CTA writes a
   // partial of Q rows per request it touches; consecutive CTAs share at most one request).
-  // (Over both cache dtypes: the plan may depend on it, attend_shape.)
+  // (Over both cache dtypes and pages boxed or not: the plan may depend on them, attend_shape.)
   int64_t partial_rows = 0;
   for (int qlen = 1; qlen <= 8; ++qlen)
     for (int b = 1; int64_t(b) * qlen <= t; ++b)
-      for (DType kv : {DType::fp8_e4m3, DType::bf16}) {
-        const int64_t splits = plan_splits(b, qlen, kv, {});
-        const int64_t flat = std::max<int64_t>(splits * b, flat_ctas(b, qlen, kv)) + b;
-        partial_rows = std::max({partial_rows, splits * b * qlen, flat * qlen});
-      }
+      for (DType dtype : {DType::fp8_e4m3, DType::bf16})
+        for (bool boxes : {true, false}) {
+          const CacheKind kv(dtype, boxes);
+          const int64_t splits = plan_splits(b, qlen, kv, {});
+          const int64_t flat = std::max<int64_t>(splits * b, flat_ctas(b, qlen, kv)) + b;
+          partial_rows = std::max({partial_rows, splits * b * qlen, flat * qlen});
+        }
   partial_rows_ = std::max(partial_rows, t);
   const int64_t o_bytes = partial_rows_ * g * kLatent * int64_t(sizeof(float));
   o_ = layout_.add(o_bytes);
@@ -149,26 +151,32 @@ CudaBackend::~CudaBackend() {
   lt_.reset();
 }
 
+CacheKind CacheKind::of(const KVCache& cache) {
+  const TensorView& pages = cache.pages;
+  return {pages.dtype, attend_rows_q_split_boxes(pages.data, pages.dtype == DType::fp8_e4m3, pages.stride[0],
+                                                 pages.stride[1], cache.page_size(), cache.num_pages())};
+}
+
 // The plan's CTA shape for this layer's query heads (attend_plan_shape, attend_route.cu).
-AttendShape CudaBackend::attend_shape(int batch, int qlen, DType cache_dtype) const {
-  return attend_plan_shape(batch, query_heads() * qlen, opts.q_dtype == DType::bf16, cache_dtype == DType::fp8_e4m3,
-                           sms_);
+AttendShape CudaBackend::attend_shape(int batch, int qlen, CacheKind cache) const {
+  return attend_plan_shape(batch, query_heads() * qlen, opts.q_dtype == DType::bf16, cache.dtype == DType::fp8_e4m3,
+                           sms_, cache.rows_boxes);
 }
 
 // The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave for the row tiles
 // of a request (B = 64, 12 heads: 264 instead of 4 splits x 64 = 256).
-int CudaBackend::flat_ctas(int batch, int qlen, DType cache_dtype) const {
-  const AttendShape shape = attend_shape(batch, qlen, cache_dtype);
+int CudaBackend::flat_ctas(int batch, int qlen, CacheKind cache) const {
+  const AttendShape shape = attend_shape(batch, qlen, cache);
   return std::min(kMaxPostPartials - 1, std::max(batch, shape.slots / shape.m_tiles));
 }
 
-int CudaBackend::plan_splits(int batch, int qlen, DType cache_dtype, std::span<const int32_t> seq_lens_host) const {
+int CudaBackend::plan_splits(int batch, int qlen, CacheKind cache, std::span<const int32_t> seq_lens_host) const {
   if (opts.num_splits > 0) return opts.num_splits;
   // As many CTAs as fit at once (two fp8 CTAs an SM) without starting a second, mostly idle
   // wave (B = 64: 4 splits, 256 CTAs on 264 slots, not 5 and 320; B = 1: up to 256 splits, so
   // one long request spreads over every SM), and no split shorter than kMinKeysPerSplit keys where
   // the lengths are known on the host.
-  const AttendShape shape = attend_shape(batch, qlen, cache_dtype);
+  const AttendShape shape = attend_shape(batch, qlen, cache);
   const int ctas = batch * shape.m_tiles;
   const int max_splits = std::min(kMaxSplits, kMaxPostPartials / std::max(opts.dcp.size, 1));
   int splits = std::clamp(shape.slots / std::max(ctas, 1), 1, max_splits);
@@ -191,7 +199,7 @@ int CudaBackend::plan_splits(int batch, int qlen, DType cache_dtype, std::span<c
 detail::StepWorkspace CudaBackend::workspace(const StepMeta& meta, const KVCache& cache) {
   const int64_t s = meta.tokens(), g = query_heads();
   MLA_REQUIRE(s <= opts.max_tokens, "step: S = ", s, " exceeds LayerOptions.max_tokens = ", opts.max_tokens);
-  const int splits = plan_splits(meta.batch(), meta.qlen, cache.pages.dtype, meta.seq_lens_host);
+  const int splits = plan_splits(meta.batch(), meta.qlen, CacheKind::of(cache), meta.seq_lens_host);
   MLA_REQUIRE(workspace_->bytes() >= layout_.total(), "LayerOptions.workspace: holds ", workspace_->bytes(),
               " bytes, this layer needs ", layout_.total());
   MLA_REQUIRE(int64_t(splits) * s <= partial_rows_, "step: ", splits, " splits x S = ", s,
@@ -352,8 +360,9 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // (A bf16 query over an fp8 cache: the 16-row kernel's split at every height, with the 16-row
   // plan, unless MLA_ATTEND_Q_SPLIT=0, or the many-rows kernel's split in 32-row CTAs where the
   // planner asks for many rows under MLA_ROWS_Q_SPLIT=1: attend_shape.)
-  p.many_rows = attend_shape(p.batch, meta.qlen, cache.pages.dtype).many_rows;
-  const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen, cache.pages.dtype));
+  const CacheKind kind = CacheKind::of(cache);
+  p.many_rows = attend_shape(p.batch, meta.qlen, kind).many_rows;
+  const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen, kind));
   // An even batch (host lengths within 1/8 of the longest) keeps fixed splits: the flat plan's
   // segment switches (a query reload, a partial's store, a drained pipeline) cost more than its
   // balance brings there. Many-rows kernel (H200, 949867f): D 320.7 vs 344.1 us, F 175.5 vs 200.4;

@@ -15,6 +15,16 @@
 
 namespace mla::cuda {
 
+// What the split planner needs of a cache: its dtype, and whether TMA boxes its pages for the
+// many-rows kernel's split of a bf16 query (attend_rows_q_split_boxes; true where unknown: the
+// workspace is sized over both).
+struct CacheKind {
+  DType dtype;
+  bool rows_boxes = true;
+  CacheKind(DType d, bool boxes = true) : dtype(d), rows_boxes(boxes) {}  // NOLINT: implicit from a dtype
+  static CacheKind of(const KVCache& cache);
+};
+
 class CudaBackend final : public detail::BackendImpl {
  public:
   CudaBackend(const LayerConfig& cfg, const PreparedWeights& w, const LayerOptions& opts);
@@ -33,11 +43,11 @@ class CudaBackend final : public detail::BackendImpl {
 
   // Reads and clears the device error word (DeviceError bits); waits for the layer's stream.
   uint32_t take_errors();
-  // Split-KV chunks step() uses for a batch over a cache of cache_dtype (host lengths where known,
-  // else a static plan).
-  int plan_splits(int batch, int qlen, DType cache_dtype, std::span<const int32_t> seq_lens_host) const;
-  int flat_ctas(int batch, int qlen, DType cache_dtype) const;
-  AttendShape attend_shape(int batch, int qlen, DType cache_dtype) const;  // (attend_plan_shape)
+  // Split-KV chunks step() uses for a batch over such a cache (host lengths where known, else a
+  // static plan).
+  int plan_splits(int batch, int qlen, CacheKind cache, std::span<const int32_t> seq_lens_host) const;
+  int flat_ctas(int batch, int qlen, CacheKind cache) const;
+  AttendShape attend_shape(int batch, int qlen, CacheKind cache) const;  // (attend_plan_shape)
   cudaStream_t stream() const { return stream_; }
 
  private:

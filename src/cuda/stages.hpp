@@ -159,6 +159,21 @@ inline constexpr int kMaxQueryHeads = 8190;  // G: G * 8 + 16 <= 2^16 (launch_at
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
 inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory
 void launch_attend(const AttendParams& p, cudaStream_t stream);
+// The kernel families launch_attend picks from (the routes below say when), and the launches of each
+// in this process so far: the GPU tests check that a step ran the family its shape should take (a
+// fallback to another kernel, exact too, would pass their comparison unnoticed).
+enum class AttendKernel {
+  kMma,          // attend.cu: mma.sync, any case
+  kWgmma,        // attend_wgmma.cu: 16-row CTAs, fp8 query and cache
+  kWgmmaQSplit,  // attend_wgmma_q_split.cu: 16-row CTAs, a bf16 query split over an fp8 cache
+  kWgmmaBf16,    // attend_wgmma_bf16.cu: 16-row CTAs, bf16 query and cache
+  kRows,         // attend_rows.cu: many rows, fp8 query and cache
+  kRowsQSplit,   // attend_rows_q_split.cu: many rows, a bf16 query split over an fp8 cache
+  kRowsBf16,     // attend_rows_bf16.cu: many rows, bf16 query and cache
+  kCount
+};
+const char* attend_kernel_name(AttendKernel k);
+int64_t attend_launches(AttendKernel k);
 // MLA_ATTEND_KERNEL, read once: 0 (=mma) the mma.sync kernel (attend.cu) takes every case, for
 // comparison; 1 (unset) the default below; 2 (=wgmma) the wgmma kernels also take attend() into a
 // caller's bf16 o, so the GPU tests check their o and lse directly.
@@ -181,8 +196,8 @@ bool attend_wgmma_q_split(const AttendParams& p);
 // planner asks for many rows (attend_rows_wanted), a bf16 query over an fp8 cache takes the many-rows
 // kernel's split instead (attend_rows_q_split.cu: the same exact split, q.k's k32 steps over the hi
 // rows, then the lo rows) in CTAs of kAttendRowsQSplitCta rows, planned as such
-// (CudaBackend::attend_shape), over TMA boxes of any power-of-two page; other pages take the
-// mma.sync kernel under that plan. attend_rows_q_split: this step takes it.
+// (CudaBackend::attend_shape), over TMA boxes of any power-of-two page; other pages keep the 16-row
+// split and its plan (attend_plan_shape's rows_boxes). attend_rows_q_split: this step takes it.
 bool attend_rows_q_split_enabled();
 bool attend_rows_q_split(const AttendParams& p);
 inline constexpr int kAttendRowsQSplitCta = 32;
@@ -211,7 +226,7 @@ bool attend_wgmma_uses_tma(const AttendParams& p);
 // not contiguous), the 16-row kernel loads a tile as one bulk copy a key row (attend_wgmma.cu v24:
 // rows and pages 16-byte aligned, the same whole-tile chunks); else by cp.async.
 bool attend_wgmma_row_copies(const AttendParams& p);
-void launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);
+AttendKernel launch_attend_wgmma(const AttendParams& p, cudaStream_t stream);  // (the family it launched)
 // The many-rows kernel (attend_rows.cu: 64, 48 or 32 query rows a CTA, two warpgroups, one CTA an SM), which
 // the wgmma launch takes for TMA tiles where the planner asked for it (AttendParams.many_rows):
 // attend_rows_wanted(B, heads x qlen, SMs) (MLA_ATTEND_ROWS_MIN overrides the row threshold for
@@ -236,7 +251,14 @@ struct AttendShape {
   int m_tiles, slots;  // CTAs of one (request, split); CTA slots of one wave
   bool many_rows;      // the many-rows kernel (AttendParams.many_rows)
 };
-AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, int sms);
+// rows_boxes: TMA boxes the cache's pages for the many-rows kernel (attend_rows_q_split_boxes); where it
+// does not, a bf16 query over an fp8 cache keeps the 16-row plan under MLA_ROWS_Q_SPLIT=1 too (the
+// rows split needs boxes; the 16-row split copies such pages by rows).
+AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, int sms, bool rows_boxes = true);
+// Whether TMA boxes these pages for the many-rows kernel's split of a bf16 query (attend_wgmma_uses_tma
+// of a step's such launch over them), from the cache alone: what the planner knows before the launch.
+bool attend_rows_q_split_boxes(const void* cache, bool cache_fp8, int64_t page_stride, int64_t row_stride,
+                             int page_size, int64_t num_pages);
 int attend_rows_cta_rows(int rows);
 // At page 1, 64- and 48-row CTAs with an even number of row tiles a request run the row tiles of
 // the same keys as 2-CTA clusters, each CTA's producer issuing one tile of every pair into both

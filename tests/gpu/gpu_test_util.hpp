@@ -4,7 +4,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
+#include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -67,12 +70,25 @@ struct Shape {
 // bf16 query over an fp8 cache then runs elsewhere) or the 16-row kernel's height.
 enum class RowsKernel { kMany, kSixteen };
 
+// The attend kernel family a shape's step must launch (cuda::attend_launches), or none to leave it
+// unchecked (e.g. where a switch in the environment reroutes it).
+using FamilyOf = std::function<std::optional<cuda::AttendKernel>(const Shape&)>;
+// Whether the environment sets a switch that reroutes attend across families (the family checks then
+// stand down; the q-split and bf16 16-row switches are read by the tests' own expectations).
+inline bool attend_rerouted() {
+  for (const char* v : {"MLA_ATTEND_KERNEL", "MLA_ATTEND_TMA", "MLA_ROWS_SMALL_BOXES", "MLA_ATTEND_ROWS_MIN",
+                        "MLA_ATTEND_ROWS_CTA"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
 // Each shape's whole step on both backends (same weights, same inputs: expect_step_matches), the
 // cache in kv_dtype and the query in q_dtype, NaN in unused pages and page tails. num_splits > 0
 // fixes the split count (LayerOptions.num_splits); spread: an even shape's lengths come from the
-// last 1/spread of max_context (8: within flat::lengths_even's eighth, so fixed splits for sure).
+// last 1/spread of max_context (8: within flat::lengths_even's eighth, so fixed splits for sure);
+// family: the attend kernel family each shape's step must launch, and no other (where it says one).
 inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DType q_dtype, uint64_t seed,
-                            RowsKernel kernel, int num_splits = 0, int spread = 4) {
+                            RowsKernel kernel, int num_splits = 0, int spread = 4, const FamilyOf& family = {}) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   for (const Shape& sh : shapes) {
@@ -111,7 +127,18 @@ inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DT
           .backend = backend, .q_dtype = q_dtype, .max_tokens = int(s), .num_splits = num_splits, .num_threads = 2};
     };
     Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
+    constexpr int kFamilies = int(cuda::AttendKernel::kCount);
+    std::array<int64_t, kFamilies> before{};
+    for (int k = 0; k < kFamilies; ++k) before[k] = cuda::attend_launches(cuda::AttendKernel(k));
     ASSERT_NO_FATAL_FAILURE(expect_step_matches(cpu, gpu, host, w.k_scale, nv, true));
+    if (const std::optional<cuda::AttendKernel> want = family ? family(sh) : std::nullopt) {
+      for (int k = 0; k < kFamilies; ++k) {
+        const int64_t ran = cuda::attend_launches(cuda::AttendKernel(k)) - before[k];
+        if (cuda::AttendKernel(k) == *want) EXPECT_GT(ran, 0) << "the step did not launch " << cuda::attend_kernel_name(*want);
+        else EXPECT_EQ(ran, 0) << "the step launched " << cuda::attend_kernel_name(cuda::AttendKernel(k)) << ", not "
+                               << cuda::attend_kernel_name(*want);
+      }
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,9 +35,14 @@ using testing::expect_close;
 using testing::Shape;
 
 // Each shape's whole step on both backends, kv and query in `dtype`, at shapes the planner gives the
-// many-rows kernel (unless MLA_ATTEND_ROWS_MIN forces it everywhere).
+// many-rows kernel (unless MLA_ATTEND_ROWS_MIN forces it everywhere), which each step must launch
+// (attend_rows_bf16.cu's or attend_rows.cu's, TMA or gathered tiles).
 void steps_match_cpu(const std::vector<Shape>& shapes, DType dtype, uint64_t seed) {
-  testing::steps_match_cpu(shapes, dtype, dtype, seed, testing::RowsKernel::kMany);
+  const testing::FamilyOf family = [dtype](const Shape&) -> std::optional<cuda::AttendKernel> {
+    if (testing::attend_rerouted()) return std::nullopt;
+    return dtype == DType::bf16 ? cuda::AttendKernel::kRowsBf16 : cuda::AttendKernel::kRows;
+  };
+  testing::steps_match_cpu(shapes, dtype, dtype, seed, testing::RowsKernel::kMany, 0, 4, family);
 }
 
 TEST(ManyRows, Bf16StepMatchesCpu) {

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -30,6 +31,10 @@ using testing::Shape;
 
 TEST(QuerySplit, Bf16QueryFp8CacheStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the bf16-query steps");
+  const testing::FamilyOf family = [](const Shape&) -> std::optional<cuda::AttendKernel> {
+    if (testing::attend_rerouted()) return std::nullopt;
+    return cuda::attend_q_split_enabled() ? cuda::AttendKernel::kWgmmaQSplit : cuda::AttendKernel::kMma;
+  };
   testing::steps_match_cpu({{"kimi-k3", 12, 1, 8, 64, 900, true},        // the flat plan
                             {"kimi-k3", 16, 1, 6, 16, 700, false},       // fixed splits, 4 boxes a tile
                             {"deepseek-v3", 8, 2, 5, 64, 600, true},     // 16 rows, causal inside the tile
@@ -37,22 +42,30 @@ TEST(QuerySplit, Bf16QueryFp8CacheStepMatchesCpu) {
                             {"kimi-k2", 4, 1, 3, 32, 500, false},        // a part-empty row tile, page 32
                             {"kimi-k3", 12, 1, 4, 1, 500, true},         // page 1: bulk row copies, the flat plan
                             {"deepseek-v3", 16, 1, 5, 3, 400, false}},   // page 3: row copies, fixed splits
-                           DType::fp8_e4m3, DType::bf16, 1300, testing::RowsKernel::kSixteen);
+                           DType::fp8_e4m3, DType::bf16, 1300, testing::RowsKernel::kSixteen, 0, 4, family);
 }
 
 // Shapes the planner gives many rows: by default the 16-row kernel's split takes them (3 and 8 row
 // tiles a request); under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split (32-row CTAs,
-// attend_rows_q_split.cu) over boxes of whole pages, of 4 rows and of one row, and the mma.sync
-// kernel on page 3 (no boxes: the 32-row plan on 16-row CTAs); MLA_ATTEND_Q_SPLIT=0: mma.sync.
+// attend_rows_q_split.cu) over boxes of whole pages, of 4 rows and of one row, and the 16-row split
+// on page 3 (no boxes: its row copies and plan); MLA_ATTEND_Q_SPLIT=0: mma.sync. Each step is
+// checked to launch that family (unless a switch in the environment reroutes attend).
 TEST(QuerySplit, Bf16QueryFp8CacheManyRowsStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the bf16-query steps");
+  const testing::FamilyOf family = [](const testing::Shape& sh) -> std::optional<cuda::AttendKernel> {
+    if (testing::attend_rerouted()) return std::nullopt;
+    if (!cuda::attend_q_split_enabled()) return cuda::AttendKernel::kMma;
+    const bool boxed = (sh.page & (sh.page - 1)) == 0;  // (pages of 1, 4, 16, 64 here; 3 is not boxed)
+    return cuda::attend_rows_q_split_enabled() && boxed ? cuda::AttendKernel::kRowsQSplit
+                                                        : cuda::AttendKernel::kWgmmaQSplit;
+  };
   testing::steps_match_cpu({{"kimi-k3", 12, 4, 40, 64, 600, false},      // 48 rows, fixed splits
                             {"deepseek-v3", 128, 1, 24, 16, 400, true},  // 128 heads, the flat plan
                             {"kimi-k3", 12, 8, 32, 64, 500, true},       // 96 rows, causal inside the tiles
                             {"kimi-k3", 12, 8, 20, 1, 300, true},        // page 1, the flat plan
                             {"deepseek-v3", 16, 2, 6, 4, 400, false},    // 32 rows at B = 6, page 4
                             {"kimi-k3", 12, 4, 10, 3, 300, false}},      // page 3 (not boxed)
-                           DType::fp8_e4m3, DType::bf16, 1400, testing::RowsKernel::kMany);
+                           DType::fp8_e4m3, DType::bf16, 1400, testing::RowsKernel::kMany, 0, 4, family);
 }
 
 // SplitQueryTile as the kernels run it (query_split_probe: the 16-row kernel's form and the many-rows

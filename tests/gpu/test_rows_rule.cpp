@@ -85,8 +85,9 @@ TEST(RowsRule, PlanShapeOfEachKernel) {
   expect(cuda::attend_plan_shape(64, 12, true, false, kSms), 1, bf16_slots, false, "bf16, 12 heads");
   expect(cuda::attend_plan_shape(64, 128, true, false, kSms), 2, kSms, true, "bf16, 128 heads");
   // A bf16 query over an fp8 cache: the 16-row split at every height by default; under
-  // MLA_ROWS_Q_SPLIT=1 the many-rows split's 32-row CTAs where the rule asks for many rows; under
-  // MLA_ATTEND_Q_SPLIT=0 the mma.sync kernel under the 64-row plan.
+  // MLA_ROWS_Q_SPLIT=1 the many-rows split's 32-row CTAs where the rule asks for many rows and TMA
+  // boxes the pages (else the 16-row split's plan); under MLA_ATTEND_Q_SPLIT=0 the mma.sync kernel
+  // under the 64-row plan.
   expect(cuda::attend_plan_shape(64, 12, true, true, kSms), 1, 2 * kSms, false, "bf16 query, 12 heads");
   if (!cuda::attend_q_split_enabled()) {
     expect(cuda::attend_plan_shape(64, 128, true, true, kSms), 2, kSms, true, "bf16 query, 128 heads, mma.sync");
@@ -94,10 +95,41 @@ TEST(RowsRule, PlanShapeOfEachKernel) {
     expect(cuda::attend_plan_shape(64, 128, true, true, kSms), 4, kSms, true, "bf16 query, 128 heads, rows split");
     expect(cuda::attend_plan_shape(64, 48, true, true, kSms), 2, kSms, true, "bf16 query, 48 rows, rows split");
     expect(cuda::attend_plan_shape(1, 128, true, true, kSms), 8, 2 * kSms, false, "bf16 query, 128 heads at B = 1");
+    expect(cuda::attend_plan_shape(64, 128, true, true, kSms, false), 8, 2 * kSms, false,
+           "bf16 query, 128 heads, pages not boxed: the 16-row split");
   } else {
     expect(cuda::attend_plan_shape(64, 128, true, true, kSms), 8, 2 * kSms, false, "bf16 query, 128 heads, 16-row split");
     expect(cuda::attend_plan_shape(64, 48, true, true, kSms), 3, 2 * kSms, false, "bf16 query, 48 rows, 16-row split");
   }
+  // Whether the pages box does not change any other pair's plan.
+  expect(cuda::attend_plan_shape(64, 128, false, true, kSms, false), 2, kSms, true, "fp8, 128 heads, pages not boxed");
+  expect(cuda::attend_plan_shape(64, 128, true, false, kSms, false), 2, kSms, true, "bf16, 128 heads, pages not boxed");
+}
+
+// The planner's view of a cache's pages (attend_rows_q_split_boxes, from the cache alone) for the
+// many-rows split of a bf16 query: boxed where TMA takes them (a power-of-two page of contiguous,
+// 16-byte aligned rows; pages of 1-4 rows only under MLA_ROWS_Q_SPLIT=1, the boxes the split's
+// instances take), not otherwise.
+alignas(16) uint8_t some_cache[16];
+constexpr int64_t kRowBytes = 576;
+bool boxes(int page, int64_t page_stride, int64_t row_stride = kRowBytes, const void* base = some_cache) {
+  return cuda::attend_rows_q_split_boxes(base, true, page_stride, row_stride, page, 1000);
+}
+
+TEST(RowsRule, PlannerSeesWhetherThePagesBox) {
+  if (std::getenv("MLA_ATTEND_TMA") || std::getenv("MLA_ROWS_SMALL_BOXES")) GTEST_SKIP() << "a TMA switch is set";
+  constexpr int64_t row = kRowBytes;
+  const uint8_t* cache = some_cache;
+  EXPECT_TRUE(boxes(64, 64 * row));
+  EXPECT_TRUE(boxes(16, 16 * row));
+  EXPECT_FALSE(boxes(3, 3 * row)) << "page 3";
+  EXPECT_FALSE(boxes(48, 48 * row)) << "page 48";
+  EXPECT_FALSE(boxes(64, 65 * row)) << "pages not contiguous";
+  EXPECT_FALSE(boxes(64, 64 * 584, 584)) << "rows not 16-byte aligned";
+  EXPECT_FALSE(boxes(64, 64 * row, row, cache + 8)) << "cache not 16-byte aligned";
+  const bool small = cuda::attend_rows_q_split_enabled();
+  EXPECT_EQ(boxes(1, row), small) << "page 1";
+  EXPECT_EQ(boxes(4, 4 * row), small) << "page 4";
 }
 
 }  // namespace
