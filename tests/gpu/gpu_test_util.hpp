@@ -18,6 +18,7 @@
 #include "cuda/stages.hpp"
 #include "mla/layer.hpp"
 #include "mla/tensor.hpp"
+#include "mla/weights.hpp"
 #include "support/testing.hpp"
 
 // Skips the calling test with a message where no CUDA device is present; `tests` names the tests
@@ -82,13 +83,18 @@ inline bool attend_rerouted() {
   return false;
 }
 
+struct StepOptions {
+  int num_splits = 0;  // > 0: fixes the split count (LayerOptions.num_splits)
+  int spread = 4;      // an even shape's lengths from the last 1/spread of max_context (8: within
+                       // flat::lengths_even's eighth, so fixed splits for sure)
+  FamilyOf family;     // the attend kernel family each shape's step must launch, and no other
+  std::function<void(const LayerConfig&, CheckpointWeights&)> weights;  // changes to the random weights
+};
+
 // Each shape's whole step on both backends (same weights, same inputs: expect_step_matches), the
-// cache in kv_dtype and the query in q_dtype, NaN in unused pages and page tails. num_splits > 0
-// fixes the split count (LayerOptions.num_splits); spread: an even shape's lengths come from the
-// last 1/spread of max_context (8: within flat::lengths_even's eighth, so fixed splits for sure);
-// family: the attend kernel family each shape's step must launch, and no other (where it says one).
+// cache in kv_dtype and the query in q_dtype, NaN in unused pages and page tails.
 inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DType q_dtype, uint64_t seed,
-                            RowsKernel kernel, int num_splits = 0, int spread = 4, const FamilyOf& family = {}) {
+                            RowsKernel kernel, const StepOptions& opt = {}) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   for (const Shape& sh : shapes) {
@@ -111,7 +117,7 @@ inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DT
     spec.spare_pages = 3;
     spec.seed = seed;
     for (int b = 0; b < sh.batch; ++b) {
-      int len = std::uniform_int_distribution<int>(sh.max_context - sh.max_context / spread, sh.max_context)(rng);
+      int len = std::uniform_int_distribution<int>(sh.max_context - sh.max_context / opt.spread, sh.max_context)(rng);
       if (sh.uneven) {
         const int kind = int(rng() % 8);
         len = kind == 0 ? 0 : kind == 1 ? std::uniform_int_distribution<int>(sh.qlen, sh.qlen + 70)(rng)
@@ -119,19 +125,21 @@ inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DT
       }
       spec.seq_lens.push_back(len);
     }
-    const PreparedWeights w = prepare_weights(cfg, random_checkpoint_weights(cfg, seed));
+    CheckpointWeights ckpt = random_checkpoint_weights(cfg, seed);
+    if (opt.weights) opt.weights(cfg, ckpt);
+    const PreparedWeights w = prepare_weights(cfg, ckpt);
     const synth::Scenario host = synth::make_scenario(spec, w.k_scale);
     const int64_t s = host.tokens(), nv = int64_t(cfg.heads()) * cfg.v_head_dim;
     auto options = [&](Backend backend) {
       return LayerOptions{
-          .backend = backend, .q_dtype = q_dtype, .max_tokens = int(s), .num_splits = num_splits, .num_threads = 2};
+          .backend = backend, .q_dtype = q_dtype, .max_tokens = int(s), .num_splits = opt.num_splits, .num_threads = 2};
     };
     Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
     constexpr int kFamilies = int(cuda::AttendKernel::kCount);
     std::array<int64_t, kFamilies> before{};
     for (int k = 0; k < kFamilies; ++k) before[k] = cuda::attend_launches(cuda::AttendKernel(k));
     ASSERT_NO_FATAL_FAILURE(expect_step_matches(cpu, gpu, host, w.k_scale, nv, true));
-    if (const std::optional<cuda::AttendKernel> want = family ? family(sh) : std::nullopt) {
+    if (const std::optional<cuda::AttendKernel> want = opt.family ? opt.family(sh) : std::nullopt) {
       for (int k = 0; k < kFamilies; ++k) {
         const int64_t ran = cuda::attend_launches(cuda::AttendKernel(k)) - before[k];
         if (cuda::AttendKernel(k) == *want) EXPECT_GT(ran, 0) << "the step did not launch " << cuda::attend_kernel_name(*want);

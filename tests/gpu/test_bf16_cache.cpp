@@ -27,7 +27,7 @@ TEST(Bf16Cache, SixteenRowStepMatchesCpu) {
                             {"deepseek-v3", 8, 2, 5, 64, 600, true},    // 16 rows, causal inside the tile
                             {"kimi-k2", 4, 1, 3, 32, 500, false},       // a part-empty row tile, page 32
                             {"kimi-k3", 12, 1, 4, 1, 400, true}},       // page 1: a box a key row
-                           DType::bf16, DType::bf16, 1500, testing::RowsKernel::kSixteen, 0, 4, family);
+                           DType::bf16, DType::bf16, 1500, testing::RowsKernel::kSixteen, {.family = family});
 }
 
 }  // namespace

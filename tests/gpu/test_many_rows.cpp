@@ -42,7 +42,7 @@ void steps_match_cpu(const std::vector<Shape>& shapes, DType dtype, uint64_t see
     if (testing::attend_rerouted()) return std::nullopt;
     return dtype == DType::bf16 ? cuda::AttendKernel::kRowsBf16 : cuda::AttendKernel::kRows;
   };
-  testing::steps_match_cpu(shapes, dtype, dtype, seed, testing::RowsKernel::kMany, 0, 4, family);
+  testing::steps_match_cpu(shapes, dtype, dtype, seed, testing::RowsKernel::kMany, {.family = family});
 }
 
 TEST(ManyRows, Bf16StepMatchesCpu) {

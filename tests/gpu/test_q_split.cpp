@@ -29,12 +29,23 @@ namespace {
 
 using testing::Shape;
 
+// The kernel family a bf16 query over an fp8 cache must take at the 16-row heights: the 16-row
+// kernel's split (MLA_ATTEND_Q_SPLIT=0: mma.sync).
+std::optional<cuda::AttendKernel> split16_family(const Shape&) {
+  if (testing::attend_rerouted()) return std::nullopt;
+  return cuda::attend_q_split_enabled() ? cuda::AttendKernel::kWgmmaQSplit : cuda::AttendKernel::kMma;
+}
+// At the many-rows heights: the same, or under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split over
+// pages TMA boxes (in these tests the power-of-two pages; page 3 is not boxed).
+std::optional<cuda::AttendKernel> rows_family(const Shape& sh) {
+  if (testing::attend_rerouted()) return std::nullopt;
+  if (!cuda::attend_q_split_enabled()) return cuda::AttendKernel::kMma;
+  const bool boxed = (sh.page & (sh.page - 1)) == 0;
+  return cuda::attend_rows_q_split_enabled() && boxed ? cuda::AttendKernel::kRowsQSplit : cuda::AttendKernel::kWgmmaQSplit;
+}
+
 TEST(QuerySplit, Bf16QueryFp8CacheStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the bf16-query steps");
-  const testing::FamilyOf family = [](const Shape&) -> std::optional<cuda::AttendKernel> {
-    if (testing::attend_rerouted()) return std::nullopt;
-    return cuda::attend_q_split_enabled() ? cuda::AttendKernel::kWgmmaQSplit : cuda::AttendKernel::kMma;
-  };
   testing::steps_match_cpu({{"kimi-k3", 12, 1, 8, 64, 900, true},        // the flat plan
                             {"kimi-k3", 16, 1, 6, 16, 700, false},       // fixed splits, 4 boxes a tile
                             {"deepseek-v3", 8, 2, 5, 64, 600, true},     // 16 rows, causal inside the tile
@@ -42,7 +53,7 @@ TEST(QuerySplit, Bf16QueryFp8CacheStepMatchesCpu) {
                             {"kimi-k2", 4, 1, 3, 32, 500, false},        // a part-empty row tile, page 32
                             {"kimi-k3", 12, 1, 4, 1, 500, true},         // page 1: bulk row copies, the flat plan
                             {"deepseek-v3", 16, 1, 5, 3, 400, false}},   // page 3: row copies, fixed splits
-                           DType::fp8_e4m3, DType::bf16, 1300, testing::RowsKernel::kSixteen, 0, 4, family);
+                           DType::fp8_e4m3, DType::bf16, 1300, testing::RowsKernel::kSixteen, {.family = split16_family});
 }
 
 // Shapes the planner gives many rows: by default the 16-row kernel's split takes them (3 and 8 row
@@ -52,20 +63,42 @@ TEST(QuerySplit, Bf16QueryFp8CacheStepMatchesCpu) {
 // checked to launch that family (unless a switch in the environment reroutes attend).
 TEST(QuerySplit, Bf16QueryFp8CacheManyRowsStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the bf16-query steps");
-  const testing::FamilyOf family = [](const testing::Shape& sh) -> std::optional<cuda::AttendKernel> {
-    if (testing::attend_rerouted()) return std::nullopt;
-    if (!cuda::attend_q_split_enabled()) return cuda::AttendKernel::kMma;
-    const bool boxed = (sh.page & (sh.page - 1)) == 0;  // (pages of 1, 4, 16, 64 here; 3 is not boxed)
-    return cuda::attend_rows_q_split_enabled() && boxed ? cuda::AttendKernel::kRowsQSplit
-                                                        : cuda::AttendKernel::kWgmmaQSplit;
-  };
   testing::steps_match_cpu({{"kimi-k3", 12, 4, 40, 64, 600, false},      // 48 rows, fixed splits
                             {"deepseek-v3", 128, 1, 24, 16, 400, true},  // 128 heads, the flat plan
                             {"kimi-k3", 12, 8, 32, 64, 500, true},       // 96 rows, causal inside the tiles
                             {"kimi-k3", 12, 8, 20, 1, 300, true},        // page 1, the flat plan
                             {"deepseek-v3", 16, 2, 6, 4, 400, false},    // 32 rows at B = 6, page 4
                             {"kimi-k3", 12, 4, 10, 3, 300, false}},      // page 3 (not boxed)
-                           DType::fp8_e4m3, DType::bf16, 1400, testing::RowsKernel::kMany, 0, 4, family);
+                           DType::fp8_e4m3, DType::bf16, 1400, testing::RowsKernel::kMany, {.family = rows_family});
+}
+
+// Query rows far apart in magnitude inside one row tile: head 0's q_b rows times 2^-100 (its query
+// rows ~2^-97, the split's exponent ~+105: scores ~0, a flat softmax), head 1's times 2^3 (8x the
+// scores: a sharp one), head 2's zero (a zero row), the rest as drawn. Each row's scores are taken
+// times its own 2^-e (SplitQueryTile's q_exp): a row given another's would be off by 2^3 to 2^100
+// (review of session 36: only the split probe fed such rows before). Both heights, both splits.
+void scale_heads(const LayerConfig& cfg, CheckpointWeights& w) {
+  const int64_t rows_a_head = cfg.qk_head_dim(), cols = cfg.q_lora_rank;
+  auto scale = [&](int head, int exp2, bool zero) {
+    for (int64_t i = head * rows_a_head * cols; i < (head + 1) * rows_a_head * cols; ++i)
+      w.q_b[size_t(i)] = float_to_bf16(zero ? 0.0f : std::ldexp(bf16_to_float(w.q_b[size_t(i)]), exp2));
+  };
+  scale(0, -100, false);
+  scale(1, 3, false);
+  scale(2, 0, true);
+}
+
+TEST(QuerySplit, ExtremeQueryRowsStepMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU("the bf16-query steps");
+  testing::steps_match_cpu({{"kimi-k3", 12, 1, 8, 64, 900, true},    // 16-row tiles, the flat plan
+                            {"kimi-k3", 12, 1, 4, 1, 500, false}},  // page 1: bulk row copies
+                           DType::fp8_e4m3, DType::bf16, 1500, testing::RowsKernel::kSixteen,
+                           {.family = split16_family, .weights = scale_heads});
+  testing::steps_match_cpu({{"kimi-k3", 12, 4, 40, 64, 600, false},      // 48 rows, fixed splits
+                            {"deepseek-v3", 128, 1, 24, 16, 400, true},  // 128 heads, the flat plan
+                            {"kimi-k3", 12, 8, 20, 1, 300, true}},       // page 1, 96 rows
+                           DType::fp8_e4m3, DType::bf16, 1600, testing::RowsKernel::kMany,
+                           {.family = rows_family, .weights = scale_heads});
 }
 
 // SplitQueryTile as the kernels run it (query_split_probe: the 16-row kernel's form and the many-rows

@@ -38,7 +38,7 @@ TEST(Skew, EvenBatchStepMatchesCpu) {
     EXPECT_EQ(cuda::attend_wgmma_skews(p, ctas), wanted);
     const int64_t launched = cuda::attend_skew_launches();
     testing::steps_match_cpu({shape}, DType::fp8_e4m3, DType::fp8_e4m3, 3300 + uint64_t(splits),
-                             testing::RowsKernel::kSixteen, splits, 8);
+                             testing::RowsKernel::kSixteen, {.num_splits = splits, .spread = 8});
     // Each shape's steps took the skewed instance under the switch (and never without it).
     if (wanted) EXPECT_GT(cuda::attend_skew_launches(), launched);
     else EXPECT_EQ(cuda::attend_skew_launches(), launched);
