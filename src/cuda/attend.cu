@@ -500,6 +500,7 @@ bool wgmma_l1_copies() {
 
 namespace {
 std::atomic<int64_t> family_launches[int(AttendKernel::kCount)];
+std::atomic<int64_t> flat_launches;
 }  // namespace
 
 const char* attend_kernel_name(AttendKernel k) {
@@ -510,6 +511,7 @@ const char* attend_kernel_name(AttendKernel k) {
 }
 
 int64_t attend_launches(AttendKernel k) { return family_launches[int(k)].load(); }
+int64_t attend_flat_launches() { return flat_launches.load(); }
 
 void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return;
@@ -517,6 +519,7 @@ void launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
     ++family_launches[int(launch_attend_wgmma(p, stream))];
+    if (p.flat_ctas > 0) ++flat_launches;
     return;
   }
   MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");

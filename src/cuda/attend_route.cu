@@ -78,6 +78,10 @@ AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, 
   return {(rows + 15) / 16, bf16_16row ? sms : 2 * sms, false};
 }
 
+bool attend_fixed_fills_a_wave(int64_t fixed_ctas, int slots) {
+  return fixed_ctas >= slots || fixed_ctas * 20 >= int64_t(slots) * 17;
+}
+
 bool attend_skew_enabled() { return attend_skew_wanted(2); }
 
 bool attend_skew_wanted(int batch) {

@@ -36,12 +36,15 @@ constexpr int kMinKeysPerSplit = 192;  // three of attend's key tiles
 
 // MLA_ATTEND_FLAT (comparison): 0 keeps fixed splits a request everywhere; `all` takes the flat
 // plan on even batches too (the 16-row kernel's rule until session 23); unset: uneven batches only.
-enum class FlatMode { kOff, kUneven, kAll };
+// MLA_ATTEND_FLAT: 0 fixed splits everywhere; unset the flat plan for uneven batches; all: for even
+// ones too (the 16-row kernel's); fill: for even ones whose fixed splits fill a wave poorly
+// (attend_fixed_fills_a_wave).
+enum class FlatMode { kOff, kUneven, kAll, kFill };
 FlatMode flat_plan_mode() {
   static const FlatMode mode = [] {
     const char* env = std::getenv("MLA_ATTEND_FLAT");
     const std::string_view v = env ? env : "";
-    return v == "0" ? FlatMode::kOff : v == "all" ? FlatMode::kAll : FlatMode::kUneven;
+    return v == "0" ? FlatMode::kOff : v == "all" ? FlatMode::kAll : v == "fill" ? FlatMode::kFill : FlatMode::kUneven;
   }();
   return mode;
 }
@@ -361,7 +364,8 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // plan, unless MLA_ATTEND_Q_SPLIT=0, or the many-rows kernel's split in 32-row CTAs where the
   // planner asks for many rows under MLA_ROWS_Q_SPLIT=1: attend_shape.)
   const CacheKind kind = CacheKind::of(cache);
-  p.many_rows = attend_shape(p.batch, meta.qlen, kind).many_rows;
+  const AttendShape shape = attend_shape(p.batch, meta.qlen, kind);
+  p.many_rows = shape.many_rows;
   const int ctas = std::max(p.batch * p.splits, flat_ctas(p.batch, meta.qlen, kind));
   // An even batch (host lengths within 1/8 of the longest) keeps fixed splits: the flat plan's
   // segment switches (a query reload, a partial's store, a drained pipeline) cost more than its
@@ -379,8 +383,14 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   const bool tma = attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p);
   const bool copies_flat = !tma && !even && (!p.many_rows || attend_rows_gathers(p));
   const FlatMode mode = flat_plan_mode();
+  // (kFill: where the wave bounded the split count, not the shortest split or LayerOptions.num_splits:
+  // short requests keep their few fixed splits, as the flat plan would spread them over a wave.)
+  const bool fill_flat = mode == FlatMode::kFill && opts.num_splits == 0 &&
+                         p.splits == plan_splits(p.batch, meta.qlen, kind, {}) &&
+                         !attend_fixed_fills_a_wave(int64_t(p.batch) * shape.m_tiles * p.splits, shape.slots);
+  const bool even_flat = !p.many_rows && (mode == FlatMode::kAll || fill_flat);
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && mode != FlatMode::kOff &&
-                    !(even && (p.many_rows || mode == FlatMode::kUneven)) &&
+                    (!even || even_flat) &&
                     (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&
                     (tma || copies_flat) && p.batch <= kMaxFlatBatch &&
                     ctas + 1 <= kMaxPostPartials && int64_t(ctas + p.batch) * meta.qlen <= partial_rows_;

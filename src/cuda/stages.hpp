@@ -174,6 +174,7 @@ enum class AttendKernel {
 };
 const char* attend_kernel_name(AttendKernel k);
 int64_t attend_launches(AttendKernel k);
+int64_t attend_flat_launches();  // (of those, launches under the flat plan: AttendParams.flat_ctas > 0)
 // MLA_ATTEND_KERNEL, read once: 0 (=mma) the mma.sync kernel (attend.cu) takes every case, for
 // comparison; 1 (unset) the default below; 2 (=wgmma) the wgmma kernels also take attend() into a
 // caller's bf16 o, so the GPU tests check their o and lse directly.
@@ -260,6 +261,13 @@ AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, 
 bool attend_rows_q_split_boxes(const void* cache, bool cache_fp8, int64_t page_stride, int64_t row_stride,
                              int page_size, int64_t num_pages);
 int attend_rows_cta_rows(int rows);
+// Whether an even batch's fixed splits (fixed_ctas CTAs of the 16-row kernel) fill one wave of
+// `slots` well enough to keep them: 85% of the slots, or more than a wave (the flat plan's key-CTAs,
+// at least one a request, would not fill better then). B = 64 and 128 at 12-16 heads fill 97%; B =
+// 150 fills 57% (150 CTAs, one split each: 114 SMs hold a lone CTA, which streams no faster than one
+// of a pair, session 21), B = 100 76%. Under MLA_ATTEND_FLAT=fill (session 36, prepared, not yet
+// timed) such batches take the flat plan: one wave of key-CTAs sharing all tiles evenly.
+bool attend_fixed_fills_a_wave(int64_t fixed_ctas, int slots);
 // At page 1, 64- and 48-row CTAs with an even number of row tiles a request run the row tiles of
 // the same keys as 2-CTA clusters, each CTA's producer issuing one tile of every pair into both
 // (TMA multicast: half the boxes an SM), where all the launch's pairs fit at once:

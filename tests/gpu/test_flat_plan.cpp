@@ -6,12 +6,15 @@
 // bound). The kernel itself is checked against the CPU backend by the GPU tests.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <set>
 #include <vector>
 
 #include "cuda/flat_plan.hpp"
+#include "cuda/stages.hpp"
+#include "gpu/gpu_test_util.hpp"
 
 namespace mla {
 namespace {
@@ -140,6 +143,41 @@ TEST(FlatPlan, EvenLengthsWithinAnEighth) {
   EXPECT_FALSE(flat::lengths_even(empty_and_long.data(), 2));
   const std::vector<int32_t> one{5};
   EXPECT_TRUE(flat::lengths_even(one.data(), 1));
+}
+
+// MLA_ATTEND_FLAT=fill's rule (attend_fixed_fills_a_wave): an even batch keeps fixed splits where
+// they fill 85% of a wave's slots or more than a wave. The 16-row kernel at 12-16 heads (one row
+// tile a request, 264 slots on 132 SMs), with the planner's split count floor(slots / B): the issue's
+// B = 64 and 128 keep them; B = 100 (2 splits, 200 CTAs) and 150 (one, 150) take the flat plan.
+TEST(FlatPlan, FixedSplitsThatFillAWave) {
+  constexpr int kSlots = 264;
+  auto fixed_ctas = [](int batch) { return int64_t(batch) * std::max(1, kSlots / batch); };
+  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(fixed_ctas(64), kSlots));    // 256: A, B64
+  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(fixed_ctas(128), kSlots));   // 256: B, C
+  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(fixed_ctas(80), kSlots));    // 240: 91%
+  EXPECT_FALSE(cuda::attend_fixed_fills_a_wave(fixed_ctas(70), kSlots));   // 210: 80%
+  EXPECT_FALSE(cuda::attend_fixed_fills_a_wave(fixed_ctas(100), kSlots));  // 200: 76%
+  EXPECT_FALSE(cuda::attend_fixed_fills_a_wave(fixed_ctas(150), kSlots));  // 150: 57%
+  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(fixed_ctas(300), kSlots));   // past a wave: flat no better
+  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(225, kSlots));               // 85.2%
+  EXPECT_FALSE(cuda::attend_fixed_fills_a_wave(224, kSlots));              // 84.8%
+}
+
+// An even batch one request past a wave's 16-row slots' half (B = SMs + 1 at 12 heads: one split
+// each, ~50% of the slots): fixed splits by default, the flat plan under MLA_ATTEND_FLAT=fill (and
+// =all); the step matches the CPU's either way.
+TEST(FlatPlan, PoorlyFilledEvenBatchStepMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU("the flat plan's step");
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const char* env = std::getenv("MLA_ATTEND_FLAT");
+  const std::string mode = env ? env : "";
+  const int64_t before = cuda::attend_flat_launches();
+  testing::steps_match_cpu({{"kimi-k3", 12, 1, sms + 1, 16, 320, false}}, DType::fp8_e4m3, DType::fp8_e4m3, 3700,
+                           testing::RowsKernel::kSixteen, {.spread = 8});
+  const bool flat = cuda::attend_flat_launches() > before;
+  if (!testing::attend_rerouted() && (mode.empty() || mode == "0")) EXPECT_FALSE(flat) << "an even batch";
+  if (!testing::attend_rerouted() && (mode == "fill" || mode == "all")) EXPECT_TRUE(flat) << "MLA_ATTEND_FLAT=" << mode;
 }
 
 }  // namespace
