@@ -2,6 +2,7 @@
 // the mma.sync kernel (attend.cu), the 16-row wgmma kernel (attend_wgmma.cu) on TMA boxes, bulk row
 // copies or cp.async tiles, the many-rows kernels (attend_rows*.cu). Host code only; the measured
 // reasons behind each rule are in docs/attention.md. tests/gpu/test_attend_routing.cpp checks them.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -78,8 +79,15 @@ AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, 
   return {(rows + 15) / 16, bf16_16row ? sms : 2 * sms, false};
 }
 
-bool attend_fixed_fills_a_wave(int64_t fixed_ctas, int slots) {
-  return fixed_ctas >= slots || fixed_ctas * 20 >= int64_t(slots) * 17;
+bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots) {
+  const int64_t waves = (fixed_ctas + slots - 1) / slots;
+  return fixed_ctas * 20 >= waves * slots * 17;
+}
+
+int attend_flat_key_ctas(int batch, int m_tiles, int slots, bool whole_waves) {
+  const int per_wave = std::max(1, slots / m_tiles);
+  const int64_t ctas = whole_waves ? (int64_t(batch) + per_wave - 1) / per_wave * per_wave : std::max(batch, per_wave);
+  return int(std::min<int64_t>(kMaxPostPartials - 1, ctas));
 }
 
 bool attend_skew_enabled() { return attend_skew_wanted(2); }

@@ -167,10 +167,11 @@ AttendShape CudaBackend::attend_shape(int batch, int qlen, CacheKind cache) cons
 }
 
 // The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave for the row tiles
-// of a request (B = 64, 12 heads: 264 instead of 4 splits x 64 = 256).
+// of a request (B = 64, 12 heads: 264 instead of 4 splits x 64 = 256), or whole waves
+// (attend_flat_key_ctas; MLA_ATTEND_FLAT=fill).
 int CudaBackend::flat_ctas(int batch, int qlen, CacheKind cache) const {
   const AttendShape shape = attend_shape(batch, qlen, cache);
-  return std::min(kMaxPostPartials - 1, std::max(batch, shape.slots / shape.m_tiles));
+  return attend_flat_key_ctas(batch, shape.m_tiles, shape.slots, flat_plan_mode() == FlatMode::kFill);
 }
 
 int CudaBackend::plan_splits(int batch, int qlen, CacheKind cache, std::span<const int32_t> seq_lens_host) const {
@@ -387,8 +388,8 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // short requests keep their few fixed splits, as the flat plan would spread them over a wave.)
   const bool fill_flat = mode == FlatMode::kFill && opts.num_splits == 0 &&
                          p.splits == plan_splits(p.batch, meta.qlen, kind, {}) &&
-                         !attend_fixed_fills_a_wave(int64_t(p.batch) * shape.m_tiles * p.splits, shape.slots);
-  const bool even_flat = !p.many_rows && (mode == FlatMode::kAll || fill_flat);
+                         !attend_fixed_fills_its_waves(int64_t(p.batch) * shape.m_tiles * p.splits, shape.slots);
+  const bool even_flat = (!p.many_rows && mode == FlatMode::kAll) || fill_flat;
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && mode != FlatMode::kOff &&
                     (!even || even_flat) &&
                     (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) &&

@@ -261,13 +261,19 @@ AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, 
 bool attend_rows_q_split_boxes(const void* cache, bool cache_fp8, int64_t page_stride, int64_t row_stride,
                              int page_size, int64_t num_pages);
 int attend_rows_cta_rows(int rows);
-// Whether an even batch's fixed splits (fixed_ctas CTAs of the 16-row kernel) fill one wave of
-// `slots` well enough to keep them: 85% of the slots, or more than a wave (the flat plan's key-CTAs,
-// at least one a request, would not fill better then). B = 64 and 128 at 12-16 heads fill 97%; B =
-// 150 fills 57% (150 CTAs, one split each: 114 SMs hold a lone CTA, which streams no faster than one
-// of a pair, session 21), B = 100 76%. Under MLA_ATTEND_FLAT=fill (session 36, prepared, not yet
-// timed) such batches take the flat plan: one wave of key-CTAs sharing all tiles evenly.
-bool attend_fixed_fills_a_wave(int64_t fixed_ctas, int slots);
+// Whether an even batch's fixed splits (fixed_ctas CTAs) fill their waves of `slots` well enough to
+// keep them: 85% of the slots of ceil(fixed_ctas / slots) waves. The 16-row kernel at 12-16 heads
+// (264 slots): B = 64 and 128 fill 97%; B = 150 57% (150 CTAs, one split each: 114 SMs hold a lone
+// CTA, which streams no faster than one of a pair, session 21), B = 100 76%, B = 300 57% (two waves,
+// the second 36 CTAs). The many-rows kernel (132 slots): D, E, F, G and 96 heads 97%; B = 100 x 128
+// heads 76% (200 64-row CTAs). Under MLA_ATTEND_FLAT=fill (session 36, prepared, not yet timed) such
+// batches take the flat plan, whose key-CTAs then make whole waves (attend_flat_key_ctas).
+bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots);
+// The flat plan's key-CTAs for `batch` requests of m_tiles row tiles on `slots` CTA slots: every slot
+// of one wave, or as many as the requests (the default: at least one a request); whole_waves
+// (MLA_ATTEND_FLAT=fill): the fewest whole waves that give each request one (B = 100 x 128 heads:
+// 132 key-CTAs, 264 CTAs in two full waves, where 100 give 200); at most kMaxPostPartials - 1.
+int attend_flat_key_ctas(int batch, int m_tiles, int slots, bool whole_waves);
 // At page 1, 64- and 48-row CTAs with an even number of row tiles a request run the row tiles of
 // the same keys as 2-CTA clusters, each CTA's producer issuing one tile of every pair into both
 // (TMA multicast: half the boxes an SM), where all the launch's pairs fit at once:

@@ -145,39 +145,64 @@ TEST(FlatPlan, EvenLengthsWithinAnEighth) {
   EXPECT_TRUE(flat::lengths_even(one.data(), 1));
 }
 
-// MLA_ATTEND_FLAT=fill's rule (attend_fixed_fills_a_wave): an even batch keeps fixed splits where
-// they fill 85% of a wave's slots or more than a wave. The 16-row kernel at 12-16 heads (one row
-// tile a request, 264 slots on 132 SMs), with the planner's split count floor(slots / B): the issue's
-// B = 64 and 128 keep them; B = 100 (2 splits, 200 CTAs) and 150 (one, 150) take the flat plan.
-TEST(FlatPlan, FixedSplitsThatFillAWave) {
+// MLA_ATTEND_FLAT=fill's rule (attend_fixed_fills_its_waves): an even batch keeps fixed splits where
+// they fill 85% of their waves' slots. The 16-row kernel at 12-16 heads (one row tile a request, 264
+// slots on 132 SMs), with the planner's split count floor(slots / B): the B = 64 and 128
+// keep them; B = 100 (2 splits, 200 CTAs), 150 (one, 150) and 300 (one, 300: two waves) take the flat
+// plan. The many-rows kernel (132 slots): D (B = 64 x two 64-row CTAs) keeps them, B = 100 does not.
+TEST(FlatPlan, FixedSplitsThatFillTheirWaves) {
   constexpr int kSlots = 264;
   auto fixed_ctas = [](int batch) { return int64_t(batch) * std::max(1, kSlots / batch); };
-  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(fixed_ctas(64), kSlots));    // 256: A, B64
-  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(fixed_ctas(128), kSlots));   // 256: B, C
-  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(fixed_ctas(80), kSlots));    // 240: 91%
-  EXPECT_FALSE(cuda::attend_fixed_fills_a_wave(fixed_ctas(70), kSlots));   // 210: 80%
-  EXPECT_FALSE(cuda::attend_fixed_fills_a_wave(fixed_ctas(100), kSlots));  // 200: 76%
-  EXPECT_FALSE(cuda::attend_fixed_fills_a_wave(fixed_ctas(150), kSlots));  // 150: 57%
-  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(fixed_ctas(300), kSlots));   // past a wave: flat no better
-  EXPECT_TRUE(cuda::attend_fixed_fills_a_wave(225, kSlots));               // 85.2%
-  EXPECT_FALSE(cuda::attend_fixed_fills_a_wave(224, kSlots));              // 84.8%
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(fixed_ctas(64), kSlots));    // 256: A, B64
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(fixed_ctas(128), kSlots));   // 256: B, C
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(fixed_ctas(80), kSlots));    // 240: 91%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(fixed_ctas(70), kSlots));   // 210: 80%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(fixed_ctas(100), kSlots));  // 200: 76%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(fixed_ctas(150), kSlots));  // 150: 57%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(fixed_ctas(300), kSlots));  // 300 of 528: 57%
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(fixed_ctas(500), kSlots));   // 500 of 528: 95%
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(225, kSlots));               // 85.2%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(224, kSlots));              // 84.8%
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(128, 132));                  // D: 64 x 2
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(200, 132));                 // 100 x 2: 76%
 }
 
-// An even batch one request past a wave's 16-row slots' half (B = SMs + 1 at 12 heads: one split
-// each, ~50% of the slots): fixed splits by default, the flat plan under MLA_ATTEND_FLAT=fill (and
-// =all); the step matches the CPU's either way.
+// The flat plan's key-CTAs: by default a wave's slots or one a request, whichever is more; under
+// MLA_ATTEND_FLAT=fill the fewest whole waves with one a request; never past post's partials.
+TEST(FlatPlan, KeyCtasMakeWholeWaves) {
+  EXPECT_EQ(cuda::attend_flat_key_ctas(64, 1, 264, false), 264);
+  EXPECT_EQ(cuda::attend_flat_key_ctas(64, 1, 264, true), 264);
+  EXPECT_EQ(cuda::attend_flat_key_ctas(150, 1, 264, true), 264);
+  EXPECT_EQ(cuda::attend_flat_key_ctas(100, 2, 132, false), 100);  // 200 CTAs: 1.5 waves
+  EXPECT_EQ(cuda::attend_flat_key_ctas(100, 2, 132, true), 132);   // 264 CTAs: 2 waves
+  EXPECT_EQ(cuda::attend_flat_key_ctas(64, 2, 132, true), 66);
+  EXPECT_EQ(cuda::attend_flat_key_ctas(300, 1, 264, false), 300);
+  EXPECT_EQ(cuda::attend_flat_key_ctas(300, 1, 264, true), cuda::kMaxPostPartials - 1);  // (528: capped)
+  EXPECT_EQ(cuda::attend_flat_key_ctas(5, 8, 264, true), 33);
+}
+
+// Even batches that fill their waves poorly: one request past half a wave of 16-row slots (B = SMs
+// + 1 at 12 heads: one split each, ~50% of the slots) and of 64-row ones (B = SMs / 2 + 1 at 128
+// heads: two waves, the second ~2 CTAs). Fixed splits by default, the flat plan under
+// MLA_ATTEND_FLAT=fill (=all: the 16-row one only); the step matches the CPU's either way.
 TEST(FlatPlan, PoorlyFilledEvenBatchStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the flat plan's step");
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const char* env = std::getenv("MLA_ATTEND_FLAT");
   const std::string mode = env ? env : "";
-  const int64_t before = cuda::attend_flat_launches();
-  testing::steps_match_cpu({{"kimi-k3", 12, 1, sms + 1, 16, 320, false}}, DType::fp8_e4m3, DType::fp8_e4m3, 3700,
-                           testing::RowsKernel::kSixteen, {.spread = 8});
-  const bool flat = cuda::attend_flat_launches() > before;
-  if (!testing::attend_rerouted() && (mode.empty() || mode == "0")) EXPECT_FALSE(flat) << "an even batch";
-  if (!testing::attend_rerouted() && (mode == "fill" || mode == "all")) EXPECT_TRUE(flat) << "MLA_ATTEND_FLAT=" << mode;
+  for (const bool many : {false, true}) {
+    SCOPED_TRACE(many ? "64-row CTAs" : "16-row CTAs");
+    const int64_t before = cuda::attend_flat_launches();
+    const testing::Shape shape = many ? testing::Shape{"deepseek-v3", 128, 1, sms / 2 + 1, 16, 300, false}
+                                      : testing::Shape{"kimi-k3", 12, 1, sms + 1, 16, 320, false};
+    testing::steps_match_cpu({shape}, DType::fp8_e4m3, DType::fp8_e4m3, 3700,
+                             many ? testing::RowsKernel::kMany : testing::RowsKernel::kSixteen, {.spread = 8});
+    const bool flat = cuda::attend_flat_launches() > before;
+    if (testing::attend_rerouted()) continue;
+    if (mode.empty() || mode == "0" || (mode == "all" && many)) EXPECT_FALSE(flat) << "an even batch";
+    if (mode == "fill" || (mode == "all" && !many)) EXPECT_TRUE(flat) << "MLA_ATTEND_FLAT=" << mode;
+  }
 }
 
 }  // namespace
