@@ -34,11 +34,10 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;
 constexpr int kMaxSplits = 256;
 constexpr int kMinKeysPerSplit = 192;  // three of attend's key tiles
 
-// MLA_ATTEND_FLAT (comparison): 0 keeps fixed splits a request everywhere; `all` takes the flat
-// plan on even batches too (the 16-row kernel's rule until session 23); unset: uneven batches only.
-// MLA_ATTEND_FLAT: 0 fixed splits everywhere; unset the flat plan for uneven batches; all: for even
-// ones too (the 16-row kernel's); fill: for even ones whose fixed splits fill a wave poorly
-// (attend_fixed_fills_a_wave).
+// MLA_ATTEND_FLAT: 0 keeps fixed splits a request everywhere; unset: the flat plan for uneven
+// batches only; `all`: for the 16-row kernel's even batches too (its rule until session 23); `fill`
+// (s36a): for even batches whose fixed splits fill their waves poorly (attend_fixed_fills_its_waves),
+// the flat plan's key-CTAs then whole waves (attend_flat_key_ctas).
 enum class FlatMode { kOff, kUneven, kAll, kFill };
 FlatMode flat_plan_mode() {
   static const FlatMode mode = [] {
