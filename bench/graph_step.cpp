@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
       const double step_graph = graph_us(backend, stream, iters, [&] { layer.step(dev.hidden, meta, dev.kv(), out); });
       const double step_eager = median(backend.time_us([&] { layer.step(dev.hidden, meta, dev.kv(), out); }, 5, iters));
       const double attend = graph_us(backend, stream, iters, [&] { layer.attend(ws.pre.q, dev.kv(), meta, ws.attend); });
+      const std::string kernel = backend.last_attend_kernel();  // (the family and plan just timed)
       const double kv_bytes = keys * 576 * (c.kv == "bf16" ? 2 : 1);
       const double gbps = kv_bytes / (attend * 1e3);
       char line[320];
@@ -158,9 +159,9 @@ int main(int argc, char** argv) {
       const double flops = 2.0 * (576 + 512) * keys * cfg.heads() * c.qlen;
       const std::string ctx = (c.uneven ? "u" : "") + std::to_string(c.context);
       const double tflops = flops / (attend * 1e6);
-      std::snprintf(line, sizeof line, "%5d %7s %4d %5d %5s %5d %6d | %10.1f %10.1f | %10.1f %9.1f %6.1f%% %8.1f\n",
+      std::snprintf(line, sizeof line, "%5d %7s %4d %5d %5s %5d %6d | %10.1f %10.1f | %10.1f %9.1f %6.1f%% %8.1f  %s\n",
                     c.batch, ctx.c_str(), c.qlen, c.page, c.kv.c_str(), cfg.heads(), splits, step_graph, step_eager,
-                    attend, gbps, 100 * gbps / ceil.copy_gbps, tflops);
+                    attend, gbps, 100 * gbps / ceil.copy_gbps, tflops, kernel.c_str());
       rows << line;
       std::fputs(line, stderr);
       std::ostringstream j;
@@ -168,7 +169,8 @@ int main(int argc, char** argv) {
         << ", \"uneven\": " << (c.uneven ? "true" : "false") << ", \"total_keys\": " << keys << ", \"qlen\": " << c.qlen << ", \"heads\": " << cfg.heads() << ", \"page_size\": " << c.page << ", \"kv_dtype\": \"" << c.kv
         << "\", \"splits\": " << splits << ", \"step_graph_us\": " << step_graph << ", \"step_eager_us\": " << step_eager
         << ", \"attend_graph_us\": " << attend << ", \"attend_kv_gbps\": " << gbps
-        << ", \"attend_pct_copy\": " << 100 * gbps / ceil.copy_gbps << ", \"attend_tflops\": " << tflops << "}";
+        << ", \"attend_pct_copy\": " << 100 * gbps / ceil.copy_gbps << ", \"attend_tflops\": " << tflops
+        << ", \"attend_kernel\": \"" << kernel << "\"}";
       json_rows += j.str();
     }
     std::printf("device: %s  copy %.0f GB/s  bf16 matmul %.0f TFLOP/s  fp8 matmul %.0f TFLOP/s  (%s, median of %d)\n",
@@ -177,8 +179,8 @@ int main(int argc, char** argv) {
     std::printf("576-byte rows read: in order %.0f GB/s, at random rows %.0f GB/s (bytes read)\n", ceil.read_rows_gbps,
                 ceil.gather_rows_gbps);
     std::printf("L2 before each timed run: %s\n", ceil.cache_flush.c_str());
-    std::printf("%5s %7s %4s %5s %5s %5s %6s | %10s %10s | %10s %9s %7s %8s\n", "B", "ctx", "Q", "page", "kv", "heads",
-                "splits", "step(graph)", "step(eager)", "attend us", "KV GB/s", "%copy", "TFLOP/s");
+    std::printf("%5s %7s %4s %5s %5s %5s %6s | %10s %10s | %10s %9s %7s %8s  %s\n", "B", "ctx", "Q", "page", "kv", "heads",
+                "splits", "step(graph)", "step(eager)", "attend us", "KV GB/s", "%copy", "TFLOP/s", "attend kernel");
     std::fputs(rows.str().c_str(), stdout);
     if (!json.empty()) {
       std::ofstream f(json);

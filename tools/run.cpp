@@ -51,6 +51,7 @@ int run_command(const RunOptions& o) {
   auto time_stage = [&](const std::function<void()>& fn) { return median(backend.time_us(fn, 1, o.repeat)); };
   const double pre_us = time_stage([&] { st.run_pre(); });
   const double attend_us = time_stage([&] { st.run_attend(); });
+  const std::string attend_kernel = backend.last_attend_kernel();  // (the one timed: the check may run others)
   const double post_us = time_stage([&] { st.run_post(); });
   const double step_us = pre_us + attend_us + post_us;
   const double tokens_per_s = st.tokens() / (step_us * 1e-6);
@@ -75,6 +76,7 @@ int run_command(const RunOptions& o) {
   std::snprintf(line, sizeof line, "pre %10.1f us   attend %10.1f us   post %10.1f us   step %10.1f us   %.0f tokens/s\n",
                 pre_us, attend_us, post_us, step_us, tokens_per_s);
   text << line;
+  if (!attend_kernel.empty()) text << "attend kernel: " << attend_kernel << "\n";
   if (o.check) text << format_check_table(rows) << (ok ? "check: ok\n" : "check: FAILED\n");
   if (!o.dump.empty()) text << "dump: " << o.dump << "/{inputs,weights,pre,attend,post}.safetensors\n";
   text.flush();
@@ -93,6 +95,7 @@ int run_command(const RunOptions& o) {
                  {"seed", o.step.seed},
                  {"backend", backend_name(st.layer->backend())}};
     j["time_us"] = {{"pre", pre_us}, {"attend", attend_us}, {"post", post_us}, {"step", step_us}};
+    j["attend_kernel"] = attend_kernel;
     j["tokens_per_s"] = tokens_per_s;
     if (o.check) {
       nlohmann::json checks = nlohmann::json::array();

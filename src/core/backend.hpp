@@ -56,6 +56,10 @@ class BackendImpl {
   // caches flushed before every run; and the ceilings measured now.
   virtual std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) = 0;
   virtual Ceilings measure_ceilings() = 0;
+  // The attend kernel the last attend() launched and its plan (CUDA: e.g. "rows, 2 fixed splits",
+  // "wgmma_q_split, flat plan of 264 key-CTAs"), for benchmark records and `mla run`; empty before
+  // any attend, or where the backend has one path.
+  virtual std::string last_attend_kernel() const { return {}; }
 
   const LayerConfig cfg;
   const LayerOptions opts;

@@ -513,14 +513,15 @@ const char* attend_kernel_name(AttendKernel k) {
 int64_t attend_launches(AttendKernel k) { return family_launches[int(k)].load(); }
 int64_t attend_flat_launches() { return flat_launches.load(); }
 
-void launch_attend(const AttendParams& in, cudaStream_t stream) {
-  if (in.batch == 0) return;
+AttendKernel launch_attend(const AttendParams& in, cudaStream_t stream) {
+  if (in.batch == 0) return AttendKernel::kCount;
   AttendParams p = in;
   if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
-    ++family_launches[int(launch_attend_wgmma(p, stream))];
+    const AttendKernel family = launch_attend_wgmma(p, stream);
+    ++family_launches[int(family)];
     if (p.flat_ctas > 0) ++flat_launches;
-    return;
+    return family;
   }
   MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");
   const dim3 grid = attend_grid(p, kMTile);
@@ -536,6 +537,7 @@ void launch_attend(const AttendParams& in, cudaStream_t stream) {
   }
   MLA_CUDA_CHECK_LAUNCH();
   ++family_launches[int(AttendKernel::kMma)];
+  return AttendKernel::kMma;
 }
 
 }  // namespace mla::cuda

@@ -404,7 +404,11 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   }
   if (step_partials) partials_flat_ = flat;
   if (attend_skew_wanted(p.batch)) p.skew_sms = sms_;  // (s33a: the 16-row kernel's fixed splits, where it applies)
-  launch_attend(p, stream_);
+  const AttendKernel family = launch_attend(p, stream_);
+  if (family != AttendKernel::kCount)
+    last_attend_ = std::string(attend_kernel_name(family)) +
+                   (flat ? ", flat plan of " + std::to_string(p.flat_ctas) + " key-CTAs"
+                         : ", " + std::to_string(p.splits) + (p.splits == 1 ? " split" : " fixed splits"));
 }
 
 void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta, const TensorView& out) {

@@ -40,6 +40,7 @@ class CudaBackend final : public detail::BackendImpl {
 
   std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) override;
   detail::Ceilings measure_ceilings() override;
+  std::string last_attend_kernel() const override { return last_attend_; }
 
   // Reads and clears the device error word (DeviceError bits); waits for the layer's stream.
   uint32_t take_errors();
@@ -52,6 +53,8 @@ class CudaBackend final : public detail::BackendImpl {
 
  private:
   int query_heads() const { return cfg.heads() * opts.dcp.size; }
+
+  std::string last_attend_;  // (last_attend_kernel)
 
   cudaStream_t stream_ = nullptr;
   float q_scale_ = 1, k_scale_ = 1;

@@ -158,7 +158,6 @@ struct AttendParams {
 inline constexpr int kMaxQueryHeads = 8190;  // G: G * 8 + 16 <= 2^16 (launch_attend_wgmma's heads_magic)
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
 inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory
-void launch_attend(const AttendParams& p, cudaStream_t stream);
 // The kernel families launch_attend picks from (the routes below say when), and the launches of each
 // in this process so far: the GPU tests check that a step ran the family its shape should take (a
 // fallback to another kernel, exact too, would pass their comparison unnoticed).
@@ -175,6 +174,8 @@ enum class AttendKernel {
 const char* attend_kernel_name(AttendKernel k);
 int64_t attend_launches(AttendKernel k);
 int64_t attend_flat_launches();  // (of those, launches under the flat plan: AttendParams.flat_ctas > 0)
+// Launches the attend kernel the routes below pick; returns its family (kCount: an empty batch).
+AttendKernel launch_attend(const AttendParams& p, cudaStream_t stream);  // (kCount: nothing to launch)
 // MLA_ATTEND_KERNEL, read once: 0 (=mma) the mma.sync kernel (attend.cu) takes every case, for
 // comparison; 1 (unset) the default below; 2 (=wgmma) the wgmma kernels also take attend() into a
 // caller's bf16 o, so the GPU tests check their o and lse directly.

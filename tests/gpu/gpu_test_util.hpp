@@ -146,6 +146,9 @@ inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DT
         else EXPECT_EQ(ran, 0) << "the step launched " << cuda::attend_kernel_name(cuda::AttendKernel(k)) << ", not "
                                << cuda::attend_kernel_name(*want);
       }
+      // (what benchmark records and `mla run` report: the family, then the plan)
+      const std::string said = detail::backend_of(gpu).last_attend_kernel();
+      EXPECT_EQ(said.rfind(std::string(cuda::attend_kernel_name(*want)) + ", ", 0), 0u) << said;
     }
   }
 }
