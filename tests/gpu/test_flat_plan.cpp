@@ -85,6 +85,11 @@ TEST(FlatPlan, EveryTileOnceAndPartialsConsecutive) {
   check_plan({3, 1, 2}, 4, 88);                   // lengths under qlen: invalid, no tiles
   check_plan({65, 64, 63, 1}, 1, 1);              // one CTA serves everything
   check_plan(std::vector<int32_t>(1000, 100), 1, 264);  // more requests than CTAs
+  // MLA_ATTEND_FLAT=fill's even batches (attend_flat_key_ctas): one wave at B = 150, whole waves
+  // capped by post's partials at B = 300, two waves of 64-row CTAs at B = 100 x 128 heads
+  check_plan(std::vector<int32_t>(150, 4096), 1, 264);
+  check_plan(std::vector<int32_t>(300, 4096), 1, cuda::kMaxPostPartials - 1);
+  check_plan(std::vector<int32_t>(100, 8192), 1, 132);
   std::mt19937 rng(7);
   for (int k = 0; k < 300; ++k) {
     const int batch = 1 + int(rng() % 300), qlen = 1 + int(rng() % 8), ctas = 1 + int(rng() % 511);
