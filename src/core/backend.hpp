@@ -57,8 +57,8 @@ class BackendImpl {
   virtual std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) = 0;
   virtual Ceilings measure_ceilings() = 0;
   // The attend kernel the last attend() launched and its plan (CUDA: e.g. "rows, 2 fixed splits",
-  // "wgmma_q_split, flat plan of 264 key-CTAs"), for benchmark records and `mla run`; empty before
-  // any attend, or where the backend has one path.
+  // "wgmma_q_split, flat plan of 264 key-CTAs"; CPU: "cpu avx512-bf16", the instruction set's
+  // kernels), for benchmark records and `mla run`; empty where unknown (CUDA: before any attend).
   virtual std::string last_attend_kernel() const { return {}; }
 
   const LayerConfig cfg;

@@ -5,6 +5,7 @@
 
 #include "core/backend.hpp"
 #include "core/workspace_impl.hpp"
+#include "cpu/attend_kernels.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/stages.hpp"
 #include "mla/error.hpp"
@@ -50,6 +51,8 @@ class CpuBackend final : public BackendImpl {
     return cpu::time_us(fn, warmup, iters, threads_);
   }
   Ceilings measure_ceilings() override { return cpu::measure_ceilings(threads_); }
+  // (one path a machine: the widest instruction set's kernels, chosen once)
+  std::string last_attend_kernel() const override { return std::string("cpu ") + cpu::attend_kernels().name; }
 
   StepWorkspace workspace(const StepMeta& meta, const KVCache&) override {
     const int64_t s = meta.tokens();
