@@ -247,6 +247,10 @@ TEST(Cli, JsonIsParseableOnStdoutAndInAFile) {
   EXPECT_EQ(j["step"]["seq_lens"], nlohmann::json({21, 34}));
   EXPECT_EQ(j["step"]["tokens"], 2);
   EXPECT_GT(j["time_us"]["attend"].get<double>(), 0.0);
+  // the attend kernel that ran: on the CPU its instruction set's (the widest this machine has)
+  const std::string kernel = j["attend_kernel"].get<std::string>();
+  EXPECT_TRUE(kernel == "cpu avx512-bf16" || kernel == "cpu avx512" || kernel == "cpu avx2") << kernel;
+  EXPECT_NE(p.err.find("attend kernel: " + kernel), std::string::npos) << p.err;
   EXPECT_TRUE(j["check"]["ok"].get<bool>());
   EXPECT_GE(j["check"]["rows"].size(), 6u);
   EXPECT_FALSE(j["git_revision"].get<std::string>().empty());
