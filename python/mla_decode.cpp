@@ -305,6 +305,9 @@ PYBIND11_MODULE(mla_decode, m) {
       .def_property_readonly("backend", [](const Layer& l) { return std::string(backend_name(l.backend())); })
       .def_property_readonly("device", [](const Layer& l) { return std::string(device_name(l.device())); })
       .def_property_readonly("query_heads", &Layer::query_heads, "G: query heads attend sees")
+      .def_property_readonly("last_attend_kernel", &Layer::last_attend_kernel,
+                             "the attend kernel the last attend or step ran and its plan ('cpu avx512-bf16', "
+                             "'rows, 2 fixed splits'); empty before the first on the GPU")
       .def(
           "step",
           [](Layer& l, const py::object& hidden, const py::object& seq_lens, const py::object& kv_indptr,

@@ -5,6 +5,7 @@
 //   mla::Layer layer(cfg, mla::prepare_weights(cfg, ckpt), {.backend = mla::Backend::cpu});
 //   layer.step(hidden, meta, cache, out);   // hidden [S, D] bf16 -> out [S, N*V] bf16
 #include <memory>
+#include <string>
 
 #include "mla/config.hpp"
 #include "mla/step.hpp"
@@ -75,6 +76,11 @@ class Layer {
   void post(const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta, const TensorView& out);
   // All three stages through the layer's own workspace (S <= max_tokens).
   void step(const TensorView& hidden, const StepMeta& meta, const KVCache& cache, const TensorView& out);
+  // Which attend kernel the last attend() (or step()) ran, and its plan: on the CPU the instruction
+  // set's kernels ("cpu avx512-bf16"), on the GPU the kernel family and its splits ("rows, 2 fixed
+  // splits", "wgmma, flat plan of 264 key-CTAs"); empty before the first attend on the GPU. For
+  // logs and benchmark records: the figure a caller measures belongs to that kernel.
+  std::string last_attend_kernel() const;
 
  private:
   friend detail::BackendImpl& detail::backend_of(Layer& layer);

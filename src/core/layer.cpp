@@ -53,6 +53,7 @@ Layer& Layer::operator=(Layer&&) noexcept = default;
 const LayerConfig& Layer::config() const { return impl_->cfg; }
 const LayerOptions& Layer::options() const { return impl_->opts; }
 Backend Layer::backend() const { return impl_->kind(); }
+std::string Layer::last_attend_kernel() const { return impl_->last_attend_kernel(); }
 Device Layer::device() const { return impl_->device(); }
 
 void Layer::pre(const TensorView& hidden, const StepMeta& meta, const KVCache& cache, const PreOutputs& out) {

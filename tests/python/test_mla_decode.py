@@ -149,6 +149,8 @@ class CpuLayer(unittest.TestCase):
         before = step.cache.copy()
         out = np.full((step.tokens, self.cfg.heads * self.cfg.v_head_dim), 0x7FC0, np.uint16)
         self.layer.step(hidden, slot_mapping=step.slot_mapping, cache=step.cache, out=out, **step.meta())
+        # the attend kernel it ran: on the CPU its instruction set's
+        self.assertIn(self.layer.last_attend_kernel, ("cpu avx512-bf16", "cpu avx512", "cpu avx2"))
         written = np.zeros(step.cache.reshape(-1, self.cfg.row_dim).shape[0], bool)
         written[step.slot_mapping] = True
         flat_before, flat_after = before.reshape(written.size, -1), step.cache.reshape(written.size, -1)
