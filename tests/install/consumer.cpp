@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 using namespace mla;
@@ -52,7 +53,8 @@ int main() {
     std::memcpy(&x, &bits, 4);
     if (!std::isfinite(x) || a[i] != b[i]) ++bad;
   }
-  std::printf("mla_decode consumer: %lld outputs, %d not finite or differing between step and stages\n",
-              static_cast<long long>(out.view().numel()), bad);
-  return bad == 0 ? 0 : 1;
+  const std::string kernel = layer.last_attend_kernel();  // (the installed API names the kernel it ran)
+  std::printf("mla_decode consumer: %lld outputs, %d not finite or differing between step and stages; attend: %s\n",
+              static_cast<long long>(out.view().numel()), bad, kernel.c_str());
+  return bad == 0 && !kernel.empty() ? 0 : 1;
 }
