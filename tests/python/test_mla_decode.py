@@ -257,6 +257,8 @@ class CudaLayer(unittest.TestCase):
                            seq_lens_host=step.seq_lens.tolist(), **meta)
                 torch.cuda.synchronize()
                 out = d_out.view(torch.int16).cpu().numpy().view(np.uint16)
+                # a CUDA kernel family and its plan, e.g. "wgmma, flat plan of 264 key-CTAs"
+                self.assertRegex(layer.last_attend_kernel, r"^(mma|wgmma|rows)[a-z0-9_]*, ")
             outs[backend] = bf16_to_f64(out)
         self.assertTrue(np.isfinite(outs["cuda"]).all())
         self.assertLess(rel_l2(outs["cuda"], outs["cpu"]), 2e-2)
