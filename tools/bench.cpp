@@ -152,9 +152,9 @@ int bench_command(const BenchOptions& o) {
       stage_json[s.name] = {{"us_median", t.median}, {"us_min", t.min},   {"us_max", t.max},
                             {"bytes", s.work.bytes}, {"flops", s.work.flops}, {"gbps", gbps},
                             {"tflops", tflops},      {"pct_copy_bw", pct_bw}, {"pct_matmul", pct_mm}};
-      if (std::string(s.name) == "attend" && !backend.last_attend_kernel().empty()) {
-        stage_json[s.name]["kernel"] = backend.last_attend_kernel();  // (the one just timed)
-        text << "  attend kernel: " << backend.last_attend_kernel() << "\n";
+      if (const std::string kernel = backend.last_attend_kernel(); std::string(s.name) == "attend" && !kernel.empty()) {
+        stage_json[s.name]["kernel"] = kernel;  // (the one just timed)
+        text << "  attend kernel: " << kernel << "\n";
       }
       const double roof_us = std::string(s.name) == "attend" ? attend_roof_us(work, ceil) : 0;
       if (roof_us > 0) {

@@ -8,7 +8,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <iterator>
@@ -498,11 +497,6 @@ bool wgmma_l1_copies() {
   return on;
 }
 
-namespace {
-std::atomic<int64_t> family_launches[int(AttendKernel::kCount)];
-std::atomic<int64_t> flat_launches;
-}  // namespace
-
 const char* attend_kernel_name(AttendKernel k) {
   static constexpr const char* kNames[] = {"mma", "wgmma", "wgmma_q_split", "wgmma_bf16", "rows", "rows_q_split",
                                            "rows_bf16"};
@@ -510,18 +504,13 @@ const char* attend_kernel_name(AttendKernel k) {
   return k < AttendKernel::kCount ? kNames[int(k)] : "?";
 }
 
-int64_t attend_launches(AttendKernel k) { return family_launches[int(k)].load(); }
-int64_t attend_flat_launches() { return flat_launches.load(); }
 
 AttendKernel launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return AttendKernel::kCount;
   AttendParams p = in;
   if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
-    const AttendKernel family = launch_attend_wgmma(p, stream);
-    ++family_launches[int(family)];
-    if (p.flat_ctas > 0) ++flat_launches;
-    return family;
+    return launch_attend_wgmma(p, stream);
   }
   MLA_REQUIRE(p.flat_ctas == 0, "attend: the flat plan is only for the wgmma kernel");
   const dim3 grid = attend_grid(p, kMTile);
@@ -536,7 +525,6 @@ AttendKernel launch_attend(const AttendParams& in, cudaStream_t stream) {
     launch<Fp8>(p, grid, stream);
   }
   MLA_CUDA_CHECK_LAUNCH();
-  ++family_launches[int(AttendKernel::kMma)];
   return AttendKernel::kMma;
 }
 

@@ -111,7 +111,7 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
     for (int b = 1; int64_t(b) * qlen <= t; ++b)
       for (DType dtype : {DType::fp8_e4m3, DType::bf16})
         for (bool boxes : {true, false}) {
-          const CacheKind kv(dtype, boxes);
+          const CacheKind kv{dtype, boxes};
           const int64_t splits = plan_splits(b, qlen, kv, {});
           const int64_t flat = std::max<int64_t>(splits * b, flat_ctas(b, qlen, kv)) + b;
           partial_rows = std::max({partial_rows, splits * b * qlen, flat * qlen});
@@ -155,6 +155,7 @@ CudaBackend::~CudaBackend() {
 
 CacheKind CacheKind::of(const KVCache& cache) {
   const TensorView& pages = cache.pages;
+  if (!attend_rows_q_split_enabled()) return {pages.dtype};
   return {pages.dtype, attend_rows_q_split_boxes(pages.data, pages.dtype == DType::fp8_e4m3, pages.stride[0],
                                                  pages.stride[1], cache.page_size(), cache.num_pages())};
 }
@@ -405,10 +406,15 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   if (step_partials) partials_flat_ = flat;
   if (attend_skew_wanted(p.batch)) p.skew_sms = sms_;  // (s33a: the 16-row kernel's fixed splits, where it applies)
   const AttendKernel family = launch_attend(p, stream_);
-  if (family != AttendKernel::kCount)
-    last_attend_ = std::string(attend_kernel_name(family)) +
-                   (flat ? ", flat plan of " + std::to_string(p.flat_ctas) + " key-CTAs"
-                         : ", " + std::to_string(p.splits) + (p.splits == 1 ? " split" : " fixed splits"));
+  if (family != AttendKernel::kCount) last_attend_ = {family, p.splits, p.flat_ctas};
+}
+
+std::string CudaBackend::last_attend_kernel() const {
+  const AttendRun& r = last_attend_;
+  if (r.family == AttendKernel::kCount) return {};
+  return std::string(attend_kernel_name(r.family)) +
+         (r.flat_ctas > 0 ? ", flat plan of " + std::to_string(r.flat_ctas) + " key-CTAs"
+                          : ", " + std::to_string(r.splits) + (r.splits == 1 ? " split" : " fixed splits"));
 }
 
 void CudaBackend::post(const AttendOutputs& attn, const TensorView& gate, const StepMeta& meta, const TensorView& out) {
@@ -489,6 +495,13 @@ std::unique_ptr<BackendImpl> make_cuda_backend(const LayerConfig& cfg, const Pre
 }  // namespace mla::detail
 
 namespace mla::cuda {
+
+AttendRun last_attend_run(const detail::BackendImpl& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  MLA_REQUIRE(cuda != nullptr, "last_attend_run: the layer's backend is ", backend_name(backend.kind()),
+              ", expected cuda");
+  return cuda->last_attend_run();
+}
 
 uint32_t take_device_errors(detail::BackendImpl& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);

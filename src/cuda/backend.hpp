@@ -16,12 +16,11 @@
 namespace mla::cuda {
 
 // What the split planner needs of a cache: its dtype, and whether TMA boxes its pages for the
-// many-rows kernel's split of a bf16 query (attend_rows_q_split_boxes; true where unknown: the
-// workspace is sized over both).
+// many-rows kernel's split of a bf16 query (attend_rows_q_split_boxes; only asked under
+// MLA_ROWS_Q_SPLIT=1, the one plan it changes; the workspace is sized over both).
 struct CacheKind {
   DType dtype;
   bool rows_boxes = true;
-  CacheKind(DType d, bool boxes = true) : dtype(d), rows_boxes(boxes) {}  // NOLINT: implicit from a dtype
   static CacheKind of(const KVCache& cache);
 };
 
@@ -40,7 +39,8 @@ class CudaBackend final : public detail::BackendImpl {
 
   std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) override;
   detail::Ceilings measure_ceilings() override;
-  std::string last_attend_kernel() const override { return last_attend_; }
+  std::string last_attend_kernel() const override;
+  AttendRun last_attend_run() const { return last_attend_; }
 
   // Reads and clears the device error word (DeviceError bits); waits for the layer's stream.
   uint32_t take_errors();
@@ -54,7 +54,7 @@ class CudaBackend final : public detail::BackendImpl {
  private:
   int query_heads() const { return cfg.heads() * opts.dcp.size; }
 
-  std::string last_attend_;  // (last_attend_kernel)
+  AttendRun last_attend_;  // (last_attend_kernel)
 
   cudaStream_t stream_ = nullptr;
   float q_scale_ = 1, k_scale_ = 1;

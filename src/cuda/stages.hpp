@@ -6,6 +6,10 @@
 
 #include <cstdint>
 
+namespace mla::detail {
+class BackendImpl;
+}
+
 namespace mla::cuda {
 
 // The model dimensions the kernels fix (SPEC.md): cache and query rows of L + R = 576.
@@ -158,9 +162,9 @@ struct AttendParams {
 inline constexpr int kMaxQueryHeads = 8190;  // G: G * 8 + 16 <= 2^16 (launch_attend_wgmma's heads_magic)
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
 inline constexpr int kMaxFlatBatch = 1024;  // the flat plan's tile prefix sums sit in shared memory
-// The kernel families launch_attend picks from (the routes below say when), and the launches of each
-// in this process so far: the GPU tests check that a step ran the family its shape should take (a
-// fallback to another kernel, exact too, would pass their comparison unnoticed).
+// The kernel families launch_attend picks from (the routes below say when). The GPU tests check that
+// a step ran the family its shape should take (last_attend_run: a fallback to another kernel, exact
+// too, would pass their comparison unnoticed); Layer::last_attend_kernel names it.
 enum class AttendKernel {
   kMma,          // attend.cu: mma.sync, any case
   kWgmma,        // attend_wgmma.cu: 16-row CTAs, fp8 query and cache
@@ -172,10 +176,16 @@ enum class AttendKernel {
   kCount
 };
 const char* attend_kernel_name(AttendKernel k);
-int64_t attend_launches(AttendKernel k);
-int64_t attend_flat_launches();  // (of those, launches under the flat plan: AttendParams.flat_ctas > 0)
 // Launches the attend kernel the routes below pick; returns its family (kCount: an empty batch).
-AttendKernel launch_attend(const AttendParams& p, cudaStream_t stream);  // (kCount: nothing to launch)
+AttendKernel launch_attend(const AttendParams& p, cudaStream_t stream);
+// What a CUDA layer's last attend launched: the family and its plan (fixed splits, or the flat
+// plan's key-CTAs). Throws mla::Error for a layer on another backend.
+struct AttendRun {
+  AttendKernel family = AttendKernel::kCount;  // (kCount: none yet)
+  int splits = 0;                              // fixed splits a request (flat_ctas == 0)
+  int flat_ctas = 0;                           // the flat plan's key-CTAs
+};
+AttendRun last_attend_run(const detail::BackendImpl& backend);
 // MLA_ATTEND_KERNEL, read once: 0 (=mma) the mma.sync kernel (attend.cu) takes every case, for
 // comparison; 1 (unset) the default below; 2 (=wgmma) the wgmma kernels also take attend() into a
 // caller's bf16 o, so the GPU tests check their o and lse directly.

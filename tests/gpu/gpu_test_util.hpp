@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -71,7 +70,7 @@ struct Shape {
 // bf16 query over an fp8 cache then runs elsewhere) or the 16-row kernel's height.
 enum class RowsKernel { kMany, kSixteen };
 
-// The attend kernel family a shape's step must launch (cuda::attend_launches), or none to leave it
+// The attend kernel family a shape's step must launch (cuda::last_attend_run), or none to leave it
 // unchecked (e.g. where a switch in the environment reroutes it).
 using FamilyOf = std::function<std::optional<cuda::AttendKernel>(const Shape&)>;
 // Whether the environment sets a switch that reroutes attend across families (the family checks then
@@ -87,7 +86,8 @@ struct StepOptions {
   int num_splits = 0;  // > 0: fixes the split count (LayerOptions.num_splits)
   int spread = 4;      // an even shape's lengths from the last 1/spread of max_context (8: within
                        // flat::lengths_even's eighth, so fixed splits for sure)
-  FamilyOf family;     // the attend kernel family each shape's step must launch, and no other
+  FamilyOf family;     // the attend kernel family each shape's step must launch
+  std::optional<bool> flat;  // whether each step must take the flat plan (none: unchecked)
   std::function<void(const LayerConfig&, CheckpointWeights&)> weights;  // changes to the random weights
 };
 
@@ -135,20 +135,18 @@ inline void steps_match_cpu(const std::vector<Shape>& shapes, DType kv_dtype, DT
           .backend = backend, .q_dtype = q_dtype, .max_tokens = int(s), .num_splits = opt.num_splits, .num_threads = 2};
     };
     Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
-    constexpr int kFamilies = int(cuda::AttendKernel::kCount);
-    std::array<int64_t, kFamilies> before{};
-    for (int k = 0; k < kFamilies; ++k) before[k] = cuda::attend_launches(cuda::AttendKernel(k));
     ASSERT_NO_FATAL_FAILURE(expect_step_matches(cpu, gpu, host, w.k_scale, nv, true));
+    // (the step's one attend; what benchmark records and `mla run` report names the same)
+    const cuda::AttendRun ran = cuda::last_attend_run(detail::backend_of(gpu));
+    const std::string said = gpu.last_attend_kernel();
     if (const std::optional<cuda::AttendKernel> want = opt.family ? opt.family(sh) : std::nullopt) {
-      for (int k = 0; k < kFamilies; ++k) {
-        const int64_t ran = cuda::attend_launches(cuda::AttendKernel(k)) - before[k];
-        if (cuda::AttendKernel(k) == *want) EXPECT_GT(ran, 0) << "the step did not launch " << cuda::attend_kernel_name(*want);
-        else EXPECT_EQ(ran, 0) << "the step launched " << cuda::attend_kernel_name(cuda::AttendKernel(k)) << ", not "
-                               << cuda::attend_kernel_name(*want);
-      }
-      // (what benchmark records and `mla run` report: the family, then the plan)
-      const std::string said = detail::backend_of(gpu).last_attend_kernel();
+      EXPECT_EQ(ran.family, *want) << "the step launched " << cuda::attend_kernel_name(ran.family) << ", not "
+                                   << cuda::attend_kernel_name(*want);
       EXPECT_EQ(said.rfind(std::string(cuda::attend_kernel_name(*want)) + ", ", 0), 0u) << said;
+    }
+    if (opt.flat) {
+      EXPECT_EQ(ran.flat_ctas > 0, *opt.flat) << said;
+      EXPECT_EQ(said.find("flat plan") != std::string::npos, *opt.flat) << said;
     }
   }
 }
