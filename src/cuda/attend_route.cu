@@ -49,7 +49,7 @@ bool attend_wgmma_q_split(const AttendParams& p) {
 }
 
 bool attend_rows_q_split_enabled() {
-  static const bool on = attend_q_split_enabled() && env_choice("MLA_ROWS_Q_SPLIT", {{"0", 0}, {"1", 1}}, 0) == 1;
+  static const bool on = attend_q_split_enabled() && env_choice("MLA_ROWS_Q_SPLIT", {{"0", 0}, {"1", 1}}, 1) == 1;
   return on;
 }
 
@@ -63,10 +63,11 @@ bool attend_rows_q_split(const AttendParams& p) {
 // attend_rows_bf16.cu with a bf16 query and cache). Those also need TMA tiles (or gathered ones),
 // which the plan cannot see: with bf16 pages not a power of two, the mma.sync kernel runs the plan
 // made for 64-row CTAs, as it does for a bf16 query over an fp8 cache under MLA_ATTEND_Q_SPLIT=0. By
-// default the 16-row kernel takes that pair at every height (s32a), and its plan is the 16-row one
-// (the many-rows plan put 48 rows at B = 40 in 360 16-row CTAs on 264 slots: review of session 33);
-// under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split takes it where attend_rows_wanted says so
-// and TMA boxes the pages (rows_boxes), planned as 32-row CTAs one an SM (attend_rows_q_split.cu). The 16-row kernel's bf16-cache instance
+// default (since session 37) the many-rows kernel's split takes that pair where attend_rows_wanted
+// says so and TMA boxes the pages (rows_boxes), planned as 32-row CTAs one an SM
+// (attend_rows_q_split.cu), and the 16-row kernel's split (s32a) the rest with the 16-row plan (the
+// many-rows plan put 48 rows at B = 40 in 360 16-row CTAs on 264 slots: review of session 33);
+// MLA_ROWS_Q_SPLIT=0: the 16-row split at every height. The 16-row kernel's bf16-cache instance
 // (MLA_ATTEND_BF16_16ROW, s32b) fits one CTA an SM (171 KB).
 AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, int sms, bool rows_boxes) {
   const bool q_split = q_bf16 && cache_fp8 && attend_q_split_enabled();  // (the 16-row kernel's, unless:)
@@ -79,9 +80,9 @@ AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, 
   return {(rows + 15) / 16, bf16_16row ? sms : 2 * sms, false};
 }
 
-bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots) {
+bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows) {
   const int64_t waves = (fixed_ctas + slots - 1) / slots;
-  return fixed_ctas * 20 >= waves * slots * 17;
+  return many_rows ? fixed_ctas * 20 >= waves * slots * 17 : fixed_ctas * 3 >= waves * slots * 2;
 }
 
 int attend_flat_key_ctas(int batch, int m_tiles, int slots, bool whole_waves) {

@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // measured 4% slower at D: 238.9 vs 229.6-236.5 us, s29 call 3)
   static_assert(!kSplitQk || kRowsN < 64, "the split q.k: 48- and 32-row CTAs");
   static_assert(!kSplitQk || kTma, "the split q.k: TMA tiles (the cp.async gathers copy tile wg)");
-  // kQSplit (MLA_ROWS_Q_SPLIT=1, s35; prepared, not yet run on a GPU): a bf16 query over the fp8 cache,
+  // kQSplit (s35, the default since session 37; MLA_ROWS_Q_SPLIT=0: off): a bf16 query over the fp8 cache,
   // each row split exactly into hi and lo e4m3 rows as in the 16-row kernel's kQSplit
   // (core/query_split.hpp, SplitQueryTile<32, 256, true>), here as K: q.k's 18 k32 steps over the hi
   // rows, then 18 over the lo rows against the same keys, each in its own f32-summed groups (the lo

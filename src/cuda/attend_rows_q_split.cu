@@ -1,10 +1,10 @@
-// The many-rows kernel's bf16-query instances (kQSplit: attend_rows_kernel.cuh, MLA_ROWS_Q_SPLIT=1;
-// s35, prepared: compiled, not yet run on a GPU): a bf16 query over an fp8 cache at the many-rows
+// The many-rows kernel's bf16-query instances (kQSplit: attend_rows_kernel.cuh; s35, the default since
+// session 37, MLA_ROWS_Q_SPLIT=0 turns it off): a bf16 query over an fp8 cache at the many-rows
 // heights, each query row split exactly into two e4m3 rows (core/query_split.hpp) whose q.k runs as
 // 36 k32 steps against the same keys, in 32-row CTAs (the split query tile twice the fp8 one: 48 and
-// 64 rows pass 227 KB of shared memory). By default the 16-row kernel's split takes these steps too,
-// reading every key tile once a 16-row tile (D 594.7 us against the fp8 query's 234.5: session 34);
-// here once a 32-row tile. A translation unit of its own, as attend_wgmma_q_split.cu: beside the fp8
+// 64 rows pass 227 KB of shared memory). The 16-row kernel's split (MLA_ROWS_Q_SPLIT=0) reads every
+// key tile once a 16-row tile (D 594.7 us against the fp8 query's 234.5: session 34, H200); here once
+// a 32-row tile (H100, session 37: D 386 us against the 16-row split's 585, F 197 against 300). A translation unit of its own, as attend_wgmma_q_split.cu: beside the fp8
 // instances it could change their SASS, and the H200 figures hold for the SASS they measured.
 #include "cuda/attend_rows_kernel.cuh"
 #include "cuda/check.hpp"

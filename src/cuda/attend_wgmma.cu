@@ -140,7 +140,7 @@ void prepare_attend_wgmma_kernels() {
   set_smem_limit<2, 3, Tiles::kRows>();
   set_smem_limit<2, 2, Tiles::kBoxes, false, true>();
   set_smem_limit<2, 2, Tiles::kBoxes, true, true>();
-  if (attend_q_split_enabled()) prepare_attend_wgmma_q_split();  // (only under their switches)
+  if (attend_q_split_enabled()) prepare_attend_wgmma_q_split();  // (only where their switches allow)
   if (attend_rows_q_split_enabled()) prepare_attend_rows_q_split();
   if (attend_bf16_16row_enabled()) prepare_attend_wgmma_bf16();
   if (attend_skew_enabled()) prepare_attend_wgmma_skew();

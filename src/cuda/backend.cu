@@ -34,16 +34,18 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;
 constexpr int kMaxSplits = 256;
 constexpr int kMinKeysPerSplit = 192;  // three of attend's key tiles
 
-// MLA_ATTEND_FLAT: 0 keeps fixed splits a request everywhere; unset: the flat plan for uneven
-// batches only; `all`: for the 16-row kernel's even batches too (its rule until session 23); `fill`
-// (s36a): for even batches whose fixed splits fill their waves poorly (attend_fixed_fills_its_waves),
-// the flat plan's key-CTAs then whole waves (attend_flat_key_ctas).
+// MLA_ATTEND_FLAT: 0 keeps fixed splits a request everywhere; unset (or `fill`, s36a, the default
+// since session 37): the flat plan for uneven batches and for even batches whose fixed splits fill
+// their waves poorly (attend_fixed_fills_its_waves), its key-CTAs whole waves (attend_flat_key_ctas;
+// H100, session 37: B = 67 x 128 heads 301 us against 461, B = 300 x 12 heads 272 against 322);
+// `uneven`: the flat plan for uneven batches only, one key-CTA a request or a wave (the rule of
+// sessions 23-36); `all`: that, and the 16-row kernel's even batches too (its rule until session 23).
 enum class FlatMode { kOff, kUneven, kAll, kFill };
 FlatMode flat_plan_mode() {
   static const FlatMode mode = [] {
     const char* env = std::getenv("MLA_ATTEND_FLAT");
     const std::string_view v = env ? env : "";
-    return v == "0" ? FlatMode::kOff : v == "all" ? FlatMode::kAll : v == "fill" ? FlatMode::kFill : FlatMode::kUneven;
+    return v == "0" ? FlatMode::kOff : v == "all" ? FlatMode::kAll : v == "uneven" ? FlatMode::kUneven : FlatMode::kFill;
   }();
   return mode;
 }
@@ -168,7 +170,7 @@ AttendShape CudaBackend::attend_shape(int batch, int qlen, CacheKind cache) cons
 
 // The flat plan's key-CTAs when fixed splits give fewer: every slot of one wave for the row tiles
 // of a request (B = 64, 12 heads: 264 instead of 4 splits x 64 = 256), or whole waves
-// (attend_flat_key_ctas; MLA_ATTEND_FLAT=fill).
+// (attend_flat_key_ctas; the default, MLA_ATTEND_FLAT=fill).
 int CudaBackend::flat_ctas(int batch, int qlen, CacheKind cache) const {
   const AttendShape shape = attend_shape(batch, qlen, cache);
   return attend_flat_key_ctas(batch, shape.m_tiles, shape.slots, flat_plan_mode() == FlatMode::kFill);
@@ -363,7 +365,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // key-CTAs sharing all requests' tiles evenly (uneven batches), partial i = [Q, G, L].
   // (A bf16 query over an fp8 cache: the 16-row kernel's split at every height, with the 16-row
   // plan, unless MLA_ATTEND_Q_SPLIT=0, or the many-rows kernel's split in 32-row CTAs where the
-  // planner asks for many rows under MLA_ROWS_Q_SPLIT=1: attend_shape.)
+  // planner asks for many rows, unless MLA_ROWS_Q_SPLIT=0: attend_shape.)
   const CacheKind kind = CacheKind::of(cache);
   const AttendShape shape = attend_shape(p.batch, meta.qlen, kind);
   p.many_rows = shape.many_rows;
@@ -388,7 +390,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // short requests keep their few fixed splits, as the flat plan would spread them over a wave.)
   const bool fill_flat = mode == FlatMode::kFill && opts.num_splits == 0 &&
                          p.splits == plan_splits(p.batch, meta.qlen, kind, {}) &&
-                         !attend_fixed_fills_its_waves(int64_t(p.batch) * shape.m_tiles * p.splits, shape.slots);
+                         !attend_fixed_fills_its_waves(int64_t(p.batch) * shape.m_tiles * p.splits, shape.slots, shape.many_rows);
   const bool even_flat = (!p.many_rows && mode == FlatMode::kAll) || fill_flat;
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && mode != FlatMode::kOff &&
                     (!even || even_flat) &&

@@ -16,8 +16,8 @@
 namespace mla::cuda {
 
 // What the split planner needs of a cache: its dtype, and whether TMA boxes its pages for the
-// many-rows kernel's split of a bf16 query (attend_rows_q_split_boxes; only asked under
-// MLA_ROWS_Q_SPLIT=1, the one plan it changes; the workspace is sized over both).
+// many-rows kernel's split of a bf16 query (attend_rows_q_split_boxes; not asked under
+// MLA_ROWS_Q_SPLIT=0, the one plan it changes; the workspace is sized over both).
 struct CacheKind {
   DType dtype;
   bool rows_boxes = true;

@@ -200,11 +200,12 @@ bool attend_wgmma_applies(const AttendParams& p);
 // 143-148, uneven 171 against 459): a bf16 query over an fp8 cache takes the 16-row wgmma kernel
 // too, each query row split exactly into two e4m3 rows (core/query_split.hpp), over TMA boxes (pages
 // of 8+ rows, a power of two) or bulk row copies (other pages: 16-byte aligned rows, the step's
-// partials), at every height, planned for 16-row CTAs (attend_plan_shape; unless MLA_ROWS_Q_SPLIT=1,
-// below); else (and with the switch off) the mma.sync kernel (attend_wgmma_q_split: that case).
+// partials), planned for 16-row CTAs (attend_plan_shape), at every height under MLA_ROWS_Q_SPLIT=0,
+// else where the many-rows kernel's split (below) does not take it; else (and with the switch off) the mma.sync kernel (attend_wgmma_q_split: that case).
 bool attend_q_split_enabled();
 bool attend_wgmma_q_split(const AttendParams& p);
-// MLA_ROWS_Q_SPLIT=1 (s35, prepared: compiled, not yet run on a GPU; off by default): where the
+// By default since session 37 (s35; MLA_ROWS_Q_SPLIT=0: off; H100, session 37: D 386 us against the
+// 16-row split's 585, F 197 against 300, G 195 against 299, 96 heads 386 against 589): where the
 // planner asks for many rows (attend_rows_wanted), a bf16 query over an fp8 cache takes the many-rows
 // kernel's split instead (attend_rows_q_split.cu: the same exact split, q.k's k32 steps over the hi
 // rows, then the lo rows) in CTAs of kAttendRowsQSplitCta rows, planned as such
@@ -264,8 +265,8 @@ struct AttendShape {
   bool many_rows;      // the many-rows kernel (AttendParams.many_rows)
 };
 // rows_boxes: TMA boxes the cache's pages for the many-rows kernel (attend_rows_q_split_boxes); where it
-// does not, a bf16 query over an fp8 cache keeps the 16-row plan under MLA_ROWS_Q_SPLIT=1 too (the
-// rows split needs boxes; the 16-row split copies such pages by rows).
+// does not, a bf16 query over an fp8 cache keeps the 16-row plan (the rows split needs boxes; the
+// 16-row split copies such pages by rows).
 AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, int sms, bool rows_boxes = true);
 // Whether TMA boxes these pages for the many-rows kernel's split of a bf16 query (attend_wgmma_uses_tma
 // of a step's such launch over them), from the cache alone: what the planner knows before the launch.
@@ -273,16 +274,20 @@ bool attend_rows_q_split_boxes(const void* cache, bool cache_fp8, int64_t page_s
                              int page_size, int64_t num_pages);
 int attend_rows_cta_rows(int rows);
 // Whether an even batch's fixed splits (fixed_ctas CTAs) fill their waves of `slots` well enough to
-// keep them: 85% of the slots of ceil(fixed_ctas / slots) waves. The 16-row kernel at 12-16 heads
-// (264 slots): B = 64 and 128 fill 97%; B = 150 57% (150 CTAs, one split each: 114 SMs hold a lone
-// CTA, which streams no faster than one of a pair, session 21), B = 100 76%, B = 300 57% (two waves,
-// the second 36 CTAs). The many-rows kernel (132 slots): D, E, F, G and 96 heads 97%; B = 100 x 128
-// heads 76% (200 64-row CTAs). Under MLA_ATTEND_FLAT=fill (session 36, prepared, not yet timed) such
-// batches take the flat plan, whose key-CTAs then make whole waves (attend_flat_key_ctas).
-bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots);
+// keep them: of the slots of ceil(fixed_ctas / slots) waves, 85% for the many-rows kernel (one CTA
+// an SM, compute-bound: a CTA's time goes with its tiles), 2/3 for the 16-row kernel (two an SM,
+// memory-bound: a lone CTA on an SM streams faster, so a partly filled wave loses less). The 16-row
+// kernel at 12-16 heads (264 slots): B = 64 and 128 fill 97%; B = 150 57% (150 CTAs, one split
+// each), B = 100 76% (2 splits), B = 200 76%, B = 300 57% (two waves, the second 36 CTAs). The
+// many-rows kernel (132 slots): D, E, F, G and 96 heads 97%; B = 67 x 128 heads 51%, B = 100 76%
+// (200 64-row CTAs). Such batches take the flat plan by default (MLA_ATTEND_FLAT=fill, s36a), whose
+// key-CTAs then make whole waves (attend_flat_key_ctas). H100, session 37 (fixed against flat, us):
+// 12 heads x 4096 B = 150 147 / 139, B = 300 322 / 272, B = 100 92 / 97 and B = 200 175 / 179 (76%:
+// slower, hence 2/3); 128 heads x 8192 B = 67 461 / 301, B = 100 467 / 406.
+bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows);
 // The flat plan's key-CTAs for `batch` requests of m_tiles row tiles on `slots` CTA slots: every slot
 // of one wave, or as many as the requests (the default: at least one a request); whole_waves
-// (MLA_ATTEND_FLAT=fill): the fewest whole waves that give each request one (B = 100 x 128 heads:
+// (the default, MLA_ATTEND_FLAT=fill): the fewest whole waves that give each request one (B = 100 x 128 heads:
 // 132 key-CTAs, 264 CTAs in two full waves, where 100 give 200); at most kMaxPostPartials - 1.
 int attend_flat_key_ctas(int batch, int m_tiles, int slots, bool whole_waves);
 // At page 1, 64- and 48-row CTAs with an even number of row tiles a request run the row tiles of

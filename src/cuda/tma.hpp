@@ -26,7 +26,7 @@ void launch_attend_wgmma_q_split(const AttendParams& p, const CUtensorMap& map, 
 void prepare_attend_wgmma_q_split();
 // The many-rows kernel's bf16-query instances over an fp8 cache's TMA boxes, 32-row CTAs
 // (attend_rows_q_split.cu; attend_rows_q_split in stages.hpp says where), and their shared-memory
-// limit (once, where MLA_ROWS_Q_SPLIT=1).
+// limit (once, unless MLA_ROWS_Q_SPLIT=0).
 void launch_attend_rows_q_split(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream);
 void prepare_attend_rows_q_split();
 // The 16-row kernel's bf16-query-and-cache instance over TMA boxes (attend_wgmma_bf16.cu;

@@ -85,7 +85,8 @@ inline bool attend_rerouted() {
 struct StepOptions {
   int num_splits = 0;  // > 0: fixes the split count (LayerOptions.num_splits)
   int spread = 4;      // an even shape's lengths from the last 1/spread of max_context (8: within
-                       // flat::lengths_even's eighth, so fixed splits for sure)
+                       // flat::lengths_even's eighth: an even batch, fixed splits unless they fill
+                       // their waves poorly, attend_fixed_fills_its_waves)
   FamilyOf family;     // the attend kernel family each shape's step must launch
   std::optional<bool> flat;  // whether each step must take the flat plan (none: unchecked)
   std::function<void(const LayerConfig&, CheckpointWeights&)> weights;  // changes to the random weights

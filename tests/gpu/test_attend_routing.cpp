@@ -55,7 +55,7 @@ TEST(AttendRouting, WgmmaServesOnlyTheStepsFp8Partials) {
   EXPECT_EQ(cuda::attend_wgmma_applies(bf16_q), cuda::attend_q_split_enabled());
   EXPECT_EQ(cuda::attend_wgmma_q_split(bf16_q), cuda::attend_q_split_enabled());
   cuda::AttendParams bf16_q_rows = bf16_q;  // many rows: the many-rows kernel's split only under
-  bf16_q_rows.many_rows = true;             // MLA_ROWS_Q_SPLIT=1 (else the mma.sync kernel)
+  bf16_q_rows.many_rows = true;             // the default (MLA_ROWS_Q_SPLIT=0: the mma.sync kernel)
   EXPECT_EQ(cuda::attend_wgmma_applies(bf16_q_rows), cuda::attend_rows_q_split_enabled());
   EXPECT_EQ(cuda::attend_rows_q_split(bf16_q_rows), cuda::attend_rows_q_split_enabled());
   EXPECT_FALSE(cuda::attend_wgmma_q_split(bf16_q_rows));
@@ -226,7 +226,7 @@ TEST(AttendRouting, ManyRowsGatherWhereTmaCannot) {
       m.page_size = page, m.page_stride = int64_t(page) * 576;
       EXPECT_TRUE(cuda::attend_wgmma_uses_tma(m)) << "page " << page;
       EXPECT_FALSE(cuda::attend_rows_gathers(m)) << "page " << page;
-      m.q_fp8 = false;  // an fp8 cache under a bf16 query: the many-rows split's under MLA_ROWS_Q_SPLIT=1
+      m.q_fp8 = false;  // an fp8 cache under a bf16 query: the many-rows split's (unless MLA_ROWS_Q_SPLIT=0)
       EXPECT_EQ(cuda::attend_wgmma_uses_tma(m), cuda::attend_rows_q_split_enabled()) << "page " << page << ", bf16 query";
       m.q_fp8 = true;
     }

@@ -86,7 +86,7 @@ TEST(FlatPlan, EveryTileOnceAndPartialsConsecutive) {
   check_plan({3, 1, 2}, 4, 88);                   // lengths under qlen: invalid, no tiles
   check_plan({65, 64, 63, 1}, 1, 1);              // one CTA serves everything
   check_plan(std::vector<int32_t>(1000, 100), 1, 264);  // more requests than CTAs
-  // MLA_ATTEND_FLAT=fill's even batches (attend_flat_key_ctas): one wave at B = 150, whole waves
+  // The default's even batches (attend_flat_key_ctas, MLA_ATTEND_FLAT=fill): one wave at B = 150, whole waves
   // capped by post's partials at B = 300, two waves of 64-row CTAs at B = 100 x 128 heads
   check_plan(std::vector<int32_t>(150, 4096), 1, 264);
   check_plan(std::vector<int32_t>(300, 4096), 1, cuda::kMaxPostPartials - 1);
@@ -151,30 +151,36 @@ TEST(FlatPlan, EvenLengthsWithinAnEighth) {
   EXPECT_TRUE(flat::lengths_even(one.data(), 1));
 }
 
-// MLA_ATTEND_FLAT=fill's rule (attend_fixed_fills_its_waves): an even batch keeps fixed splits where
-// they fill 85% of their waves' slots. The 16-row kernel at 12-16 heads (one row tile a request, 264
-// slots on 132 SMs), with the planner's split count floor(slots / B): the B = 64 and 128
-// keep them; B = 100 (2 splits, 200 CTAs), 150 (one, 150) and 300 (one, 300: two waves) take the flat
-// plan. The many-rows kernel (132 slots): D (B = 64 x two 64-row CTAs) keeps them, B = 100 does not.
+// The default rule for even batches (attend_fixed_fills_its_waves, MLA_ATTEND_FLAT=fill): fixed
+// splits are kept where they fill 2/3 of their waves' slots (16-row kernel) or 85% (many-rows). The
+// 16-row kernel at 12-16 heads (one row tile a request, 264 slots on 132 SMs), with the planner's
+// split count floor(slots / B): the B = 64 and 128 keep them, and B = 100 (2 splits, 200
+// CTAs: slower on the flat plan, H100 session 37); 150 (one, 150) and 300 (one, 300: two waves) take
+// the flat plan. The many-rows kernel (132 slots): D (B = 64 x two 64-row CTAs) keeps them, B = 100
+// (200 CTAs, 76%) and 67 (134, 51%) do not.
 TEST(FlatPlan, FixedSplitsThatFillTheirWaves) {
   constexpr int kSlots = 264;
   auto fixed_ctas = [](int batch) { return int64_t(batch) * std::max(1, kSlots / batch); };
-  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(fixed_ctas(64), kSlots));    // 256: A, B64
-  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(fixed_ctas(128), kSlots));   // 256: B, C
-  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(fixed_ctas(80), kSlots));    // 240: 91%
-  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(fixed_ctas(70), kSlots));   // 210: 80%
-  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(fixed_ctas(100), kSlots));  // 200: 76%
-  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(fixed_ctas(150), kSlots));  // 150: 57%
-  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(fixed_ctas(300), kSlots));  // 300 of 528: 57%
-  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(fixed_ctas(500), kSlots));   // 500 of 528: 95%
-  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(225, kSlots));               // 85.2%
-  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(224, kSlots));              // 84.8%
-  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(128, 132));                  // D: 64 x 2
-  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(200, 132));                 // 100 x 2: 76%
+  auto sixteen = [](int64_t ctas) { return cuda::attend_fixed_fills_its_waves(ctas, kSlots, false); };
+  EXPECT_TRUE(sixteen(fixed_ctas(64)));    // 256: A, B64
+  EXPECT_TRUE(sixteen(fixed_ctas(128)));   // 256: B, C
+  EXPECT_TRUE(sixteen(fixed_ctas(80)));    // 240: 91%
+  EXPECT_TRUE(sixteen(fixed_ctas(100)));   // 200: 76%
+  EXPECT_TRUE(sixteen(fixed_ctas(200)));   // 200: 76%
+  EXPECT_FALSE(sixteen(fixed_ctas(150)));  // 150: 57%
+  EXPECT_FALSE(sixteen(fixed_ctas(300)));  // 300 of 528: 57%
+  EXPECT_TRUE(sixteen(fixed_ctas(500)));   // 500 of 528: 95%
+  EXPECT_TRUE(sixteen(176));               // 2/3 exactly
+  EXPECT_FALSE(sixteen(175));              // 66.3%
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(128, 132, true));   // D: 64 x 2
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(200, 132, true));  // 100 x 2: 76%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(134, 132, true));  // 67 x 2: 51%
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(113, 132, true));   // 85.6%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(112, 132, true));  // 84.8%
 }
 
-// The flat plan's key-CTAs: by default a wave's slots or one a request, whichever is more; under
-// MLA_ATTEND_FLAT=fill the fewest whole waves with one a request; never past post's partials.
+// The flat plan's key-CTAs: under MLA_ATTEND_FLAT=uneven a wave's slots or one a request, whichever
+// is more; by default (=fill) the fewest whole waves with one a request; never past post's partials.
 TEST(FlatPlan, KeyCtasMakeWholeWaves) {
   EXPECT_EQ(cuda::attend_flat_key_ctas(64, 1, 264, false), 264);
   EXPECT_EQ(cuda::attend_flat_key_ctas(64, 1, 264, true), 264);
@@ -189,8 +195,9 @@ TEST(FlatPlan, KeyCtasMakeWholeWaves) {
 
 // Even batches that fill their waves poorly: one request past half a wave of 16-row slots (B = SMs
 // + 1 at 12 heads: one split each, ~50% of the slots) and of 64-row ones (B = SMs / 2 + 1 at 128
-// heads: two waves, the second ~2 CTAs). Fixed splits by default, the flat plan under
-// MLA_ATTEND_FLAT=fill (=all: the 16-row one only); the step matches the CPU's either way.
+// heads: two waves, the second ~2 CTAs). The flat plan by default (=fill), fixed splits under
+// MLA_ATTEND_FLAT=uneven and 0 (=all: the flat plan for the 16-row one only); the step matches the
+// CPU's either way.
 TEST(FlatPlan, PoorlyFilledEvenBatchStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the flat plan's step");
   int sms = 0;
@@ -201,8 +208,8 @@ TEST(FlatPlan, PoorlyFilledEvenBatchStepMatchesCpu) {
     SCOPED_TRACE(std::string(many ? "64-row" : "16-row") + " CTAs, MLA_ATTEND_FLAT=" + mode);
     const testing::Shape shape = many ? testing::Shape{"deepseek-v3", 128, 1, sms / 2 + 1, 16, 300, false}
                                       : testing::Shape{"kimi-k3", 12, 1, sms + 1, 16, 320, false};
-    std::optional<bool> flat;  // (fixed splits for an even batch by default and under 0)
-    if (!testing::attend_rerouted()) flat = mode == "fill" || (mode == "all" && !many);
+    std::optional<bool> flat;  // (fixed splits for an even batch under uneven and 0)
+    if (!testing::attend_rerouted()) flat = mode.empty() || mode == "fill" || (mode == "all" && !many);
     testing::steps_match_cpu({shape}, DType::fp8_e4m3, DType::fp8_e4m3, 3700,
                              many ? testing::RowsKernel::kMany : testing::RowsKernel::kSixteen,
                              {.spread = 8, .flat = flat});

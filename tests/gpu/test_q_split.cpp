@@ -1,7 +1,7 @@
 // A bf16 query over an fp8 cache in whole steps against the CPU backend, at shapes the planner gives
 // the 16-row kernel (12 and 16 heads, 8 x qlen 2, 24 rows at B = 1) and at many-rows ones (32-128
-// rows a request, which the many-rows kernel takes for this pair only under MLA_ROWS_Q_SPLIT=1,
-// attend_rows_q_split.cu): under MLA_ATTEND_Q_SPLIT=1 (the default) the
+// rows a request, which the many-rows kernel's split takes for this pair by default over boxed pages,
+// attend_rows_q_split.cu, unless MLA_ROWS_Q_SPLIT=0): under MLA_ATTEND_Q_SPLIT=1 (the default) the
 // 16-row wgmma kernel with each query row split into two e4m3 rows (core/query_split.hpp,
 // attend_wgmma_q_split.cu) on TMA boxes (pages of 8+ rows, a power of two) or bulk row copies (pages
 // 1 and 3 here); without the switch the mma.sync kernel, which these cases then check. Fixed splits and the flat plan, NaN in
@@ -35,8 +35,8 @@ std::optional<cuda::AttendKernel> split16_family(const Shape&) {
   if (testing::attend_rerouted()) return std::nullopt;
   return cuda::attend_q_split_enabled() ? cuda::AttendKernel::kWgmmaQSplit : cuda::AttendKernel::kMma;
 }
-// At the many-rows heights: the same, or under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split over
-// pages TMA boxes (in these tests the power-of-two pages; page 3 is not boxed).
+// At the many-rows heights: the many-rows kernel's split over pages TMA boxes (unless
+// MLA_ROWS_Q_SPLIT=0), else the 16-row one (in these tests the power-of-two pages; page 3 is not boxed).
 std::optional<cuda::AttendKernel> rows_family(const Shape& sh) {
   if (testing::attend_rerouted()) return std::nullopt;
   if (!cuda::attend_q_split_enabled()) return cuda::AttendKernel::kMma;
@@ -56,10 +56,10 @@ TEST(QuerySplit, Bf16QueryFp8CacheStepMatchesCpu) {
                            DType::fp8_e4m3, DType::bf16, 1300, testing::RowsKernel::kSixteen, {.family = split16_family});
 }
 
-// Shapes the planner gives many rows: by default the 16-row kernel's split takes them (3 and 8 row
-// tiles a request); under MLA_ROWS_Q_SPLIT=1 the many-rows kernel's split (32-row CTAs,
+// Shapes the planner gives many rows: by default the many-rows kernel's split (32-row CTAs,
 // attend_rows_q_split.cu) over boxes of whole pages, of 4 rows and of one row, and the 16-row split
-// on page 3 (no boxes: its row copies and plan); MLA_ATTEND_Q_SPLIT=0: mma.sync. Each step is
+// on page 3 (no boxes: its row copies and plan); under MLA_ROWS_Q_SPLIT=0 the 16-row kernel's split
+// everywhere (3 and 8 row tiles a request); MLA_ATTEND_Q_SPLIT=0: mma.sync. Each step is
 // checked to launch that family (unless a switch in the environment reroutes attend).
 TEST(QuerySplit, Bf16QueryFp8CacheManyRowsStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the bf16-query steps");

@@ -84,10 +84,9 @@ TEST(RowsRule, PlanShapeOfEachKernel) {
   const int bf16_slots = cuda::attend_bf16_16row_enabled() ? kSms : 2 * kSms;
   expect(cuda::attend_plan_shape(64, 12, true, false, kSms), 1, bf16_slots, false, "bf16, 12 heads");
   expect(cuda::attend_plan_shape(64, 128, true, false, kSms), 2, kSms, true, "bf16, 128 heads");
-  // A bf16 query over an fp8 cache: the 16-row split at every height by default; under
-  // MLA_ROWS_Q_SPLIT=1 the many-rows split's 32-row CTAs where the rule asks for many rows and TMA
-  // boxes the pages (else the 16-row split's plan); under MLA_ATTEND_Q_SPLIT=0 the mma.sync kernel
-  // under the 64-row plan.
+  // A bf16 query over an fp8 cache: by default the many-rows split's 32-row CTAs where the rule asks
+  // for many rows and TMA boxes the pages (else the 16-row split's plan); under MLA_ROWS_Q_SPLIT=0 the
+  // 16-row split at every height; under MLA_ATTEND_Q_SPLIT=0 the mma.sync kernel under the 64-row plan.
   expect(cuda::attend_plan_shape(64, 12, true, true, kSms), 1, 2 * kSms, false, "bf16 query, 12 heads");
   if (!cuda::attend_q_split_enabled()) {
     expect(cuda::attend_plan_shape(64, 128, true, true, kSms), 2, kSms, true, "bf16 query, 128 heads, mma.sync");
@@ -108,7 +107,7 @@ TEST(RowsRule, PlanShapeOfEachKernel) {
 
 // The planner's view of a cache's pages (attend_rows_q_split_boxes, from the cache alone) for the
 // many-rows split of a bf16 query: boxed where TMA takes them (a power-of-two page of contiguous,
-// 16-byte aligned rows; pages of 1-4 rows only under MLA_ROWS_Q_SPLIT=1, the boxes the split's
+// 16-byte aligned rows; pages of 1-4 rows unless MLA_ROWS_Q_SPLIT=0, the boxes the split's
 // instances take), not otherwise.
 alignas(16) uint8_t some_cache[16];
 constexpr int64_t kRowBytes = 576;
