@@ -27,19 +27,22 @@ inline bool pdl_enabled() {
   return enabled;
 }
 
+// cluster_y > 1: thread-block clusters of that many CTAs along y (grid.y a multiple of it).
 template <class Params>
 void launch_dependent(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-                      const Params& p) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+                      const Params& p, unsigned cluster_y = 1) {
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = 1, attrs[1].val.clusterDim.y = cluster_y, attrs[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = cluster_y > 1 ? 2 : 1;
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
 }
 

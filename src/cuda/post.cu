@@ -8,6 +8,7 @@
 // partials: the `splits` at its own row, or with attend's flat plan (PostParams.part_first) the
 // run of partials its request's segments wrote.
 #include <cstdlib>
+#include <string_view>
 
 #include "core/softmax_state.hpp"
 #include "cuda/check.hpp"
@@ -16,6 +17,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
+#include "cuda/tma.cuh"
 
 namespace mla::cuda {
 namespace {
@@ -130,7 +132,13 @@ __device__ __forceinline__ void merge_weights(const PostParams& p, int64_t lse_o
 // then the gate values, the first batch of partial o rows and the partials' lse; then the merge
 // with the partials split over 4 thread groups, 8 rows in flight a thread.
 // kBf16: the partial o rows are bf16 (PostParams.o_bf16), else f32.
-template <bool kBf16>
+// kCluster > 1 (MLA_POST_CLUSTER, session 37, prepared: not yet run on a GPU): the V / 32 CTAs of
+// a head and token block run as clusters of kCluster along y, each merging a kCluster-th of the
+// partials (the thread groups of all its CTAs share them out), then every CTA adds the kCluster
+// partial sums from the cluster's shared memory in rank order, so all hold the same merged o. On an
+// H100 (session 37) the step of one 128K request took 7.4 us more at 256 splits than at 132 with
+// attend equal: each CTA merged all 256 partial rows of its head (512 KB) on one SM.
+template <bool kBf16, int kCluster>
 __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constant__ PostParams p) {
   __shared__ __align__(16) float o[kPostTokens][kLatent];
   __shared__ float weight[kPostTokens][kMaxPartials];
@@ -178,11 +186,15 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
   }
   __syncthreads();
 
-  // This group's partials [c_begin, c_end) of token t, and the first batch of their o rows (token 0).
+  // This group's partials [c_begin, c_end) of token t, and the first batch of their o rows (token 0):
+  // group gg of the kPostGroups x kCluster groups of the cluster's CTAs.
+  constexpr int kGroups = kPostGroups * kCluster;
+  int gg = g;
+  if constexpr (kCluster > 1) gg += int(tma::cluster_rank()) * kPostGroups;
   int c_begin = 0, c_end = 0;
   auto group_range = [&](int t) {
-    const int count = tok_count[t], per_group = (count + kPostGroups - 1) / kPostGroups;
-    c_begin = min(g * per_group, count);
+    const int count = tok_count[t], per_group = (count + kGroups - 1) / kGroups;
+    c_begin = min(gg * per_group, count);
     c_end = min(c_begin + per_group, count);
   };
   const bool vec = partials_vectorizable(p);
@@ -238,6 +250,32 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constan
   for (int t = tokens + g; t < kPostTokens; t += kPostGroups)
     *reinterpret_cast<float4*>(&o[t][4 * q]) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
+  if constexpr (kCluster > 1) {
+    // o holds this CTA's share; the merged o is the sum of the cluster's shares, added in rank order
+    // (the same floats in every CTA). The first sync publishes the shares, the second keeps each
+    // until every CTA has read it (and no CTA exits while another reads its shared memory).
+    constexpr int kVecs = kPostTokens * kLatent / 4, kPerThread = kVecs / kPostThreads;
+    static_assert(kVecs % kPostThreads == 0, "post: the merged o's float4s over the threads");
+    float4 sum[kPerThread];
+    tma::cluster_sync();
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const float* src = &o[0][0] + 4 * (tid + i * kPostThreads);
+      sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int r = 0; r < kCluster; ++r) {
+        const float4 v = tma::load_cluster_float4(src, uint32_t(r));
+        sum[i].x += v.x;
+        sum[i].y += v.y;
+        sum[i].z += v.z;
+        sum[i].w += v.w;
+      }
+    }
+    tma::cluster_sync();
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) *reinterpret_cast<float4*>(&o[0][0] + 4 * (tid + i * kPostThreads)) = sum[i];
+    __syncthreads();
+  }
 
   // 3. out[s, n*V + v] for this warp's rows.
 #pragma unroll
@@ -446,6 +484,16 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
 
 }  // namespace
 
+bool post_clusters(int splits, int v_blocks) {
+  static const int mode = [] {  // MLA_POST_CLUSTER: 0 (unset), 1, force
+    const char* env = std::getenv("MLA_POST_CLUSTER");
+    const std::string_view v = env ? env : "";
+    return v == "force" ? 2 : v == "1" ? 1 : 0;
+  }();
+  if (mode == 0 || v_blocks % kPostCluster != 0) return false;
+  return mode == 2 || splits >= kPostClusterMinPartials;
+}
+
 bool mma_products(int64_t tokens, int heads) {
   static const int forced = [] {  // MLA_MMA_PRODUCTS_MIN, 0 where unset
     const char* env = std::getenv("MLA_MMA_PRODUCTS_MIN");
@@ -489,8 +537,14 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
   }
   const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + kPostRows - 1) / kPostRows),
                   unsigned((p.tokens + kPostTokens - 1) / kPostTokens));
-  if (p.o_bf16) launch_dependent(post_kernel<true>, grid, dim3(kPostThreads), 0, stream, p);
-  else launch_dependent(post_kernel<false>, grid, dim3(kPostThreads), 0, stream, p);
+  if (post_clusters(p.part_first ? 0 : p.splits, int(grid.y))) {
+    if (p.o_bf16) launch_dependent(post_kernel<true, kPostCluster>, grid, dim3(kPostThreads), 0, stream, p, kPostCluster);
+    else launch_dependent(post_kernel<false, kPostCluster>, grid, dim3(kPostThreads), 0, stream, p, kPostCluster);
+  } else if (p.o_bf16) {
+    launch_dependent(post_kernel<true, 1>, grid, dim3(kPostThreads), 0, stream, p);
+  } else {
+    launch_dependent(post_kernel<false, 1>, grid, dim3(kPostThreads), 0, stream, p);
+  }
   MLA_CUDA_CHECK_LAUNCH();
 }
 

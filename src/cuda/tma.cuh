@@ -101,6 +101,19 @@ __device__ __forceinline__ uint32_t cluster_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
   return r;
 }
+// The float4 at this CTA's shared address `src` (16-byte aligned), as CTA `rank` of the cluster holds
+// it (distributed shared memory; between two cluster_sync()s that order its writes and the reads).
+__device__ __forceinline__ float4 load_cluster_float4(const void* src, uint32_t rank) {
+  const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(src));
+  float4 v;
+  asm volatile(
+      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %4, %5;\n"
+      " ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [remote];\n}\n"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "r"(local), "r"(rank)
+      : "memory");
+  return v;
+}
 
 // `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar:
 // the bulk copy without a tensor map (the attend kernel's key rows, Tiles::kRows).
