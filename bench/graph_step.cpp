@@ -9,6 +9,7 @@
 // bytes and FLOPs count the keys actually there (issue 5: within 10% of the even batch of the same
 // total, e.g. 64:16384 next to 64:u32768).
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -86,6 +87,24 @@ double graph_us(mla::detail::BackendImpl& backend, cudaStream_t stream, int iter
 }
 
 }  // namespace
+
+// The MLA_* switches this run was under (but MLA_GIT_REV), sorted, as "A=1 B=2": an A/B record's
+// variants differ only there (scripts/device-check's ab modes), and the command line does not show it.
+static std::string mla_environment() {
+  std::vector<std::string> vars;
+  for (char** e = environ; *e; ++e) {
+    const std::string v = *e;
+    if (v.rfind("MLA_", 0) == 0 && v.rfind("MLA_GIT_REV=", 0) != 0) vars.push_back(v);
+  }
+  std::sort(vars.begin(), vars.end());
+  std::string out;
+  for (const std::string& v : vars) {
+    if (!out.empty()) out += ' ';
+    for (const char c : v)
+      if (c != '"' && c != '\\' && static_cast<unsigned char>(c) >= 0x20) out += c;  // (a JSON string as is)
+  }
+  return out;
+}
 
 int main(int argc, char** argv) {
   std::string preset = "kimi-k3", json, command;
@@ -185,7 +204,7 @@ int main(int argc, char** argv) {
     if (!json.empty()) {
       std::ofstream f(json);
       f << "{\n  \"tool\": \"mla_graph_bench\",\n  \"command\": \"" << command << "\",\n  \"git_revision\": \""
-        << (rev ? rev : "unknown") << "\",\n  \"preset\": \"" << preset << "\",\n  \"device\": \"" << ceil.device_name
+        << (rev ? rev : "unknown") << "\",\n  \"environment\": \"" << mla_environment() << "\",\n  \"preset\": \"" << preset << "\",\n  \"device\": \"" << ceil.device_name
         << "\",\n  \"copy_gbps\": " << ceil.copy_gbps << ",\n  \"matmul_tflops\": " << ceil.matmul_tflops
         << ",\n  \"fp8_matmul_tflops\": " << ceil.fp8_matmul_tflops << ",\n  \"read_rows_gbps\": " << ceil.read_rows_gbps
         << ",\n  \"gather_rows_gbps\": " << ceil.gather_rows_gbps << ",\n  \"cache_flush\": \"" << ceil.cache_flush
