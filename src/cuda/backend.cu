@@ -386,9 +386,10 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   const bool tma = attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p);
   const bool copies_flat = !tma && !even && (!p.many_rows || attend_rows_gathers(p));
   const FlatMode mode = flat_plan_mode();
-  // (kFill: where the wave bounded the split count, not the shortest split or LayerOptions.num_splits:
-  // short requests keep their few fixed splits, as the flat plan would spread them over a wave.)
-  const bool fill_flat = mode == FlatMode::kFill && opts.num_splits == 0 &&
+  // (kFill: even batches only, and where the wave bounded the split count, not the shortest split
+  // or LayerOptions.num_splits: short requests keep their few fixed splits, as the flat plan would
+  // spread them over a wave. Asked in that order, so uneven steps skip the static plan.)
+  const bool fill_flat = even && mode == FlatMode::kFill && opts.num_splits == 0 &&
                          p.splits == plan_splits(p.batch, meta.qlen, kind, {}) &&
                          !attend_fixed_fills_its_waves(int64_t(p.batch) * shape.m_tiles * p.splits, shape.slots, shape.many_rows);
   const bool even_flat = (!p.many_rows && mode == FlatMode::kAll) || fill_flat;
