@@ -132,12 +132,14 @@ __device__ __forceinline__ void merge_weights(const PostParams& p, int64_t lse_o
 // then the gate values, the first batch of partial o rows and the partials' lse; then the merge
 // with the partials split over 4 thread groups, 8 rows in flight a thread.
 // kBf16: the partial o rows are bf16 (PostParams.o_bf16), else f32.
-// kCluster > 1 (MLA_POST_CLUSTER, session 37, prepared: not yet run on a GPU): the V / 32 CTAs of
+// kCluster > 1 (MLA_POST_CLUSTER, session 37; the default since session 38, =0 off): the V / 32 CTAs of
 // a head and token block run as clusters of kCluster along y, each merging a kCluster-th of the
 // partials (the thread groups of all its CTAs share them out), then every CTA adds the kCluster
 // partial sums from the cluster's shared memory in rank order, so all hold the same merged o. On an
 // H100 (session 37) the step of one 128K request took 7.4 us more at 256 splits than at 132 with
-// attend equal: each CTA merged all 256 partial rows of its head (512 KB) on one SM.
+// attend equal: each CTA merged all 256 partial rows of its head (512 KB) on one SM. Clustered
+// (session 38, H100): that step 91.5 -> 82.8 us, at page 1 97.0 -> 88.6, B = 4 x 65536 136.7 ->
+// 128.6, B = 1 x 32768 (171 splits) 67.0 -> 62.0; B = 1 x 8192 (43) within the runs' spread.
 template <bool kBf16, int kCluster>
 __global__ void __launch_bounds__(kPostThreads) post_kernel(const __grid_constant__ PostParams p) {
   __shared__ __align__(16) float o[kPostTokens][kLatent];
@@ -485,10 +487,10 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
 }  // namespace
 
 bool post_clusters(int splits, int v_blocks) {
-  static const int mode = [] {  // MLA_POST_CLUSTER: 0 (unset), 1, force
+  static const int mode = [] {  // MLA_POST_CLUSTER: 1 (unset: the default since session 38), 0, force
     const char* env = std::getenv("MLA_POST_CLUSTER");
     const std::string_view v = env ? env : "";
-    return v == "force" ? 2 : v == "1" ? 1 : 0;
+    return v == "force" ? 2 : v == "0" ? 0 : 1;
   }();
   if (mode == 0 || v_blocks % kPostCluster != 0) return false;
   return mode == 2 || splits >= kPostClusterMinPartials;

@@ -345,9 +345,9 @@ struct PostParams {
 void launch_post(const PostParams& p, cudaStream_t stream);
 // Whether post's CUDA-core kernel (below 16 tokens: mma_products) runs a head's v_blocks CTAs as
 // clusters of kPostCluster that share the merge of a token's partials out (post.cu's post_kernel):
-// under MLA_POST_CLUSTER=1 (session 37, prepared, off: not yet run on a GPU) where every token has
-// `splits` >= kPostClusterMinPartials partials (0: the flat plan's per-request counts, unknown on
-// the host), under MLA_POST_CLUSTER=force wherever v_blocks allows (as device-check runs the tests).
+// by default (session 38; MLA_POST_CLUSTER=0: never) where every token has `splits` >=
+// kPostClusterMinPartials partials (0: the flat plan's per-request counts, unknown on the host),
+// under MLA_POST_CLUSTER=force wherever v_blocks allows (as device-check runs the tests).
 inline constexpr int kPostCluster = 4;
 inline constexpr int kPostClusterMinPartials = 32;
 bool post_clusters(int splits, int v_blocks);

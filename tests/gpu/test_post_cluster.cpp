@@ -1,7 +1,7 @@
 // post's merge of a token's partials shared out over clusters of a head's CTAs (MLA_POST_CLUSTER,
-// post.cu's post_kernel<_, kPostCluster>; session 37, prepared): the host rule, and steps with many
-// partials a token against the CPU backend. Without the switch these steps check the one-CTA merge
-// at the same partial counts; scripts/device-check post-cluster runs them under =force and =1.
+// post.cu's post_kernel<_, kPostCluster>; session 37, the default since session 38): the host rule,
+// and steps with many partials a token against the CPU backend. Under MLA_POST_CLUSTER=0 these steps
+// check the one-CTA merge at the same partial counts; ctest runs them under =force too.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,16 +13,16 @@
 namespace mla {
 namespace {
 
-// Off unless the switch is set; =1 where every token has 32+ partials (fixed splits: the flat plan's
-// counts are per request, on the device) and the head's CTAs make whole clusters; =force wherever
-// they do.
+// By default (and =1) where every token has 32+ partials (fixed splits: the flat plan's counts are
+// per request, on the device) and the head's CTAs make whole clusters; =force wherever they do; =0
+// never.
 TEST(PostRule, ClustersWhereTheSwitchSays) {
   const char* env = std::getenv("MLA_POST_CLUSTER");
   const std::string mode = env ? env : "";
   for (const int splits : {0, 1, 31, 32, 256}) {
     for (const int blocks : {1, 2, 3, 4, 8}) {
       const bool whole = blocks % cuda::kPostCluster == 0;
-      const bool want = whole && (mode == "force" || (mode == "1" && splits >= cuda::kPostClusterMinPartials));
+      const bool want = whole && mode != "0" && (mode == "force" || splits >= cuda::kPostClusterMinPartials);
       EXPECT_EQ(cuda::post_clusters(splits, blocks), want)
           << splits << " partials, " << blocks << " CTAs a head, MLA_POST_CLUSTER=" << mode;
     }
