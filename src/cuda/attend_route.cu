@@ -4,6 +4,7 @@
 // reasons behind each rule are in docs/attention.md. tests/gpu/test_attend_routing.cpp checks them.
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
@@ -80,9 +81,22 @@ AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, 
   return {(rows + 15) / 16, bf16_16row ? sms : 2 * sms, false};
 }
 
-bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows) {
+bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows, int min_fill_per_mille) {
   const int64_t waves = (fixed_ctas + slots - 1) / slots;
-  return many_rows ? fixed_ctas * 20 >= waves * slots * 17 : fixed_ctas * 3 >= waves * slots * 2;
+  if (many_rows) return fixed_ctas * 20 >= waves * slots * 17;
+  return min_fill_per_mille > 0 ? fixed_ctas * 1000 >= waves * slots * min_fill_per_mille
+                                : fixed_ctas * 3 >= waves * slots * 2;
+}
+
+int attend_fill_per_mille(double peak_gbps, int sms) {
+  constexpr double kCtaGbps = 16, kMargin = 1.15, kCopyShare = 0.87;
+  const double share = kCopyShare * peak_gbps / (2.0 * std::max(sms, 1) * kCtaGbps * kMargin);
+  return int(std::lround(1000 * std::clamp(share, 2.0 / 3, 0.85)));
+}
+
+bool attend_fill_from_bandwidth() {
+  static const int mode = env_choice("MLA_ATTEND_FILL_BW", {{"0", 0}, {"1", 1}}, 0);
+  return mode == 1;
 }
 
 int attend_flat_key_ctas(int batch, int m_tiles, int slots, bool whole_waves) {

@@ -283,8 +283,18 @@ int attend_rows_cta_rows(int rows);
 // (200 64-row CTAs). Such batches take the flat plan by default (MLA_ATTEND_FLAT=fill, s36a), whose
 // key-CTAs then make whole waves (attend_flat_key_ctas). H100, session 37 (fixed against flat, us):
 // 12 heads x 4096 B = 150 147 / 139, B = 300 322 / 272, B = 100 92 / 97 and B = 200 175 / 179 (76%:
-// slower, hence 2/3); 128 heads x 8192 B = 67 461 / 301, B = 100 467 / 406.
-bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows);
+// slower, hence 2/3); 128 heads x 8192 B = 67 461 / 301, B = 100 467 / 406. min_fill_per_mille > 0:
+// that share for the 16-row kernel instead of 2/3 (attend_fill_per_mille, MLA_ATTEND_FILL_BW=1).
+bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows, int min_fill_per_mille = 0);
+// s38a (MLA_ATTEND_FILL_BW=1, prepared, off; not yet run on a GPU): the 16-row kernel's share from the
+// device's memory bandwidth. A lone 16-row CTA streams ~16 GB/s (B = 150 x 4096 with one fixed split a
+// request: 354 MB in 147 us on an H100, 144 on an H200, so the CTA's rate, not the memory, bounds it),
+// so c fixed CTAs run at ~min(BW, c x 16 GB/s) and the flat plan at ~BW less its segment switches: the
+// flat plan pays where c < BW / (16 GB/s x 1.15). BW: 0.87 of the peak (the copy rate measured on
+// both: 2.9-3.0 of 3.35 TB/s, 4.23 of 4.92); 2 CTAs an SM. Clamped to [2/3, 85%]: H100 SXM (3.35 TB/s,
+// 132 SMs) 60% -> 2/3, today's rule; H200 (4.92) 88% -> 85%, the many-rows kernel's. In per mille.
+int attend_fill_per_mille(double peak_gbps, int sms);
+bool attend_fill_from_bandwidth();
 // The flat plan's key-CTAs for `batch` requests of m_tiles row tiles on `slots` CTA slots: every slot
 // of one wave, or as many as the requests (the default: at least one a request); whole_waves
 // (the default, MLA_ATTEND_FLAT=fill): the fewest whole waves that give each request one (B = 100 x 128 heads:

@@ -179,6 +179,23 @@ TEST(FlatPlan, FixedSplitsThatFillTheirWaves) {
   EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(112, 132, true));  // 84.8%
 }
 
+// s38a (MLA_ATTEND_FILL_BW=1, prepared): the 16-row kernel's share from the memory bandwidth, 2/3 on
+// an H100 SXM (the rule without the switch), 85% on an H200; then B = 100 and 200 at 12 heads (200 of
+// 264 slots: 76%) take the flat plan, A and B64 (256: 97%) keep their fixed splits.
+TEST(FlatPlan, FillFromBandwidth) {
+  EXPECT_EQ(cuda::attend_fill_per_mille(2.0 * 2619e3 * 1e3 * 5120 / 8 / 1e9, 132), 667);  // H100 SXM: 60%
+  EXPECT_EQ(cuda::attend_fill_per_mille(2.0 * 3201e3 * 1e3 * 6144 / 8 / 1e9, 132), 850);  // H200: 88%
+  EXPECT_EQ(cuda::attend_fill_per_mille(4000, 132), 716);                                  // 0.87 x 4000 / 4857.6
+  EXPECT_EQ(cuda::attend_fill_per_mille(1000, 0), 850);                                    // (no SM count: the cap)
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(200, 264, false, 850));  // B = 100 x 2 splits
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(256, 264, false, 850));   // A, B64
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(225, 264, false, 850));   // 85.2%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(224, 264, false, 850));  // 84.8%
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(200, 264, false, 667));   // (the H100's: as without)
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(175, 264, false, 667));
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(112, 132, true, 500));   // (the many-rows kernel keeps 85%)
+}
+
 // The flat plan's key-CTAs: under MLA_ATTEND_FLAT=uneven a wave's slots or one a request, whichever
 // is more; by default (=fill) the fewest whole waves with one a request; never past post's partials.
 TEST(FlatPlan, KeyCtasMakeWholeWaves) {
@@ -214,6 +231,29 @@ TEST(FlatPlan, PoorlyFilledEvenBatchStepMatchesCpu) {
                              many ? testing::RowsKernel::kMany : testing::RowsKernel::kSixteen,
                              {.spread = 8, .flat = flat});
   }
+}
+
+// An even batch whose two fixed splits a request fill ~76% of the 16-row slots (B = 100 on 132 SMs):
+// fixed splits by default (2/3), the flat plan under MLA_ATTEND_FILL_BW=1 where the device's
+// bandwidth raises the share past that (an H200: 85%; an H100 keeps 2/3), or under =all.
+TEST(FlatPlan, FillFromBandwidthStepMatchesCpu) {
+  MLA_SKIP_WITHOUT_GPU("the bandwidth's fill rule's step");
+  int sms = 0, mem_khz = 0, bus_bits = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0), cudaSuccess);
+  const int batch = 2 * sms * 38 / 100;  // two splits a request (lengths 280-320): 76% of 2 sms slots
+  const char* env = std::getenv("MLA_ATTEND_FLAT");
+  const std::string mode = env ? env : "";
+  const int per_mille = cuda::attend_fill_per_mille(2.0 * mem_khz * 1e3 * bus_bits / 8 / 1e9, sms);
+  SCOPED_TRACE("B = " + std::to_string(batch) + ", MLA_ATTEND_FLAT=" + mode + ", the device's share " +
+               std::to_string(per_mille) + " per mille");
+  std::optional<bool> flat;
+  if (!testing::attend_rerouted())
+    flat = mode == "all" || ((mode.empty() || mode == "fill") && cuda::attend_fill_from_bandwidth() &&
+                             !cuda::attend_fixed_fills_its_waves(2 * int64_t(batch), 2 * sms, false, per_mille));
+  testing::steps_match_cpu({{"kimi-k3", 12, 1, batch, 16, 320, false}}, DType::fp8_e4m3, DType::fp8_e4m3, 3710,
+                           testing::RowsKernel::kSixteen, {.spread = 8, .flat = flat});
 }
 
 }  // namespace
