@@ -396,7 +396,8 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   const bool fill_flat = even && mode == FlatMode::kFill && opts.num_splits == 0 &&
                          p.splits == plan_splits(p.batch, meta.qlen, kind, {}) &&
                          !attend_fixed_fills_its_waves(int64_t(p.batch) * shape.m_tiles * p.splits, shape.slots, shape.many_rows,
-                                                       attend_fill_from_bandwidth() ? attend_fill_per_mille(mem_peak_gbps_, sms_) : 0);
+                                                       attend_fill_from_bandwidth() && shape.slots == 2 * sms_
+                                                           ? attend_fill_per_mille(mem_peak_gbps_, sms_) : 0);
   const bool even_flat = (!p.many_rows && mode == FlatMode::kAll) || fill_flat;
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && mode != FlatMode::kOff &&
                     (!even || even_flat) &&

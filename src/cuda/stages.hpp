@@ -291,8 +291,9 @@ bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows,
 // request: 354 MB in 147 us on an H100, 144 on an H200, so the CTA's rate, not the memory, bounds it),
 // so c fixed CTAs run at ~min(BW, c x 16 GB/s) and the flat plan at ~BW less its segment switches: the
 // flat plan pays where c < BW / (16 GB/s x 1.15). BW: 0.87 of the peak (the copy rate measured on
-// both: 2.9-3.0 of 3.35 TB/s, 4.23 of 4.92); 2 CTAs an SM. Clamped to [2/3, 85%]: H100 SXM (3.35 TB/s,
-// 132 SMs) 60% -> 2/3, today's rule; H200 (4.92) 88% -> 85%, the many-rows kernel's. In per mille.
+// both: 2.9-3.0 of 3.35 TB/s, 4.23 of 4.92); 2 CTAs an SM (the fp8 and bf16-query instances: the
+// backend asks only where the plan has 2 sms slots). Clamped to [2/3, 85%]: H100 SXM (3.35 TB/s, 132
+// SMs) 60% -> 0, the exact 2/3 rule (today's); H200 (4.92) 88% -> 850, the many-rows kernel's share.
 int attend_fill_per_mille(double peak_gbps, int sms);
 bool attend_fill_from_bandwidth();
 // The flat plan's key-CTAs for `batch` requests of m_tiles row tiles on `slots` CTA slots: every slot

@@ -179,11 +179,11 @@ TEST(FlatPlan, FixedSplitsThatFillTheirWaves) {
   EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(112, 132, true));  // 84.8%
 }
 
-// s38a (MLA_ATTEND_FILL_BW=1, prepared): the 16-row kernel's share from the memory bandwidth, 2/3 on
-// an H100 SXM (the rule without the switch), 85% on an H200; then B = 100 and 200 at 12 heads (200 of
+// s38a (MLA_ATTEND_FILL_BW=1, prepared): the 16-row kernel's share from the memory bandwidth, 0 (the
+// exact 2/3 rule, as without the switch) on an H100 SXM, 85% on an H200; then B = 100 and 200 at 12 heads (200 of
 // 264 slots: 76%) take the flat plan, A and B64 (256: 97%) keep their fixed splits.
 TEST(FlatPlan, FillFromBandwidth) {
-  EXPECT_EQ(cuda::attend_fill_per_mille(2.0 * 2619e3 * 1e3 * 5120 / 8 / 1e9, 132), 667);  // H100 SXM: 60%
+  EXPECT_EQ(cuda::attend_fill_per_mille(2.0 * 2619e3 * 1e3 * 5120 / 8 / 1e9, 132), 0);  // H100 SXM: 60%: 2/3
   EXPECT_EQ(cuda::attend_fill_per_mille(2.0 * 3201e3 * 1e3 * 6144 / 8 / 1e9, 132), 850);  // H200: 88%
   EXPECT_EQ(cuda::attend_fill_per_mille(4000, 132), 716);                                  // 0.87 x 4000 / 4857.6
   EXPECT_EQ(cuda::attend_fill_per_mille(1000, 0), 850);                                    // (no SM count: the cap)
@@ -191,8 +191,8 @@ TEST(FlatPlan, FillFromBandwidth) {
   EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(256, 264, false, 850));   // A, B64
   EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(225, 264, false, 850));   // 85.2%
   EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(224, 264, false, 850));  // 84.8%
-  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(200, 264, false, 667));   // (the H100's: as without)
-  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(175, 264, false, 667));
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(176, 264, false, 0));     // (the H100's: 2/3 exactly, as without)
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(175, 264, false, 0));
   EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(112, 132, true, 500));   // (the many-rows kernel keeps 85%)
 }
 
@@ -250,7 +250,7 @@ TEST(FlatPlan, FillFromBandwidthStepMatchesCpu) {
                std::to_string(per_mille) + " per mille");
   std::optional<bool> flat;
   if (!testing::attend_rerouted())
-    flat = mode == "all" || ((mode.empty() || mode == "fill") && cuda::attend_fill_from_bandwidth() &&
+    flat = mode == "all" || ((mode.empty() || mode == "fill") && cuda::attend_fill_from_bandwidth() && per_mille > 0 &&
                              !cuda::attend_fixed_fills_its_waves(2 * int64_t(batch), 2 * sms, false, per_mille));
   testing::steps_match_cpu({{"kimi-k3", 12, 1, batch, 16, 320, false}}, DType::fp8_e4m3, DType::fp8_e4m3, 3710,
                            testing::RowsKernel::kSixteen, {.spread = 8, .flat = flat});
