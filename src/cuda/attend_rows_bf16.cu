@@ -143,8 +143,12 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
   }
 }
 
-// kRound (MLA_ROWS_BF16_ROUND=1, s35b; prepared, not yet run on a GPU): FlashMLA's round instead of
-// v18c's (the loop below, docs/attention.md "Against FlashMLA's schedule").
+// kRound (MLA_ROWS_BF16_ROUND=1, s35b, off): FlashMLA's round instead of v18c's (the loop below,
+// docs/attention.md "Against FlashMLA's schedule"). Session 37-38: tied with v18c (H200 D 337.1
+// against 336.2 us), its SASS twice v18c's (24056 instructions: the last rounds peeled into compile-
+// time copies) and 12.7% of its stall samples instruction fetches. s38b (prepared, not yet run on a
+// GPU): one round body a warpgroup, an odd segment's last round paired with a virtual tile (below):
+// ~13700 instructions, 255 registers, no spills, no serialized wgmma (nvcc 13.0).
 template <bool kRound = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -282,8 +286,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // the causal rule. Element i: row row0 + 8 h (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1).
     // Positions grow with the local index, so the tile's last key decides whether every row sees
     // all of it. Returns the tile's real keys.
-    auto mask_scores = [&](int t, float (&s)[32]) {
-      const uint64_t mask = key_mask(t);
+    // (mask: tile t's real keys, key_mask(t); 0 for kRound's virtual tile past an odd segment's end)
+    auto mask_scores = [&](int t, float (&s)[32], uint64_t mask) {
       const int64_t key0 = keys.k_begin + int64_t(t) * kTileKeys;
 #pragma unroll
       for (int i = 0; i < 32; ++i)
@@ -306,9 +310,11 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     };
     // p.v of the other warpgroup's tile j (its P in j's rope slab): this warpgroup's dims' V rows of
     // masked keys zeroed first.
-    auto pv_smem = [&](int j) {
-      tma::wait_parity_forever(bar_of(j, wg), parity(j));
-      zero_masked(j, key_mask(j));
+    // (real = false: kRound's virtual tile past an odd segment's end: nothing loaded, every key
+    // masked, so its V rows zeroed whole against its P of zeros)
+    auto pv_smem = [&](int j, bool real = true) {
+      if (real) tma::wait_parity_forever(bar_of(j, wg), parity(j));
+      zero_masked(j, real ? key_mask(j) : 0);
       const uint32_t kv = kv_of(j);
       const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
       wgmma::fence();
@@ -341,7 +347,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // its p.v with P from registers.
     auto own = [&](int t, float (&s)[32]) {
       wgmma::fence_operand(s);
-      const uint64_t mask = mask_scores(t, s);
+      const uint64_t mask = mask_scores(t, s, key_mask(t));
       // The rows' maxima over the tile and the lazy rescale: a row's maximum moves only past
       // m_run + 2^3 (weights stay <= 2^8), to the tile's maximum; -inf stays -inf while a row sees nothing.
       float alpha[2];
@@ -439,7 +445,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // v18c's (a row's maximum moves only past m_ref + 2^3; -inf stays while a row sees nothing).
       auto row_max = [&](int t, float (&s)[32], const float (&m_ref)[2], float (&m_new)[2]) {
         wgmma::fence_operand(s);
-        const uint64_t mask = mask_scores(t, s);
+        const uint64_t mask = mask_scores(t, s, t < n_tiles ? key_mask(t) : 0);  // (the virtual tile: 0)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float tile_max = row_tile_max(s, h);
@@ -507,7 +513,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // keys zeroed, P from the rope slab.
       auto pv_theirs = [&](int j) {
         ptx::named_sync(kBarP + (wg ^ 1), kThreadsB);
-        pv_smem(j);
+        pv_smem(j, j < n_tiles);  // (the virtual tile: P 0, stored by its owner; V rows zeroed)
       };
       auto publish_m = [&](const float (&m)[2]) {
         if (c == 0) sm.m_pub[wg][row0] = m[0], sm.m_pub[wg][row0 + 8] = m[1];
@@ -519,99 +525,77 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       };
       float s[32];
       uint32_t pa[kPvSteps][4];
+      // (s38b) One round body a warpgroup. An odd segment gets a virtual tile n_tiles (every key
+      // masked: P 0, V rows zeroed by both warpgroups, no loads, no mbarrier waits, no q.k), so every
+      // round holds two tiles and pairs the named barriers as a full one; the next round's q.k only
+      // where its tile is real (warpgroup 0's else: wait<0>). The wait<0> after each loop retires
+      // nothing (ptxas: without it, s live across the warpgroups' merge, 164/372 bytes of spills).
       if (wg == 0) {
-        // Warpgroup 0's round at tile t: kB, tile t + 1 exists; kNext, tile t + 2 (the next round).
-        // Its loads: t + 2 (its own: dims 0..255) once p.v(t) is done, t + 3 (dims 0..255 and the
-        // rope slab) once p.v(t + 1) is; pg: their page ids, pn: the next round's.
-        auto round = [&](int t, auto kB, auto kNext, int32_t (&pg)[2]) __attribute__((always_inline)) {
-          int32_t pn[2] = {-1, -1};
-          if constexpr (decltype(kNext)::value) pn[0] = page_at(t + 4), pn[1] = page_at(t + 5);
-          wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
-          float m_a[2];
-          const uint64_t mask = row_max(t, s, m_run, m_a);
-          publish_m(m_a);
-          move_to(m_a);
-          weights(s, pa);
-          zero_masked(t, mask);
-          pv_own(t, pa);
-          float beta[2] = {1.0f, 1.0f}, m_b[2] = {m_a[0], m_a[1]};
-          if constexpr (decltype(kB)::value) {
-            take_m(m_b);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) beta[h] = m_b[h] == m_a[h] ? 1.0f : exp2_ftz(m_a[h] - m_b[h]);
-          }
-          wgmma::wait<0>();  // p.v(t): its dims' slabs are free (t + 2's boxes out before P's stores, as FlashMLA)
-          wgmma::fence_operand(o);
-          if constexpr (decltype(kNext)::value) load_at(t + 2, pg[0]);
-          store_p(t, s, pa, beta);
-          if constexpr (decltype(kB)::value) {
-            move_to(m_b);  // (the same alpha as beta: the same operands)
-            pv_theirs(t + 1);
-            if constexpr (decltype(kNext)::value) {
-              qk_part(t + 2, s, integral_constant<int, 0>{});
-              wgmma::wait<1>();  // p.v(t + 1) (q.k(t + 2)'s first part runs on)
-              load_at(t + 3, pg[1]);
-              qk_part(t + 2, s, integral_constant<int, 1>{});
-            } else {
-              wgmma::wait<0>();
-            }
-          }
-          pg[0] = pn[0], pg[1] = pn[1];
-        };
         if (n_tiles > 0) {
           int32_t pg[2] = {page_at(2), page_at(3)};
           qk2(0, s);
-          int t = 0;
-          for (; t + 2 < n_tiles; t += 2) round(t, std::true_type{}, std::true_type{}, pg);
-          if (t + 1 < n_tiles) round(t, std::true_type{}, std::false_type{}, pg);
-          else round(t, std::false_type{}, std::false_type{}, pg);
+          for (int t = 0; t < n_tiles; t += 2) {  // (rounds: (n_tiles + 1) / 2)
+            const int32_t pn[2] = {page_at(t + 4), page_at(t + 5)};  // (-1 past the segment)
+            wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
+            float m_a[2];
+            const uint64_t mask = row_max(t, s, m_run, m_a);
+            publish_m(m_a);
+            move_to(m_a);
+            weights(s, pa);
+            zero_masked(t, mask);
+            pv_own(t, pa);
+            float beta[2], m_b[2];
+            take_m(m_b);  // (the virtual tile's: m_a itself)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) beta[h] = m_b[h] == m_a[h] ? 1.0f : exp2_ftz(m_a[h] - m_b[h]);
+            wgmma::wait<0>();  // p.v(t)
+            wgmma::fence_operand(o);
+            load_at(t + 2, pg[0]);  // (no-op past the segment)
+            store_p(t, s, pa, beta);
+            move_to(m_b);
+            pv_theirs(t + 1);
+            if (t + 2 < n_tiles) {
+              qk_part(t + 2, s, integral_constant<int, 0>{});
+              wgmma::wait<1>();  // p.v(t + 1)
+              load_at(t + 3, pg[1]);
+              qk_part(t + 2, s, integral_constant<int, 1>{});
+            } else {
+              wgmma::wait<0>();  // p.v(t + 1)
+            }
+            pg[0] = pn[0], pg[1] = pn[1];
+          }
+          wgmma::wait<0>();  // (nothing in flight: see above)
         }
       } else {
-        // Warpgroup 1's round at tile t (odd; a = t - 1 is warpgroup 0's): kNext, tile t + 2. Its
-        // loads: t + 2 (its own: dims 256..511) once p.v(t) is done, t + 1 (dims 256..511 and the
-        // rope slab) once p.v(t - 1) is.
-        auto round = [&](int t, auto kNext, int32_t (&pg)[2]) __attribute__((always_inline)) {
-          int32_t pn[2] = {-1, -1};
-          if constexpr (decltype(kNext)::value) pn[0] = page_at(t + 3), pn[1] = page_at(t + 4);
-          wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
-          float m_a[2], m_b[2];
-          take_m(m_a);
-          const uint64_t mask = row_max(t, s, m_a, m_b);
-          publish_m(m_b);
-          move_to(m_b);
-          weights(s, pa);
-          const float one[2] = {1.0f, 1.0f};
-          store_p(t, s, pa, one);
-          zero_masked(t, mask);
-          pv_own(t, pa);
-          pv_theirs(t - 1);
-          wgmma::wait<1>();  // p.v(t)
-          // (both loads before q.k(t + 2), as FlashMLA: warpgroup 0's q.k(t + 1) waits for t + 1's)
-          if constexpr (decltype(kNext)::value) load_at(t + 2, pg[1]);
-          wgmma::wait<0>();  // p.v(t - 1)
-          load_at(t + 1, pg[0]);
-          if constexpr (decltype(kNext)::value) qk2(t + 2, s);
-          pg[0] = pn[0], pg[1] = pn[1];
-        };
-        if (n_tiles > 1) {
+        if (n_tiles > 0) {
           int32_t pg[2] = {page_at(2), page_at(3)};
-          qk2(1, s);
-          int t = 1;
-          for (; t + 2 < n_tiles; t += 2) round(t, std::true_type{}, pg);
-          round(t, std::false_type{}, pg);
-          if (t + 1 < n_tiles) {  // warpgroup 0's last tile alone
-            float m_a[2];
-            take_m(m_a);
-            move_to(m_a);
-            pv_theirs(t + 1);
-            wgmma::wait<0>();
+          if (n_tiles > 1) qk2(1, s);
+          else {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] = 0.0f;  // (the virtual tile 1's scores: masked)
           }
-        } else if (n_tiles == 1) {
-          float m_a[2];
-          take_m(m_a);
-          move_to(m_a);
-          pv_theirs(0);
-          wgmma::wait<0>();
+          for (int t = 1; t <= n_tiles; t += 2) {  // (t - 1 < n_tiles: the same rounds)
+            const int32_t pn[2] = {page_at(t + 3), page_at(t + 4)};
+            wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
+            float m_a[2], m_b[2];
+            take_m(m_a);
+            const uint64_t mask = row_max(t, s, m_a, m_b);
+            publish_m(m_b);
+            move_to(m_b);
+            weights(s, pa);
+            const float one[2] = {1.0f, 1.0f};
+            store_p(t, s, pa, one);
+            zero_masked(t, mask);
+            pv_own(t, pa);
+            pv_theirs(t - 1);
+            wgmma::wait<1>();  // p.v(t)
+            load_at(t + 2, pg[1]);
+            wgmma::wait<0>();  // p.v(t - 1)
+            load_at(t + 1, pg[0]);
+            if (t + 2 < n_tiles) qk2(t + 2, s);  // (none for the virtual tile: its scores are all masked)
+            pg[0] = pn[0], pg[1] = pn[1];
+          }
+          wgmma::wait<0>();  // (nothing in flight: see above)
         }
       }
     } else {
