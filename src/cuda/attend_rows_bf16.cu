@@ -420,8 +420,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // 0's next q.k waits for the second). Who loads what is v18c's:
       // warpgroup w its dims' slabs of every tile and the rope slab of the other's tiles (a part
       // and mbarrier each), once the p.v that last read them is done; the page ids a round ahead.
-      // Each branch below has the same wgmma groups in flight at its loop's ends (two: q.k's).
-      // scripts/bf16-round-model models this synchronization (keep it in step with changes here).
+      // Each branch below ends its loop with no wgmma group in flight (a wait<0> after it).
+      // scripts/bf16-round-model models this synchronization for one segment and
+      // scripts/bf16-round-model-segments for several a CTA (keep both in step with changes here).
       using std::integral_constant;
       auto page_at = [&](int j) { return tiles.issues() && j < n_tiles ? tiles.page_of(keys, j) : -1; };
       auto load_at = [&](int j, int32_t page) {
