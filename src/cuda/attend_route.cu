@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "cuda/check.hpp"
 #include "cuda/skew_plan.hpp"
 #include "cuda/stages.hpp"
 
@@ -92,6 +93,13 @@ int attend_fill_per_mille(double peak_gbps, int sms) {
   constexpr double kCtaGbps = 16, kMargin = 1.15, kCopyShare = 0.87;
   const double share = kCopyShare * peak_gbps / (2.0 * std::max(sms, 1) * kCtaGbps * kMargin);
   return share <= 2.0 / 3 ? 0 : int(std::lround(1000 * std::min(share, 0.85)));  // (0: the exact 2/3 rule)
+}
+
+double device_peak_gbps(int device) {
+  int mem_khz = 0, bus_bits = 0;
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device));
+  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  return 2.0 * mem_khz * 1e3 * bus_bits / 8 / 1e9;
 }
 
 bool attend_fill_from_bandwidth() {

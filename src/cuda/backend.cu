@@ -72,10 +72,7 @@ CudaBackend::CudaBackend(const LayerConfig& c, const PreparedWeights& w, const L
   cudaDeviceProp prop{};
   MLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, opts.cuda_device));
   sms_ = prop.multiProcessorCount;
-  int mem_khz = 0, bus_bits = 0;  // (double data rate: H100 SXM 2619 MHz x 5120 bits = 3.35 TB/s)
-  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, opts.cuda_device));
-  MLA_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, opts.cuda_device));
-  mem_peak_gbps_ = 2.0 * mem_khz * 1e3 * bus_bits / 8 / 1e9;
+  if (attend_fill_from_bandwidth()) fill_per_mille_ = attend_fill_per_mille(device_peak_gbps(opts.cuda_device), sms_);
   l2_bytes_ = prop.l2CacheSize;
   device_name_ = prop.name;
   MLA_REQUIRE(prop.major >= 9, "Backend::cuda: needs compute capability 9.0 (sm_90a), device ", opts.cuda_device,
@@ -396,8 +393,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   const bool fill_flat = even && mode == FlatMode::kFill && opts.num_splits == 0 &&
                          p.splits == plan_splits(p.batch, meta.qlen, kind, {}) &&
                          !attend_fixed_fills_its_waves(int64_t(p.batch) * shape.m_tiles * p.splits, shape.slots, shape.many_rows,
-                                                       attend_fill_from_bandwidth() && shape.slots == 2 * sms_
-                                                           ? attend_fill_per_mille(mem_peak_gbps_, sms_) : 0);
+                                                       shape.slots == 2 * sms_ ? fill_per_mille_ : 0);
   const bool even_flat = (!p.many_rows && mode == FlatMode::kAll) || fill_flat;
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && mode != FlatMode::kOff &&
                     (!even || even_flat) &&

@@ -539,14 +539,10 @@ void launch_post(const PostParams& p, cudaStream_t stream) {
   }
   const dim3 grid(unsigned(p.heads), unsigned((p.v_dim + kPostRows - 1) / kPostRows),
                   unsigned((p.tokens + kPostTokens - 1) / kPostTokens));
-  if (post_clusters(p.part_first ? 0 : p.splits, int(grid.y))) {
-    if (p.o_bf16) launch_dependent(post_kernel<true, kPostCluster>, grid, dim3(kPostThreads), 0, stream, p, kPostCluster);
-    else launch_dependent(post_kernel<false, kPostCluster>, grid, dim3(kPostThreads), 0, stream, p, kPostCluster);
-  } else if (p.o_bf16) {
-    launch_dependent(post_kernel<true, 1>, grid, dim3(kPostThreads), 0, stream, p);
-  } else {
-    launch_dependent(post_kernel<false, 1>, grid, dim3(kPostThreads), 0, stream, p);
-  }
+  const int cluster = post_clusters(p.part_first ? 0 : p.splits, int(grid.y)) ? kPostCluster : 1;
+  void (*kernel)(PostParams) = cluster > 1 ? (p.o_bf16 ? post_kernel<true, kPostCluster> : post_kernel<false, kPostCluster>)
+                                           : (p.o_bf16 ? post_kernel<true, 1> : post_kernel<false, 1>);
+  launch_dependent(kernel, grid, dim3(kPostThreads), 0, stream, p, unsigned(cluster));
   MLA_CUDA_CHECK_LAUNCH();
 }
 

@@ -296,6 +296,9 @@ bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows,
 // SMs) 60% -> 0, the exact 2/3 rule (today's); H200 (4.92) 88% -> 850, the many-rows kernel's share.
 int attend_fill_per_mille(double peak_gbps, int sms);
 bool attend_fill_from_bandwidth();
+// A device's peak memory bandwidth, GB/s: its memory clock x bus width, double data rate (H100 SXM
+// 2619 MHz x 5120 bits = 3352, H200 3201 MHz x 6144 bits = 4917).
+double device_peak_gbps(int device);
 // The flat plan's key-CTAs for `batch` requests of m_tiles row tiles on `slots` CTA slots: every slot
 // of one wave, or as many as the requests (the default: at least one a request); whole_waves
 // (the default, MLA_ATTEND_FLAT=fill): the fewest whole waves that give each request one (B = 100 x 128 heads:

@@ -238,14 +238,12 @@ TEST(FlatPlan, PoorlyFilledEvenBatchStepMatchesCpu) {
 // bandwidth raises the share past that (an H200: 85%; an H100 keeps 2/3), or under =all.
 TEST(FlatPlan, FillFromBandwidthStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the bandwidth's fill rule's step");
-  int sms = 0, mem_khz = 0, bus_bits = 0;
+  int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0), cudaSuccess);
   const int batch = 2 * sms * 38 / 100;  // two splits a request (lengths 280-320): 76% of 2 sms slots
   const char* env = std::getenv("MLA_ATTEND_FLAT");
   const std::string mode = env ? env : "";
-  const int per_mille = cuda::attend_fill_per_mille(2.0 * mem_khz * 1e3 * bus_bits / 8 / 1e9, sms);
+  const int per_mille = cuda::attend_fill_per_mille(cuda::device_peak_gbps(0), sms);
   SCOPED_TRACE("B = " + std::to_string(batch) + ", MLA_ATTEND_FLAT=" + mode + ", the device's share " +
                std::to_string(per_mille) + " per mille");
   std::optional<bool> flat;
