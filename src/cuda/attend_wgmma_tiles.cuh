@@ -519,7 +519,9 @@ struct RowCopies {
 #ifdef MLA_CLUSTER_COPY_SELF
     // A diagnostic build only (`scripts/device-check cluster-race`): each CTA of a pair copies every
     // tile for itself alone (multicast to its own rank), the protocol otherwise the same, to tell
-    // whether racecheck's report on the clusters' row copies needs the copy into the peer.
+    // whether racecheck's report on the clusters' row copies needs the copy into the peer (session 39:
+    // it does not, the self-copies by multicast got the same report); =2 copies them by the plain
+    // bulk copy, to tell the multicast instruction from the protocol.
     send = true;
     [[maybe_unused]] const uint16_t cta_mask = uint16_t(1u << tma::cluster_rank());
 #else
@@ -531,8 +533,13 @@ struct RowCopies {
       const uint8_t* src =
           static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
       const uint32_t at = dst + (kWarps * lane + warp) * kRowPitch;
+#if defined(MLA_CLUSTER_COPY_SELF) && MLA_CLUSTER_COPY_SELF == 2
+      // (=2: the same self-copies by the plain bulk copy: the protocol identical, the instruction not)
+      tma::load_bytes(at, src, kRow, bar);
+#else
       if constexpr (kMulticast) tma::load_bytes_multicast(at, src, kRow, bar, cta_mask);
       else tma::load_bytes(at, src, kRow, bar);
+#endif
     }
   }
 };
