@@ -90,7 +90,7 @@ bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows,
 }
 
 int attend_fill_per_mille(double peak_gbps, int sms) {
-  constexpr double kCtaGbps = 16, kMargin = 1.15, kCopyShare = 0.87;
+  constexpr double kCtaGbps = 16, kMargin = 1.25, kCopyShare = 0.87;
   const double share = kCopyShare * peak_gbps / (2.0 * std::max(sms, 1) * kCtaGbps * kMargin);
   return share <= 2.0 / 3 ? 0 : int(std::lround(1000 * std::min(share, 0.85)));  // (0: the exact 2/3 rule)
 }
@@ -103,7 +103,7 @@ double device_peak_gbps(int device) {
 }
 
 bool attend_fill_from_bandwidth() {
-  static const int mode = env_choice("MLA_ATTEND_FILL_BW", {{"0", 0}, {"1", 1}}, 0);
+  static const int mode = env_choice("MLA_ATTEND_FILL_BW", {{"0", 0}, {"1", 1}}, 1);
   return mode == 1;
 }
 

@@ -192,7 +192,15 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // boxes, and a stage is free once the consumer warps of both CTAs have arrived on its `empty`
   // mbarrier (in each CTA).
   static_assert(!kMulticast || kTma, "clusters share TMA tiles");
-  constexpr int kEmptyArrivals = kRowThreads / 32 * (kMulticast ? 2 : 1);
+#if defined(MLA_CLUSTER_COPY_SELF) && MLA_CLUSTER_COPY_SELF == 3
+  // (a diagnostic build, `scripts/device-check cluster-race`: the row copies' CTAs copy their own
+  // tiles, so their stages need no release from the peer: without remote arrivals, does racecheck
+  // still report the copies?)
+  constexpr bool kPeerRelease = kMulticast && !kRowCopies;
+#else
+  constexpr bool kPeerRelease = kMulticast;  // a stage is free once both CTAs' consumers are done
+#endif
+  constexpr int kEmptyArrivals = kRowThreads / 32 * (kPeerRelease ? 2 : 1);
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kPvAcc = Shape::kPvAcc;
@@ -248,7 +256,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     __syncwarp();
     if (lane == 0) {
       tma::arrive(ptx::smem_addr(bar));
-      if constexpr (kMulticast) tma::arrive_cluster(ptx::smem_addr(bar), cta_rank ^ 1);
+      if constexpr (kPeerRelease) tma::arrive_cluster(ptx::smem_addr(bar), cta_rank ^ 1);
     }
   };
   // The flat plan's tile scan, by every thread at one place (serve_segments<..., kScanned>: the

@@ -521,7 +521,8 @@ struct RowCopies {
     // tile for itself alone (multicast to its own rank), the protocol otherwise the same, to tell
     // whether racecheck's report on the clusters' row copies needs the copy into the peer (session 39:
     // it does not, the self-copies by multicast got the same report); =2 copies them by the plain
-    // bulk copy, to tell the multicast instruction from the protocol.
+    // bulk copy (session 39: the same report again, so not the multicast instruction); =3 (prepared)
+    // drops the peer's arrivals on the stages too.
     send = true;
     [[maybe_unused]] const uint16_t cta_mask = uint16_t(1u << tma::cluster_rank());
 #else
@@ -533,8 +534,9 @@ struct RowCopies {
       const uint8_t* src =
           static_cast<const uint8_t*>(p.cache) + int64_t(r.page) * p.page_stride + in_page * p.row_stride;
       const uint32_t at = dst + (kWarps * lane + warp) * kRowPitch;
-#if defined(MLA_CLUSTER_COPY_SELF) && MLA_CLUSTER_COPY_SELF == 2
-      // (=2: the same self-copies by the plain bulk copy: the protocol identical, the instruction not)
+#if defined(MLA_CLUSTER_COPY_SELF) && MLA_CLUSTER_COPY_SELF >= 2
+      // (=2: the same self-copies by the plain bulk copy: the protocol identical, the instruction not;
+      // =3 also without the peer's release of a stage: attend_rows_kernel.cuh)
       tma::load_bytes(at, src, kRow, bar);
 #else
       if constexpr (kMulticast) tma::load_bytes_multicast(at, src, kRow, bar, cta_mask);

@@ -59,7 +59,7 @@ class CudaBackend final : public detail::BackendImpl {
   cudaStream_t stream_ = nullptr;
   float q_scale_ = 1, k_scale_ = 1;
   int sms_ = 0;
-  int fill_per_mille_ = 0;  // the 16-row kernel's fill share (MLA_ATTEND_FILL_BW=1); 0: the 2/3 rule
+  int fill_per_mille_ = 0;  // the 16-row kernel's fill share (attend_fill_per_mille; MLA_ATTEND_FILL_BW=0: 0, the 2/3 rule)
   int64_t l2_bytes_ = 0;
   std::string device_name_;
   std::unique_ptr<CublasLt> lt_;

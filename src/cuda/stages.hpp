@@ -284,16 +284,20 @@ int attend_rows_cta_rows(int rows);
 // key-CTAs then make whole waves (attend_flat_key_ctas). H100, session 37 (fixed against flat, us):
 // 12 heads x 4096 B = 150 147 / 139, B = 300 322 / 272, B = 100 92 / 97 and B = 200 175 / 179 (76%:
 // slower, hence 2/3); 128 heads x 8192 B = 67 461 / 301, B = 100 467 / 406. min_fill_per_mille > 0:
-// that share for the 16-row kernel instead of 2/3 (attend_fill_per_mille, MLA_ATTEND_FILL_BW=1).
+// that share for the 16-row kernel instead of 2/3 (attend_fill_per_mille, the default where boxed).
 bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows, int min_fill_per_mille = 0);
-// s38a (MLA_ATTEND_FILL_BW=1, prepared, off; not yet run on a GPU): the 16-row kernel's share from the
-// device's memory bandwidth. A lone 16-row CTA streams ~16 GB/s (B = 150 x 4096 with one fixed split a
-// request: 354 MB in 147 us on an H100, 144 on an H200, so the CTA's rate, not the memory, bounds it),
+// s38a (the default since session 39; MLA_ATTEND_FILL_BW=0: the 2/3 rule everywhere): the 16-row
+// kernel's share from the device's memory bandwidth, where it boxes the pages (not page 1's row
+// copies). A lone 16-row CTA streams ~16 GB/s (B = 150 x 4096 with one fixed split a request: 354 MB in 147 us on an H100, 144 on an H200, so the CTA's rate, not the memory, bounds it),
 // so c fixed CTAs run at ~min(BW, c x 16 GB/s) and the flat plan at ~BW less its segment switches: the
-// flat plan pays where c < BW / (16 GB/s x 1.15). BW: 0.87 of the peak (the copy rate measured on
+// flat plan pays where c < BW / (16 GB/s x 1.25). BW: 0.87 of the peak (the copy rate measured on
 // both: 2.9-3.0 of 3.35 TB/s, 4.23 of 4.92); 2 CTAs an SM (the fp8 and bf16-query instances: the
 // backend asks only where the plan has 2 sms slots). Clamped to [2/3, 85%]: H100 SXM (3.35 TB/s, 132
-// SMs) 60% -> 0, the exact 2/3 rule (today's); H200 (4.92) 88% -> 850, the many-rows kernel's share.
+// SMs) 55% -> 0, the exact 2/3 rule; H200 (4.92) 810 per mille. The margin, 1.25, from the H200
+// (session 39, fixed / flat, us, 12 heads, page 64): B = 56 x 4096 (224 CTAs, 85%) 44.4 / 47.7, B = 70
+// (210, 80%) 57.5 / 56.1, B = 100 (200, 76%) 80.4 / 72.8, B = 200 146 / 129, x 8192 B = 100 144 / 127
+// and B = 200 281 / 237; the model's 1.15 would have sent B = 56 flat. At short contexts the flat
+// plan's segment switches weigh more than the model counts.
 int attend_fill_per_mille(double peak_gbps, int sms);
 bool attend_fill_from_bandwidth();
 // A device's peak memory bandwidth, GB/s: its memory clock x bus width, double data rate (H100 SXM

@@ -179,18 +179,22 @@ TEST(FlatPlan, FixedSplitsThatFillTheirWaves) {
   EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(112, 132, true));  // 84.8%
 }
 
-// s38a (MLA_ATTEND_FILL_BW=1, prepared): the 16-row kernel's share from the memory bandwidth, 0 (the
-// exact 2/3 rule, as without the switch) on an H100 SXM, 85% on an H200; then B = 100 and 200 at 12 heads (200 of
-// 264 slots: 76%) take the flat plan, A and B64 (256: 97%) keep their fixed splits.
+// s38a (the default since session 39): the 16-row kernel's share from the memory bandwidth, 0 (the
+// exact 2/3 rule, as under MLA_ATTEND_FILL_BW=0) on an H100 SXM, 810 per mille on an H200; then B =
+// 70, 100 and 200 at 12 heads (210 and 200 of 264 slots) take the flat plan, B = 56 (224: 85%), A and
+// B64 (256: 97%) keep their fixed splits.
 TEST(FlatPlan, FillFromBandwidth) {
-  EXPECT_EQ(cuda::attend_fill_per_mille(2.0 * 2619e3 * 1e3 * 5120 / 8 / 1e9, 132), 0);  // H100 SXM: 60%: 2/3
-  EXPECT_EQ(cuda::attend_fill_per_mille(2.0 * 3201e3 * 1e3 * 6144 / 8 / 1e9, 132), 850);  // H200: 88%
-  EXPECT_EQ(cuda::attend_fill_per_mille(4000, 132), 716);                                  // 0.87 x 4000 / 4857.6
+  EXPECT_EQ(cuda::attend_fill_per_mille(2.0 * 2619e3 * 1e3 * 5120 / 8 / 1e9, 132), 0);  // H100 SXM: 55%: 2/3
+  EXPECT_EQ(cuda::attend_fill_per_mille(2.0 * 3201e3 * 1e3 * 6144 / 8 / 1e9, 132), 810);  // H200: 81%
+  EXPECT_EQ(cuda::attend_fill_per_mille(4500, 132), 741);                                  // 0.87 x 4500 / 5280
+  EXPECT_EQ(cuda::attend_fill_per_mille(4000, 132), 0);                                    // 65.9%: 2/3
   EXPECT_EQ(cuda::attend_fill_per_mille(1000, 0), 850);                                    // (no SM count: the cap)
-  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(200, 264, false, 850));  // B = 100 x 2 splits
-  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(256, 264, false, 850));   // A, B64
-  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(225, 264, false, 850));   // 85.2%
-  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(224, 264, false, 850));  // 84.8%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(200, 264, false, 810));  // B = 100 x 2 splits
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(210, 264, false, 810));  // B = 70 x 3
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(224, 264, false, 810));   // B = 56 x 4
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(256, 264, false, 810));   // A, B64
+  EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(214, 264, false, 810));   // 81.06%
+  EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(213, 264, false, 810));  // 80.68%
   EXPECT_TRUE(cuda::attend_fixed_fills_its_waves(176, 264, false, 0));     // (the H100's: 2/3 exactly, as without)
   EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(175, 264, false, 0));
   EXPECT_FALSE(cuda::attend_fixed_fills_its_waves(112, 132, true, 500));   // (the many-rows kernel keeps 85%)
@@ -234,8 +238,9 @@ TEST(FlatPlan, PoorlyFilledEvenBatchStepMatchesCpu) {
 }
 
 // An even batch whose two fixed splits a request fill ~76% of the 16-row slots (B = 100 on 132 SMs):
-// fixed splits by default (2/3), the flat plan under MLA_ATTEND_FILL_BW=1 where the device's
-// bandwidth raises the share past that (an H200: 85%; an H100 keeps 2/3), or under =all.
+// at page 16 the flat plan where the device's bandwidth raises the share past 2/3 (an H200: 81%; an
+// H100 keeps 2/3 and fixed splits), fixed splits under MLA_ATTEND_FILL_BW=0, the flat plan under
+// MLA_ATTEND_FLAT=all; at page 1 (the row copies) fixed splits but under =all.
 TEST(FlatPlan, FillFromBandwidthStepMatchesCpu) {
   MLA_SKIP_WITHOUT_GPU("the bandwidth's fill rule's step");
   int sms = 0;
@@ -246,12 +251,17 @@ TEST(FlatPlan, FillFromBandwidthStepMatchesCpu) {
   const int per_mille = cuda::attend_fill_per_mille(cuda::device_peak_gbps(0), sms);
   SCOPED_TRACE("B = " + std::to_string(batch) + ", MLA_ATTEND_FLAT=" + mode + ", the device's share " +
                std::to_string(per_mille) + " per mille");
-  std::optional<bool> flat;
-  if (!testing::attend_rerouted())
-    flat = mode == "all" || ((mode.empty() || mode == "fill") && cuda::attend_fill_from_bandwidth() && per_mille > 0 &&
-                             !cuda::attend_fixed_fills_its_waves(2 * int64_t(batch), 2 * sms, false, per_mille));
-  testing::steps_match_cpu({{"kimi-k3", 12, 1, batch, 16, 320, false}}, DType::fp8_e4m3, DType::fp8_e4m3, 3710,
-                           testing::RowsKernel::kSixteen, {.spread = 8, .flat = flat});
+  const bool fill = mode.empty() || mode == "fill";
+  for (const int page : {16, 1}) {
+    SCOPED_TRACE("page " + std::to_string(page));
+    std::optional<bool> flat;
+    if (!testing::attend_rerouted() && page == 16)
+      flat = mode == "all" || (fill && cuda::attend_fill_from_bandwidth() && per_mille > 0 &&
+                               !cuda::attend_fixed_fills_its_waves(2 * int64_t(batch), 2 * sms, false, per_mille));
+    if (!testing::attend_rerouted() && page == 1 && fill) flat = false;  // (=all: flat where row copies, unchecked)
+    testing::steps_match_cpu({{"kimi-k3", 12, 1, batch, page, 320, false}}, DType::fp8_e4m3, DType::fp8_e4m3,
+                             3710 + page, testing::RowsKernel::kSixteen, {.spread = 8, .flat = flat});
+  }
 }
 
 }  // namespace
