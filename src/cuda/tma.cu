@@ -4,9 +4,29 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include "cuda/check.hpp"
 
 namespace mla::cuda {
+
+namespace {
+// The maps' L2 promotion: 256 bytes; MLA_TMA_L2_PROMOTION=128, 64 or none for an A/B (a measurement
+// switch, read once: CuTe's maps and FlashMLA's ask 128 bytes; session 39's reading of FlashMLA,
+// docs/attention.md, the bf16 kernel's queue item).
+CUtensorMapL2promotion l2_promotion() {
+  static const CUtensorMapL2promotion promotion = [] {
+    const char* env = std::getenv("MLA_TMA_L2_PROMOTION");
+    const std::string_view v = env ? env : "";
+    if (v == "none") return CU_TENSOR_MAP_L2_PROMOTION_NONE;
+    if (v == "64") return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
+    if (v == "128") return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+    return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  }();
+  return promotion;
+}
+}  // namespace
 
 CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t row_bytes, int64_t row_stride,
                                         int box_rows) {
@@ -27,7 +47,7 @@ CUtensorMap make_tensor_map_bytes_sw128(const void* base, int64_t rows, int64_t 
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            l2_promotion(), CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   MLA_REQUIRE(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed with CUresult ", int(r));
   return map;
 }
