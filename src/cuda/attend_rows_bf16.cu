@@ -146,12 +146,20 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // kRound (MLA_ROWS_BF16_ROUND=1, s35b, off): FlashMLA's round instead of v18c's (the loop below,
 // docs/attention.md "Against FlashMLA's schedule"). Session 37-38: tied with v18c (H200 D 337.1
 // against 336.2 us), its SASS twice v18c's (24056 instructions: the last rounds peeled into compile-
-// time copies) and 12.7% of its stall samples instruction fetches. s38b (prepared, not yet run on a
-// GPU): one round body a warpgroup, an odd segment's last round paired with a virtual tile (below):
-// ~13700 instructions, 255 registers, no spills, no serialized wgmma (nvcc 13.0).
-template <bool kRound = false>
+// time copies) and 12.7% of its stall samples instruction fetches. s38b: one round body a warpgroup,
+// an odd segment's last round paired with a virtual tile (below): ~13700 instructions, 255
+// registers, no spills, no serialized wgmma (nvcc 13.0); session 39 (H100): tests passed, 1-6%
+// slower than v18c (E 0.6% faster), so not the fetch stalls.
+// kLean (MLA_ROWS_BF16_LEAN=1, s39a, prepared off, not yet run on a GPU; v18c's loop only): at pages
+// of 64+ keys (one box a tile) lane 0 of warp 0 alone arms and issues a tile's parts, without
+// TmaTiles::issue's box arithmetic, warp reductions, lane loop and slots(p) division (~195 and ~160
+// SASS instructions in warp 0 for load(t + 1) and load(t + 2), on the softmax's and the next q.k's
+// path: session 39's reading, docs/attention.md); and a tile whose keys are all real skips
+// mask_scores' selects.
+template <bool kRound = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
+  static_assert(!(kRound && kLean), "kLean is v18c's");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -186,7 +194,46 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // This warpgroup's loads of tile j, in tile order (load_page: j's page id, loaded a tile ahead):
     // its dims' slabs, and the rope slab of a tile the other warpgroup owns.
     int32_t load_page = -1;
+    // kLean at pages of 64+ keys (slots(p) = 1: warp 0 issues): every lane of warp 0 computes the
+    // same values (made warp-uniform by a shuffle, so the boxes' operands sit in uniform registers
+    // without a loop over the lanes) and one elected lane arms and issues: the same bytes, key mask,
+    // bad-page report and next page id as TmaTiles::issue and page_of with one box a tile.
+    auto load_whole_tile = [&](int j) {
+      const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys;
+      const bool have = j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail;
+      const int32_t page = load_page;
+      const bool ok = warp_uniform(have && page >= 0 && page < p.num_pages);
+      const int y = warp_uniform(int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1))));
+      const uint32_t kv = uint32_t(warp_uniform(int(kv_of(j)))), bar = uint32_t(warp_uniform(int(bar_of(j, wg))));
+      const int64_t left = keys.k_end - j0;
+      if (ptx::elect_one()) {
+        if (have && !ok) atomicOr(p.error, kBadPage);
+        sm.key_mask[buffer(j)][wg][0] = ok ? (left >= kTileKeys ? ~0ull : (1ull << left) - 1) : 0ull;
+        tma::arrive_expect_tx(bar, ok ? uint32_t(kTileKeys * 128 * kDimSlabs) : 0u);
+        if (ok) {
+#pragma unroll
+          for (int s = kDimSlabs * wg; s < kDimSlabs * (wg + 1); ++s)
+            tma::load_2d(kv + s * kSlabBytes, &cache_map, 128 * s, y, bar);
+        }
+        if ((j & 1) != wg) {
+          const uint32_t rope_bar = bar + uint32_t(sizeof(uint64_t)) * (2 - wg);  // bar_of(j, 2): full[.][2]
+          tma::arrive_expect_tx(rope_bar, ok ? uint32_t(kTileKeys * 128) : 0u);
+          if (ok) tma::load_2d(kv + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
+        }
+      }
+      __syncwarp();
+      const int64_t j1 = j0 + kTileKeys;
+      load_page = j + 1 < n_tiles && j1 < keys.k_end && (j1 >> keys.page_shift) < keys.pages_avail
+                      ? p.kv_indices[keys.page_begin + (j1 >> keys.page_shift)]
+                      : -1;
+    };
     auto load = [&](int j) {
+      if constexpr (kLean) {
+        if (tiles.box_rows == kTileKeys) {
+          if (warp == 0) load_whole_tile(j);
+          return;
+        }
+      }
       if (!tiles.issues()) return;
       tiles.issue<kDimSlabs, false>(keys, j, load_page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp], kDimSlabs * wg);
       if ((j & 1) != wg) tiles.issue<1, false>(keys, j, load_page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
@@ -287,11 +334,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // Positions grow with the local index, so the tile's last key decides whether every row sees
     // all of it. Returns the tile's real keys.
     // (mask: tile t's real keys, key_mask(t); 0 for kRound's virtual tile past an odd segment's end)
+    // (kLean: a tile of real keys only skips the selects; the mask is the warpgroup's: a uniform branch)
     auto mask_scores = [&](int t, float (&s)[32], uint64_t mask) {
       const int64_t key0 = keys.k_begin + int64_t(t) * kTileKeys;
+      if (!kLean || mask != ~0ull) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i)
-        if (!((mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
+        for (int i = 0; i < 32; ++i)
+          if (!((mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
+      }
       if (position(key0 + kTileKeys - 1) > min_limit) {
 #pragma unroll
         for (int i = 0; i < 32; ++i)
@@ -664,28 +714,38 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
 }
 
 namespace {
-// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b).
+// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else MLA_ROWS_BF16_LEAN=1: v18c's kLean one (s39a).
+bool env_is_1(const char* name) {
+  const char* env = std::getenv(name);
+  return env && env[0] == '1' && env[1] == 0;
+}
 bool bf16_round_env() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ROWS_BF16_ROUND");
-    return env && env[0] == '1' && env[1] == 0;
-  }();
+  static const bool on = env_is_1("MLA_ROWS_BF16_ROUND");
   return on;
+}
+bool bf16_lean_env() {
+  static const bool on = env_is_1("MLA_ROWS_BF16_LEAN");
+  return on;
+}
+// The instance the switches choose.
+auto bf16_rows_kernel() {
+  return bf16_round_env() ? attend_rows_bf16_kernel<true>
+         : bf16_lean_env() ? attend_rows_bf16_kernel<false, true>
+                           : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 
 void prepare_attend_rows_bf16_kernel() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       bf16_rows_smem_bytes()));
-  if (bf16_round_env())
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        bf16_rows_smem_bytes()));
+  if (bf16_rows_kernel() != attend_rows_bf16_kernel<false>)
+    MLA_CUDA_CHECK(
+        cudaFuncSetAttribute(bf16_rows_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  if (bf16_round_env()) attend_rows_bf16_kernel<true><<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
-  else attend_rows_bf16_kernel<false><<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  bf16_rows_kernel()<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
 
