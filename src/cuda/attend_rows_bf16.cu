@@ -150,12 +150,12 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // an odd segment's last round paired with a virtual tile (below): ~13700 instructions, 255
 // registers, no spills, no serialized wgmma (nvcc 13.0); session 39 (H100): tests passed, 1-6%
 // slower than v18c (E 0.6% faster), so not the fetch stalls.
-// kLean (MLA_ROWS_BF16_LEAN=1, s39a, prepared off, not yet run on a GPU; v18c's loop only): at pages
-// of 64+ keys (one box a tile) lane 0 of warp 0 alone arms and issues a tile's parts, without
-// TmaTiles::issue's box arithmetic, warp reductions, lane loop and slots(p) division (~195 and ~160
-// SASS instructions in warp 0 for load(t + 1) and load(t + 2), on the softmax's and the next q.k's
-// path: session 39's reading, docs/attention.md); and a tile whose keys are all real skips
-// mask_scores' selects.
+// kLean (MLA_ROWS_BF16_LEAN=1, s39a, prepared off, not yet run on a GPU; v18c's loop only; under
+// MLA_ROWS_BF16_ROUND=1 too, kRound runs): at pages of 64+ keys (one box a tile) one elected lane
+// of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box arithmetic, warp
+// reductions, lane loop and slots(p) division (~195 and ~160 SASS instructions in warp 0 for
+// load(t + 1) and load(t + 2), on the softmax's and the next q.k's path: session 39's reading,
+// docs/attention.md); and a tile whose keys are all real skips mask_scores' selects.
 template <bool kRound = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -212,8 +212,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         tma::arrive_expect_tx(bar, ok ? uint32_t(kTileKeys * 128 * kDimSlabs) : 0u);
         if (ok) {
 #pragma unroll
-          for (int s = kDimSlabs * wg; s < kDimSlabs * (wg + 1); ++s)
-            tma::load_2d(kv + s * kSlabBytes, &cache_map, 128 * s, y, bar);
+          for (int s = 0; s < kDimSlabs; ++s) {
+            const int slab = kDimSlabs * wg + s;
+            tma::load_2d(kv + slab * kSlabBytes, &cache_map, 128 * slab, y, bar);
+          }
         }
         if ((j & 1) != wg) {
           const uint32_t rope_bar = bar + uint32_t(sizeof(uint64_t)) * (2 - wg);  // bar_of(j, 2): full[.][2]
