@@ -17,9 +17,6 @@
 
 namespace mla::cuda {
 
-namespace {
-// The value the environment variable `name` selects among `choices` (its text, the value); else
-// `fallback` (unset or another text).
 int env_choice(const char* name, std::initializer_list<std::pair<std::string_view, int>> choices, int fallback) {
   const char* env = std::getenv(name);
   if (env)
@@ -27,7 +24,6 @@ int env_choice(const char* name, std::initializer_list<std::pair<std::string_vie
       if (text == env) return value;
   return fallback;
 }
-}  // namespace
 
 int attend_kernel_mode() {
   static const int mode = env_choice("MLA_ATTEND_KERNEL", {{"mma", 0}, {"wgmma", 2}}, 1);

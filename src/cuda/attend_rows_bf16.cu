@@ -28,7 +28,6 @@
 // two rows). Shared memory: 2 buffers x 72 KB + the 64 KB query. Measured: docs/attention.md.
 #include <cuda_bf16.h>
 
-#include <cstdlib>
 #include <type_traits>
 
 #include "core/softmax_state.hpp"
@@ -717,16 +716,12 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
 
 namespace {
 // MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else MLA_ROWS_BF16_LEAN=1: v18c's kLean one (s39a).
-bool env_is_1(const char* name) {
-  const char* env = std::getenv(name);
-  return env && env[0] == '1' && env[1] == 0;
-}
 bool bf16_round_env() {
-  static const bool on = env_is_1("MLA_ROWS_BF16_ROUND");
+  static const bool on = env_choice("MLA_ROWS_BF16_ROUND", {{"1", 1}}, 0) == 1;
   return on;
 }
 bool bf16_lean_env() {
-  static const bool on = env_is_1("MLA_ROWS_BF16_LEAN");
+  static const bool on = env_choice("MLA_ROWS_BF16_LEAN", {{"1", 1}}, 0) == 1;
   return on;
 }
 // The instance the switches choose.

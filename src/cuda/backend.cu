@@ -384,7 +384,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   // x u32768 at page 1: 744.8 µs vs 863.1 on one-row TMA boxes, same lengths; H200), as the 16-row
   // kernel's cp.async tiles do (v22). Even batches gain nothing from it there (segment switches drain
   // the copies).
-  const bool tma = attend_wgmma_uses_tma(p) || attend_wgmma_row_copies(p);
+  const bool boxes = attend_wgmma_uses_tma(p), tma = boxes || attend_wgmma_row_copies(p);
   const bool copies_flat = !tma && !even && (!p.many_rows || attend_rows_gathers(p));
   const FlatMode mode = flat_plan_mode();
   // (kFill: even batches only, and where the wave bounded the split count, not the shortest split
@@ -395,7 +395,7 @@ void CudaBackend::attend(const TensorView& q, const KVCache& cache, const StepMe
   const bool fill_flat = even && mode == FlatMode::kFill && opts.num_splits == 0 &&
                          p.splits == plan_splits(p.batch, meta.qlen, kind, {}) &&
                          !attend_fixed_fills_its_waves(int64_t(p.batch) * shape.m_tiles * p.splits, shape.slots, shape.many_rows,
-                                                       shape.slots == 2 * sms_ && attend_wgmma_uses_tma(p) ? fill_per_mille_ : 0);
+                                                       shape.slots == 2 * sms_ && boxes ? fill_per_mille_ : 0);
   const bool even_flat = (!p.many_rows && mode == FlatMode::kAll) || fill_flat;
   const bool flat = step_partials && opts.dcp.size == 1 && p.batch > 1 && mode != FlatMode::kOff &&
                     (!even || even_flat) &&

@@ -8,7 +8,6 @@
 // partials: the `splits` at its own row, or with attend's flat plan (PostParams.part_first) the
 // run of partials its request's segments wrote.
 #include <cstdlib>
-#include <string_view>
 
 #include "core/softmax_state.hpp"
 #include "cuda/check.hpp"
@@ -487,11 +486,8 @@ __global__ void __launch_bounds__(kWideThreads, 2) post_mma_kernel(const __grid_
 }  // namespace
 
 bool post_clusters(int splits, int v_blocks) {
-  static const int mode = [] {  // MLA_POST_CLUSTER: 1 (unset: the default since session 38), 0, force
-    const char* env = std::getenv("MLA_POST_CLUSTER");
-    const std::string_view v = env ? env : "";
-    return v == "force" ? 2 : v == "0" ? 0 : 1;
-  }();
+  // MLA_POST_CLUSTER: 1 (unset: the default since session 38), 0, force
+  static const int mode = env_choice("MLA_POST_CLUSTER", {{"force", 2}, {"0", 0}}, 1);
   if (mode == 0 || v_blocks % kPostCluster != 0) return false;
   return mode == 2 || splits >= kPostClusterMinPartials;
 }

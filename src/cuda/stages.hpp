@@ -5,12 +5,19 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
 
 namespace mla::detail {
 class BackendImpl;
 }
 
 namespace mla::cuda {
+
+// The value the environment variable `name` selects among `choices` (its text, the value); else
+// `fallback` (unset or another text). The measurement switches read it once each (a static).
+int env_choice(const char* name, std::initializer_list<std::pair<std::string_view, int>> choices, int fallback);
 
 // The model dimensions the kernels fix (SPEC.md): cache and query rows of L + R = 576.
 inline constexpr int kLatent = 512;  // L

@@ -4,10 +4,8 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
-#include <cstdlib>
-#include <string_view>
-
 #include "cuda/check.hpp"
+#include "cuda/stages.hpp"
 
 namespace mla::cuda {
 
@@ -16,14 +14,11 @@ namespace {
 // switch, read once: CuTe's maps and FlashMLA's ask 128 bytes; session 39's reading of FlashMLA,
 // docs/attention.md, the bf16 kernel's queue item).
 CUtensorMapL2promotion l2_promotion() {
-  static const CUtensorMapL2promotion promotion = [] {
-    const char* env = std::getenv("MLA_TMA_L2_PROMOTION");
-    const std::string_view v = env ? env : "";
-    if (v == "none") return CU_TENSOR_MAP_L2_PROMOTION_NONE;
-    if (v == "64") return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
-    if (v == "128") return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-    return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  }();
+  static const auto promotion = CUtensorMapL2promotion(env_choice("MLA_TMA_L2_PROMOTION",
+                                                                  {{"none", CU_TENSOR_MAP_L2_PROMOTION_NONE},
+                                                                   {"64", CU_TENSOR_MAP_L2_PROMOTION_L2_64B},
+                                                                   {"128", CU_TENSOR_MAP_L2_PROMOTION_L2_128B}},
+                                                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B));
   return promotion;
 }
 }  // namespace
