@@ -149,12 +149,17 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // an odd segment's last round paired with a virtual tile (below): ~13700 instructions, 255
 // registers, no spills, no serialized wgmma (nvcc 13.0); session 39 (H100): tests passed, 1-6%
 // slower than v18c (E 0.6% faster), so not the fetch stalls.
-// kLean (MLA_ROWS_BF16_LEAN=1, s39a, prepared off, not yet run on a GPU; v18c's loop only; under
-// MLA_ROWS_BF16_ROUND=1 too, kRound runs): at pages of 64+ keys (one box a tile) one elected lane
-// of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box arithmetic, warp
+// kLean (s39a, the default since session 40; MLA_ROWS_BF16_LEAN=0: v18c as before; v18c's loop
+// only: under MLA_ROWS_BF16_ROUND=1 kRound runs): at pages of 64+ keys (one box a tile) one elected
+// lane of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box arithmetic, warp
 // reductions, lane loop and slots(p) division (~195 and ~160 SASS instructions in warp 0 for
 // load(t + 1) and load(t + 2), on the softmax's and the next q.k's path: session 39's reading,
-// docs/attention.md); and a tile whose keys are all real skips mask_scores' selects.
+// docs/attention.md); and a tile whose keys are all real skips mask_scores' selects. Session 40,
+// each twice against v18c: H200 D 337.0 -> 290.5 us, F 204.6 -> 176.8, G 185.4 -> 162.6, 96 heads
+// 327.6 -> 284.2, uneven 704 -> 634, E 2599 -> 2301, page 16 (TmaTiles::issue either way) equal;
+// H100 8.7-11.7% at D, G, 96 heads, uneven, E, F 1.3%. (The one-box issue stays a lambda here
+// beside TmaTiles::issue: its rope part shares the tile's page row and one elected lane with the
+// dims' part, which TmaTiles' one-part-a-call interface does not express.)
 template <bool kRound = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -715,13 +720,14 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
 }
 
 namespace {
-// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else MLA_ROWS_BF16_LEAN=1: v18c's kLean one (s39a).
+// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else v18c's kLean one (s39a) unless
+// MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every page size).
 bool bf16_round_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_ROUND", {{"1", 1}}, 0) == 1;
   return on;
 }
 bool bf16_lean_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_LEAN", {{"1", 1}}, 0) == 1;
+  static const bool on = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}}, 1) == 1;
   return on;
 }
 // The instance the switches choose.

@@ -10,15 +10,18 @@
 namespace mla::cuda {
 
 namespace {
-// The maps' L2 promotion: 256 bytes; MLA_TMA_L2_PROMOTION=128, 64 or none for an A/B (a measurement
-// switch, read once: CuTe's maps and FlashMLA's ask 128 bytes; session 39's reading of FlashMLA,
-// docs/attention.md, the bf16 kernel's queue item).
+// The maps' L2 promotion: 128 bytes (as CuTe's maps and FlashMLA's; session 39's reading of
+// FlashMLA, docs/attention.md); MLA_TMA_L2_PROMOTION=256, 64 or none for an A/B (a measurement
+// switch, read once). Session 40 (H200, each twice): 128 against 256 made B 81.6 -> 80.0 us, C
+// 288.7 -> 281.6, B64 81.5 -> 80.0, the uneven batch 157.6 -> 155.9, page 16 84.8 -> 84.0; D, F, G,
+// 96 heads, 128K, page 1 and the bf16 kernel within 0.5%.
 CUtensorMapL2promotion l2_promotion() {
   static const auto promotion = CUtensorMapL2promotion(env_choice("MLA_TMA_L2_PROMOTION",
                                                                   {{"none", CU_TENSOR_MAP_L2_PROMOTION_NONE},
                                                                    {"64", CU_TENSOR_MAP_L2_PROMOTION_L2_64B},
-                                                                   {"128", CU_TENSOR_MAP_L2_PROMOTION_L2_128B}},
-                                                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B));
+                                                                   {"128", CU_TENSOR_MAP_L2_PROMOTION_L2_128B},
+                                                                   {"256", CU_TENSOR_MAP_L2_PROMOTION_L2_256B}},
+                                                                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B));
   return promotion;
 }
 }  // namespace
