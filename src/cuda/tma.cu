@@ -12,8 +12,8 @@ namespace mla::cuda {
 namespace {
 // The maps' L2 promotion: 128 bytes (as CuTe's maps and FlashMLA's; session 39's reading of
 // FlashMLA, docs/attention.md); MLA_TMA_L2_PROMOTION=256, 64 or none for an A/B (a measurement
-// switch, read once). Session 40 (H200, each twice): 128 against 256 made B 81.6 -> 80.0 us, C
-// 288.7 -> 281.6, B64 81.5 -> 80.0, the uneven batch 157.6 -> 155.9, page 16 84.8 -> 84.0; D, F, G,
+// switch, read once). Session 40 (H200, each twice): 128 against 256 made B 288.7 -> 281.6 us,
+// C 81.5 -> 80.0, B64 81.6 -> 80.0, the uneven batch 157.6 -> 155.9, page 16 84.8 -> 84.0; D, F, G,
 // 96 heads, 128K, page 1 and the bf16 kernel within 0.5%.
 CUtensorMapL2promotion l2_promotion() {
   static const auto promotion = CUtensorMapL2promotion(env_choice("MLA_TMA_L2_PROMOTION",
