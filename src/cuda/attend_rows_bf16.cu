@@ -317,7 +317,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     QueryRowsBf16 query;
     query.load(p, b, m_base, rows_total, tid_q);
     if (n_tiles > 0 && tiles.issues()) {
-      load_page = kLeanBoxes && lean_boxes ? box_page(0) : tiles.page_of(keys, 0);
+      // (lean_boxes: warp 0 alone issues, so the other warps load no page ids)
+      load_page = kLeanBoxes && lean_boxes ? (warp == 0 ? box_page(0) : -1) : tiles.page_of(keys, 0);
       load(0);
       if (n_tiles > 1) load(1);
     }
