@@ -723,6 +723,17 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         }
       }
     } else {
+    // A reload of a buffer whose readers are done (the wgmma waits before each). Under
+    // -DMLA_BF16_GROUP_SYNC (a diagnostic build: scripts/device-check cluster-race with
+    // MLA_DC_RACE_DIAGS=gsync:MLA_BF16_GROUP_SYNC) the warpgroup meets first, so warps 1-3's reads of
+    // the buffer's key mask and of m_pub come before warp 0's issue by a barrier, not only by the
+    // warpgroup's MMAs (docs/attention.md, "The racecheck reports").
+    auto reload = [&](int j) {
+#ifdef MLA_BF16_GROUP_SYNC
+      ptx::named_sync(kBarGroup + wg, 128);
+#endif
+      load(j);
+    };
     int t = wg;
     if (wg == 0 && n_tiles > 0) {
       float s[32];
@@ -730,7 +741,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::wait<0>();
       own(0, s);
       wgmma::wait<0>();
-      if (2 < n_tiles) load(2);
+      if (2 < n_tiles) reload(2);
       t = 2;
     }
     for (; t < n_tiles; t += 2) {
@@ -738,10 +749,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       qk(t, s);
       pv_other(t - 1);
       wgmma::wait<0>();
-      if (t + 1 < n_tiles) load(t + 1);
+      if (t + 1 < n_tiles) reload(t + 1);
       own(t, s);
       wgmma::wait<0>();
-      if (t + 2 < n_tiles) load(t + 2);
+      if (t + 2 < n_tiles) reload(t + 2);
     }
     if (t == n_tiles && t >= 1) pv_other(t - 1);
     }
