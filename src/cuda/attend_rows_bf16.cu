@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     query.load(p, b, m_base, rows_total, tid_q);
     if (n_tiles > 0 && tiles.issues()) {
       // (lean_boxes: warp 0 alone issues, so the other warps load no page ids)
-      load_page = kLeanBoxes && lean_boxes ? (warp == 0 ? box_page(0) : -1) : tiles.page_of(keys, 0);
+      load_page = lean_boxes ? (warp == 0 ? box_page(0) : -1) : tiles.page_of(keys, 0);
       load(0);
       if (n_tiles > 1) load(1);
     }
@@ -817,12 +817,9 @@ auto bf16_rows_kernel() {
 }
 }  // namespace
 
-void prepare_attend_rows_bf16_kernel() {
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      bf16_rows_smem_bytes()));
-  if (bf16_rows_kernel() != attend_rows_bf16_kernel<false>)
-    MLA_CUDA_CHECK(
-        cudaFuncSetAttribute(bf16_rows_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
+void prepare_attend_rows_bf16_kernel() {  // (the one instance launch_attend_rows_bf16 launches)
+  MLA_CUDA_CHECK(
+      cudaFuncSetAttribute(bf16_rows_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
