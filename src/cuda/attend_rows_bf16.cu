@@ -160,16 +160,13 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // H100 8.7-11.7% at D, G, 96 heads, uneven, E, F 1.3%. (The one-box issue stays a lambda here
 // beside TmaTiles::issue: its rope part shares the tile's page row and one elected lane with the
 // dims' part, which TmaTiles' one-part-a-call interface does not express.)
-// kLeanBoxes (MLA_ROWS_BF16_LEAN=2, s40b, prepared off, not yet run on a GPU; kLean's instance): the
-// lean issue at pages of 8-32 keys too (2-8 boxes a tile, TmaTiles::issue in all four warps of a
-// warpgroup before: page 16's D 337 us against page 64's 290, session 40): warp 0 alone, lane l
-// holding box l's page id (loaded a tile ahead), one elected lane arming each part once (the
-// mbarriers then expect one arrival a part at every page of 8+ keys) and issuing the boxes in turn.
-template <bool kRound = false, bool kLean = false, bool kLeanBoxes = false>
+// (s40b, the lean issue at pages of 8-32 keys too, warp 0 alone issuing a tile's 2-8 boxes, lost on
+// an H100 in session 41: page 8 356 -> 419-426 us at D, pages 16 and 32 within noise; its code is at
+// a5a6497, MLA_ROWS_BF16_LEAN=2.)
+template <bool kRound = false, bool kLean = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!(kRound && kLean), "kLean is v18c's");
-  static_assert(!kLeanBoxes || kLean, "kLeanBoxes is kLean's");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -182,12 +179,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   const int row0 = 16 * warp + g;  // this thread's rows: row0 (h = 0) and row0 + 8 (h = 1)
   const CtaWork cta(p, kRowsM, tid);
   const int rows_total = cta.rows_total, m_base = cta.m_base;
-  // kLeanBoxes at pages of 8-32 keys: warp 0 issues a part's boxes with one arrival.
-  const bool lean_boxes = kLeanBoxes && p.page_size >= 8 && p.page_size < kTileKeys;
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) {
-      for (int part = 0; part < 3; ++part)
-        tma::mbarrier_init(ptx::smem_addr(&sm.full[b][part]), lean_boxes ? 1 : TmaTiles::slots(p));
+      for (int part = 0; part < 3; ++part) tma::mbarrier_init(ptx::smem_addr(&sm.full[b][part]), TmaTiles::slots(p));
       for (int w = 0; w < kGroups; ++w)
         for (int k = 0; k < 4; ++k) sm.key_mask[b][w][k] = 0;  // slots past TmaTiles::slots(p) stay 0
     }
@@ -242,67 +236,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
                       ? p.kv_indices[keys.page_begin + (j1 >> keys.page_shift)]
                       : -1;
     };
-    // kLeanBoxes at pages of 8-32 keys (lean_boxes): lane l of warp 0 holds box l's page id
-    // (load_page: tile j's, loaded a tile ahead), as TmaTiles::page_of with one warp for all boxes.
-    auto box_page = [&](int j) -> int32_t {
-      const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys + int64_t(lane) * tiles.box_rows;
-      if (lane >= tiles.boxes || j >= n_tiles || j0 >= keys.k_end) return -1;
-      const int64_t i = j0 >> keys.page_shift;
-      return i < keys.pages_avail ? p.kv_indices[keys.page_begin + i] : -1;
-    };
-    // Warp 0's issue of tile j's parts at pages of 8-32 keys: every lane checks its box, one elected
-    // lane writes the key mask, arms the part (and the rope part of a tile the other warpgroup owns)
-    // with the bytes of the boxes issued and reports a bad page; then the boxes go out one at a time
-    // with warp-uniform rows (a shuffle each), by an elected lane (TmaTiles::issue's uniform form).
-    auto load_boxes = [&](int j) {
-      const int rows = tiles.box_rows;
-      const int64_t jt = keys.k_begin + int64_t(j) * kTileKeys, j0 = jt + int64_t(lane) * rows;
-      const bool have = lane < tiles.boxes && j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail;
-      const int32_t page = load_page;
-      const bool ok = have && page >= 0 && page < p.num_pages;
-      const uint32_t oks = __ballot_sync(~0u, ok);
-      const bool bad = __any_sync(~0u, have && !ok);
-      const uint64_t mine = ok ? ((1ull << rows) - 1) << (lane * rows) : 0ull;  // (ok: lane * rows < 64)
-      const uint64_t loaded = uint64_t(__reduce_or_sync(~0u, uint32_t(mine >> 32))) << 32 | __reduce_or_sync(~0u, uint32_t(mine));
-      const int y = int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1)));
-      const uint32_t kv = uint32_t(warp_uniform(int(kv_of(j)))), bar = uint32_t(warp_uniform(int(bar_of(j, wg))));
-      const uint32_t rope_bar = bar + uint32_t(sizeof(uint64_t)) * (2 - wg);  // bar_of(j, 2): full[.][2]
-      const bool rope = (j & 1) != wg;
-      const uint32_t bytes = uint32_t(__popc(oks)) * uint32_t(rows) * 128u;
-      if (ptx::elect_one()) {
-        if (bad) atomicOr(p.error, kBadPage);
-        const int64_t left = keys.k_end - jt;
-        sm.key_mask[buffer(j)][wg][0] = loaded & (left >= kTileKeys ? ~0ull : (1ull << left) - 1);
-        tma::arrive_expect_tx(bar, bytes * kDimSlabs);
-        if (rope) tma::arrive_expect_tx(rope_bar, bytes);
-      }
-      __syncwarp();
-#pragma unroll 1
-      for (int k = 0; k < tiles.boxes; ++k) {
-        const int yk = __shfl_sync(~0u, y, k);
-        if (((oks >> k) & 1) && ptx::elect_one()) {
-          const uint32_t at = kv + uint32_t(k * rows * 128);
-#pragma unroll
-          for (int s = 0; s < kDimSlabs; ++s) {
-            const int slab = kDimSlabs * wg + s;
-            tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, yk, bar);
-          }
-          if (rope) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, yk, rope_bar);
-        }
-        __syncwarp();
-      }
-      load_page = box_page(j + 1);
-    };
     auto load = [&](int j) {
       if constexpr (kLean) {
         if (tiles.box_rows == kTileKeys) {
           if (warp == 0) load_whole_tile(j);
-          return;
-        }
-      }
-      if constexpr (kLeanBoxes) {
-        if (lean_boxes) {
-          if (warp == 0) load_boxes(j);
           return;
         }
       }
@@ -317,8 +254,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     QueryRowsBf16 query;
     query.load(p, b, m_base, rows_total, tid_q);
     if (n_tiles > 0 && tiles.issues()) {
-      // (lean_boxes: warp 0 alone issues, so the other warps load no page ids)
-      load_page = lean_boxes ? (warp == 0 ? box_page(0) : -1) : tiles.page_of(keys, 0);
+      load_page = tiles.page_of(keys, 0);
       load(0);
       if (n_tiles > 1) load(1);
     }
@@ -723,15 +659,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         }
       }
     } else {
-    // A reload of a buffer whose readers are done (the wgmma waits before each). Under
-    // -DMLA_BF16_GROUP_SYNC (a diagnostic build: scripts/device-check cluster-race with
-    // MLA_DC_RACE_DIAGS=gsync:MLA_BF16_GROUP_SYNC) the warpgroup meets first, so warps 1-3's reads of
-    // the buffer's key mask and of m_pub come before warp 0's issue by a barrier, not only by the
-    // warpgroup's MMAs (docs/attention.md, "The racecheck reports").
+    // A reload of a buffer whose readers are done (the wgmma waits before each). The warpgroup
+    // meets first (s41b, a named barrier of its 128 threads), so warps 1-3's reads of the buffer's key
+    // mask come before warp 0's issue (which writes the next mask) by a barrier, not only by the
+    // warpgroup's MMAs: compute-sanitizer racecheck's key-mask reports on ManyRows.Bf16StepMatchesCpu
+    // went (session 41, H100: 40 lines -> 28, the rest m_pub's and red[]'s, docs/attention.md "The
+    // racecheck reports"), at D, F, G within 0.5% of the time without it.
     auto reload = [&](int j) {
-#ifdef MLA_BF16_GROUP_SYNC
       ptx::named_sync(kBarGroup + wg, 128);
-#endif
       load(j);
     };
     int t = wg;
@@ -799,21 +734,20 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
 
 namespace {
 // MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else v18c's kLean one (s39a) unless
-// MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every page size) or =2 (kLeanBoxes, s40b).
+// MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every page size).
 bool bf16_round_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_ROUND", {{"1", 1}}, 0) == 1;
   return on;
 }
-int bf16_lean_env() {
-  static const int lean = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}, {"2", 2}}, 1);
-  return lean;
+bool bf16_lean_env() {
+  static const bool on = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}}, 1) == 1;
+  return on;
 }
 // The instance the switches choose.
 auto bf16_rows_kernel() {
-  return bf16_round_env()          ? attend_rows_bf16_kernel<true>
-         : bf16_lean_env() == 2   ? attend_rows_bf16_kernel<false, true, true>
-         : bf16_lean_env() == 1   ? attend_rows_bf16_kernel<false, true>
-                                  : attend_rows_bf16_kernel<false>;
+  return bf16_round_env() ? attend_rows_bf16_kernel<true>
+         : bf16_lean_env() ? attend_rows_bf16_kernel<false, true>
+                           : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 

@@ -1,7 +1,7 @@
 // A page id past the cache inside one request's page list, on the attend paths whose tile issue
 // checks it per box (the bf16 many-rows kernel at every page size it boxes: one-row and two-row
-// boxes by TmaTiles::issue, pages of 8-32 keys by TmaTiles::issue or, under MLA_ROWS_BF16_LEAN=2,
-// the lean boxes issue, pages of 64+ keys by the lean one-box issue), in even batches (fixed
+// boxes and pages of 8-32 keys by TmaTiles::issue, pages of 64+ keys by the lean one-box issue or,
+// under MLA_ROWS_BF16_LEAN=0, TmaTiles::issue), in even batches (fixed
 // splits) and uneven ones (where the plan may share key-CTAs across requests): the step reports it
 // (kBadPage), never reads the page (every output finite), and every other request's output is the
 // CPU's on the good page list. (CudaBackend.BadDeviceMetadataIsReportedAndNotWritten puts a bad id
