@@ -664,7 +664,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // mask come before warp 0's issue (which writes the next mask) by a barrier, not only by the
     // warpgroup's MMAs: compute-sanitizer racecheck's key-mask reports on ManyRows.Bf16StepMatchesCpu
     // went (session 41, H100: 40 lines -> 28, the rest m_pub's and red[]'s, docs/attention.md "The
-    // racecheck reports"), at D, F, G within 0.5% of the time without it.
+    // racecheck reports"); H100 session 41: bf16 G 1.2% slower, D and F within noise.
     auto reload = [&](int j) {
       ptx::named_sync(kBarGroup + wg, 128);
       load(j);
