@@ -444,7 +444,15 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, pa[ks][e]);
         }
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
+#ifdef MLA_BF16_PUBLISH_SYNC
+      // Diagnostic (session 41, never run): the publisher waits at its barrier too (bar.sync, not
+      // bar.arrive), so the other warpgroup's reads of m_pub in pv_other(t - 1) come before this write of
+      // m_pub by two full barriers. racecheck's m_pub lines going would say it does not count bar.arrive's
+      // order; the schedule becomes a lock step (no deadlock: each warpgroup's pv_other follows one q.k).
+      ptx::named_sync(kBarPublished + wg, kThreadsB);
+#else
       ptx::named_arrive(kBarPublished + wg, kThreadsB);
+#endif
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
         rescale(alpha);
