@@ -79,17 +79,22 @@ constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, fals
 // 3-4% faster with 2-step copies, but racecheck reported hazards between the multicast copies and
 // the peer's reads on the long step test, not yet understood). MLA_ROWS_ROW_COPIES=0: boxes
 // everywhere; =1 or =2: copies in every page-1 CTA, clusters and 64 rows included, in groups of
-// that many steps.
+// that many steps; =3 (s41c, prepared off, not yet run: no new kernel, session 33's 2-step cluster
+// instance): the default and the 48-row clusters too (G and 96 heads at page 1), the 64-row ones
+// (D) staying on boxes. Since session 40 racecheck draws the same report from the 16-row kernel's
+// lone-CTA row copies on the default path (docs/attention.md, "The racecheck reports"), so the
+// clusters' report no longer singles them out.
 int rows_row_copies_env() {
   static const int n = env_int("MLA_ROWS_ROW_COPIES", -1);
-  static const int mode = n == 0 || n == 1 || n == 2 ? n : -1;  // -1: the default
+  static const int mode = n >= 0 && n <= 3 ? n : -1;  // -1: the default
   return mode;
 }
 // Whether a page-1 CTA of kRowsN rows (in a 2-CTA cluster or not) takes the row copies.
 template <int kRowsN>
 bool rows_row_copies(bool cluster) {
   const int mode = rows_row_copies_env();
-  return mode > 0 || (mode < 0 && !cluster && kRowsN < 64);
+  if (mode == 3) return cluster ? kRowsN == 48 : kRowsN < 64;
+  return mode == 1 || mode == 2 || (mode < 0 && !cluster && kRowsN < 64);
 }
 template <int kRowsN, int kSteps, bool kCluster = false>
 constexpr auto kRowCopyKernel =
@@ -169,7 +174,8 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
   const cudaLaunchConfig_t cfg = pair_config(grid, smem, stream, attr);
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernel, p, map));
 }
-// The row-copy instance of a height for MLA_ROWS_ROW_COPIES's group steps (1, or 2 as by default).
+// The row-copy instance of a height for MLA_ROWS_ROW_COPIES's group steps (1, or 2 as by default and
+// under =3).
 // (64 rows: 1-step groups whatever the switch says: 2-step groups of both tiles spill 38 local loads
 // and 19 stores in its pair loop.)
 template <int kRowsN, bool kCluster>
