@@ -163,10 +163,17 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // (s40b, the lean issue at pages of 8-32 keys too, warp 0 alone issuing a tile's 2-8 boxes, lost on
 // an H100 in session 41: page 8 356 -> 419-426 us at D, pages 16 and 32 within noise; its code is at
 // a5a6497, MLA_ROWS_BF16_LEAN=2.)
-template <bool kRound = false, bool kLean = false>
+// kLeanWarps (MLA_ROWS_BF16_LEAN=3, s41d, prepared off, not yet run on a GPU; kLean's instance): at
+// pages of 16 and 32 keys (2-4 boxes a tile, one an issuing warp, as TmaTiles gives them) each warp
+// issues its own box as load_whole_tile does its tile: warp-uniform operands, one elected lane arming
+// and issuing, no box index, warp reductions or lane loop; the mbarriers expect slots(p) arrivals as
+// before. s40b put all boxes in warp 0 (serial: page 8 lost 18%); this keeps the four warps' issue in
+// parallel and cuts each one's chain (D page 16 337 us against page 64's 290 on the H200, session 40).
+template <bool kRound = false, bool kLean = false, bool kLeanWarps = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!(kRound && kLean), "kLean is v18c's");
+  static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -236,10 +243,57 @@ __global__ void __launch_bounds__(kThreadsB, 1)
                       ? p.kv_indices[keys.page_begin + (j1 >> keys.page_shift)]
                       : -1;
     };
+    // kLeanWarps at pages of 16 and 32 keys (lean_warps): warp w < boxes issues box w of tile j (every
+    // lane alike, load_page warp-uniform: box w's page id, loaded a tile ahead by warp_box_page), the
+    // same bytes, key mask slot, arrivals and bad-page report as TmaTiles::issue with one box a warp.
+    const bool lean_warps = kLeanWarps && tiles.boxes > 1 && tiles.boxes <= 4;
+    auto warp_box_page = [&](int j) -> int32_t {
+      const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys + int64_t(warp) * tiles.box_rows;
+      return j < n_tiles && j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail
+                 ? p.kv_indices[keys.page_begin + (j0 >> keys.page_shift)]
+                 : -1;
+    };
+    auto load_warp_box = [&](int j) {
+      const int rows = tiles.box_rows;
+      const int64_t jt = keys.k_begin + int64_t(j) * kTileKeys, j0 = jt + int64_t(warp) * rows;
+      const bool have = j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail;
+      const int32_t page = load_page;
+      const bool ok = warp_uniform(have && page >= 0 && page < p.num_pages);
+      const int y = warp_uniform(int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1))));
+      const uint32_t at = uint32_t(warp_uniform(int(kv_of(j)))) + uint32_t(warp * rows * 128);
+      const uint32_t bar = uint32_t(warp_uniform(int(bar_of(j, wg))));
+      const int64_t left = keys.k_end - jt;
+      if (ptx::elect_one()) {
+        if (have && !ok) atomicOr(p.error, kBadPage);
+        const uint64_t mine = ok ? ((1ull << rows) - 1) << (warp * rows) : 0ull;  // (rows <= 32)
+        sm.key_mask[buffer(j)][wg][warp] = mine & (left >= kTileKeys ? ~0ull : (1ull << left) - 1);
+        tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
+        if (ok) {
+#pragma unroll
+          for (int s = 0; s < kDimSlabs; ++s) {
+            const int slab = kDimSlabs * wg + s;
+            tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, bar);
+          }
+        }
+        if ((j & 1) != wg) {
+          const uint32_t rope_bar = bar + uint32_t(sizeof(uint64_t)) * (2 - wg);  // bar_of(j, 2): full[.][2]
+          tma::arrive_expect_tx(rope_bar, ok ? uint32_t(rows * 128) : 0u);
+          if (ok) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
+        }
+      }
+      __syncwarp();
+      load_page = warp_box_page(j + 1);
+    };
     auto load = [&](int j) {
       if constexpr (kLean) {
         if (tiles.box_rows == kTileKeys) {
           if (warp == 0) load_whole_tile(j);
+          return;
+        }
+      }
+      if constexpr (kLeanWarps) {
+        if (lean_warps) {
+          if (warp < tiles.boxes) load_warp_box(j);
           return;
         }
       }
@@ -254,7 +308,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     QueryRowsBf16 query;
     query.load(p, b, m_base, rows_total, tid_q);
     if (n_tiles > 0 && tiles.issues()) {
-      load_page = tiles.page_of(keys, 0);
+      load_page = kLeanWarps && lean_warps ? warp_box_page(0) : tiles.page_of(keys, 0);
       load(0);
       if (n_tiles > 1) load(1);
     }
@@ -742,20 +796,21 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
 
 namespace {
 // MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else v18c's kLean one (s39a) unless
-// MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every page size).
+// MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every page size) or =3 (kLeanWarps, s41d).
 bool bf16_round_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_ROUND", {{"1", 1}}, 0) == 1;
   return on;
 }
-bool bf16_lean_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}}, 1) == 1;
-  return on;
+int bf16_lean_env() {
+  static const int lean = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}, {"3", 3}}, 1);
+  return lean;
 }
 // The instance the switches choose.
 auto bf16_rows_kernel() {
-  return bf16_round_env() ? attend_rows_bf16_kernel<true>
-         : bf16_lean_env() ? attend_rows_bf16_kernel<false, true>
-                           : attend_rows_bf16_kernel<false>;
+  return bf16_round_env()        ? attend_rows_bf16_kernel<true>
+         : bf16_lean_env() == 3 ? attend_rows_bf16_kernel<false, true, true>
+         : bf16_lean_env() == 1 ? attend_rows_bf16_kernel<false, true>
+                                : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 
