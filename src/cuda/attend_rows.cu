@@ -181,7 +181,7 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
 template <int kRowsN, bool kCluster>
 void launch_row_copies(const AttendParams& p, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
   if constexpr (kRowsN < 64) {
-    if (rows_row_copies_env() != 1) {  // (2, or the default)
+    if (rows_row_copies_env() != 1) {  // (2, 3, or the default)
       if constexpr (kCluster) launch_rows_cluster<kRowCopyKernel<kRowsN, 2, true>>(p, map, grid, smem, stream);
       else kRowCopyKernel<kRowsN, 2><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
       return;
