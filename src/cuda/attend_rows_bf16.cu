@@ -208,6 +208,24 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // This warpgroup's loads of tile j, in tile order (load_page: j's page id, loaded a tile ahead):
     // its dims' slabs, and the rope slab of a tile the other warpgroup owns.
     int32_t load_page = -1;
+    // The elected lane's part of a lean issue (load_whole_tile, load_warp_box): arm tile j's dims part
+    // with `rows` key rows' bytes where ok (0 where not: the arrival still counts) and issue them into
+    // shared address `at` from cache row y; the same for the rope part of a tile the other warpgroup owns.
+    auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok, int rows) {
+      tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
+      if (ok) {
+#pragma unroll
+        for (int s = 0; s < kDimSlabs; ++s) {
+          const int slab = kDimSlabs * wg + s;
+          tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, bar);
+        }
+      }
+      if ((j & 1) != wg) {
+        const uint32_t rope_bar = bar + uint32_t(sizeof(uint64_t)) * (2 - wg);  // bar_of(j, 2): full[.][2]
+        tma::arrive_expect_tx(rope_bar, ok ? uint32_t(rows * 128) : 0u);
+        if (ok) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
+      }
+    };
     // kLean at pages of 64+ keys (slots(p) = 1: warp 0 issues): every lane of warp 0 computes the
     // same values (made warp-uniform by a shuffle, so the boxes' operands sit in uniform registers
     // without a loop over the lanes) and one elected lane arms and issues: the same bytes, key mask,
@@ -223,19 +241,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if (ptx::elect_one()) {
         if (have && !ok) atomicOr(p.error, kBadPage);
         sm.key_mask[buffer(j)][wg][0] = ok ? (left >= kTileKeys ? ~0ull : (1ull << left) - 1) : 0ull;
-        tma::arrive_expect_tx(bar, ok ? uint32_t(kTileKeys * 128 * kDimSlabs) : 0u);
-        if (ok) {
-#pragma unroll
-          for (int s = 0; s < kDimSlabs; ++s) {
-            const int slab = kDimSlabs * wg + s;
-            tma::load_2d(kv + slab * kSlabBytes, &cache_map, 128 * slab, y, bar);
-          }
-        }
-        if ((j & 1) != wg) {
-          const uint32_t rope_bar = bar + uint32_t(sizeof(uint64_t)) * (2 - wg);  // bar_of(j, 2): full[.][2]
-          tma::arrive_expect_tx(rope_bar, ok ? uint32_t(kTileKeys * 128) : 0u);
-          if (ok) tma::load_2d(kv + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
-        }
+        issue_rows(j, kv, bar, y, ok, kTileKeys);
       }
       __syncwarp();
       const int64_t j1 = j0 + kTileKeys;
@@ -267,19 +273,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         if (have && !ok) atomicOr(p.error, kBadPage);
         const uint64_t mine = ok ? ((1ull << rows) - 1) << (warp * rows) : 0ull;  // (rows <= 32)
         sm.key_mask[buffer(j)][wg][warp] = mine & (left >= kTileKeys ? ~0ull : (1ull << left) - 1);
-        tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
-        if (ok) {
-#pragma unroll
-          for (int s = 0; s < kDimSlabs; ++s) {
-            const int slab = kDimSlabs * wg + s;
-            tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, bar);
-          }
-        }
-        if ((j & 1) != wg) {
-          const uint32_t rope_bar = bar + uint32_t(sizeof(uint64_t)) * (2 - wg);  // bar_of(j, 2): full[.][2]
-          tma::arrive_expect_tx(rope_bar, ok ? uint32_t(rows * 128) : 0u);
-          if (ok) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
-        }
+        issue_rows(j, at, bar, y, ok, rows);
       }
       __syncwarp();
       load_page = warp_box_page(j + 1);
