@@ -84,9 +84,8 @@ constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, fals
 // (D) staying on boxes. Since session 40 racecheck draws the same report from the 16-row kernel's
 // lone-CTA row copies on the default path (docs/attention.md, "The racecheck reports"), so the
 // clusters' report no longer singles them out.
-int rows_row_copies_env() {
-  static const int n = env_int("MLA_ROWS_ROW_COPIES", -1);
-  static const int mode = n >= 0 && n <= 3 ? n : -1;  // -1: the default
+int rows_row_copies_env() {  // -1: the default
+  static const int mode = env_choice("MLA_ROWS_ROW_COPIES", {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}}, -1);
   return mode;
 }
 // Whether a page-1 CTA of kRowsN rows (in a 2-CTA cluster or not) takes the row copies.

@@ -252,6 +252,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // kLeanWarps at pages of 16 and 32 keys (lean_warps): warp w < boxes issues box w of tile j (every
     // lane alike, load_page warp-uniform: box w's page id, loaded a tile ahead by warp_box_page), the
     // same bytes, key mask slot, arrivals and bad-page report as TmaTiles::issue with one box a warp.
+    // (warp_box_page repeats load_whole_tile's next-page test with the warp's box offset: one lambda
+    // for both changed the measured lean instance's SASS, session 41's review, so they stay apart.)
     const bool lean_warps = kLeanWarps && tiles.boxes > 1 && tiles.boxes <= 4;
     auto warp_box_page = [&](int j) -> int32_t {
       const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys + int64_t(warp) * tiles.box_rows;
