@@ -163,12 +163,16 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // (s40b, the lean issue at pages of 8-32 keys too, warp 0 alone issuing a tile's 2-8 boxes, lost on
 // an H100 in session 41: page 8 356 -> 419-426 us at D, pages 16 and 32 within noise; its code is at
 // a5a6497, MLA_ROWS_BF16_LEAN=2.)
-// kLeanWarps (MLA_ROWS_BF16_LEAN=3, s41d, prepared off, not yet run on a GPU; kLean's instance): at
+// kLeanWarps (s41d, the default since session 42; MLA_ROWS_BF16_LEAN=1: kLean alone; kLean's instance): at
 // pages of 16 and 32 keys (2-4 boxes a tile, one an issuing warp, as TmaTiles gives them) each warp
 // issues its own box as load_whole_tile does its tile: warp-uniform operands, one elected lane arming
 // and issuing, no box index, warp reductions or lane loop; the mbarriers expect slots(p) arrivals as
 // before. s40b put all boxes in warp 0 (serial: page 8 lost 18%); this keeps the four warps' issue in
-// parallel and cuts each one's chain (D page 16 337 us against page 64's 290 on the H200, session 40).
+// parallel and cuts each one's chain. H200 session 42 (GPU-f172db40, each twice, kLean / kLeanWarps):
+// D page 16 338.1, 339.5 / 309.9, 321.7 us; page 32 323.6, 323.3 / 292.6, 292.7; F page 16 201.5,
+// 202.4 / 182.6, 182.2; G page 16 188.7, 187.8 / 169.0, 169.7; the near-controls (the default's paths in
+// this instance's register allocation) D page 8 354.7, 354.5 / 360.9, 361.3, page 64 287.1, 287.5 /
+// 287.0, 286.5.
 template <bool kRound = false, bool kLean = false, bool kLeanWarps = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -494,15 +498,15 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, pa[ks][e]);
         }
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
-#ifdef MLA_BF16_PUBLISH_SYNC
-      // Diagnostic (session 41, never run): the publisher waits at its barrier too (bar.sync, not
-      // bar.arrive), so the other warpgroup's reads of m_pub in pv_other(t - 1) come before this write of
-      // m_pub by two full barriers. racecheck's m_pub lines going would say it does not count bar.arrive's
-      // order; the schedule becomes a lock step (no deadlock: each warpgroup's pv_other follows one q.k).
+      // The publisher waits at its barrier too (bar.sync, not bar.arrive; session 42): the other
+      // warpgroup's reads of m_pub in pv_other(t - 1) are then ordered before this tile's write of
+      // m_pub[t & 1] by barriers racecheck sees. With bar.arrive the order held too (the reader's own
+      // publication of t - 1 came after its read, and this warpgroup waited for it in pv_other(t - 1)),
+      // but racecheck reported 28 hazard lines on ManyRows.Bf16StepMatchesCpu (m_pub's and red[]'s); with
+      // bar.sync none (H200 session 42). A lock step, no deadlock: each warpgroup's pv_other follows one
+      // q.k of its own. Cost within noise (H200 GPU-f172db40: D 289.9, 296.6 / 291.7, 294.4 us; G 163.6,
+      // 163.3 / 162.9, 164.3, arrive / sync).
       ptx::named_sync(kBarPublished + wg, kThreadsB);
-#else
-      ptx::named_arrive(kBarPublished + wg, kThreadsB);
-#endif
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
         rescale(alpha);
@@ -791,14 +795,15 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
 }
 
 namespace {
-// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else v18c's kLean one (s39a) unless
-// MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every page size) or =3 (kLeanWarps, s41d).
+// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else v18c's kLeanWarps one (s39a + s41d) unless
+// MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every page size) or =1 (kLean: TmaTiles::issue at
+// pages of 16 and 32 keys).
 bool bf16_round_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_ROUND", {{"1", 1}}, 0) == 1;
   return on;
 }
 int bf16_lean_env() {
-  static const int lean = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}, {"3", 3}}, 1);
+  static const int lean = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}, {"3", 3}}, 3);
   return lean;
 }
 // The instance the switches choose.
