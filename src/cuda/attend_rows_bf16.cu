@@ -795,9 +795,11 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
 }
 
 namespace {
-// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else v18c's kLeanWarps one (s39a + s41d) unless
-// MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every page size) or =1 (kLean: TmaTiles::issue at
-// pages of 16 and 32 keys).
+// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else v18c's kLean one (s39a), and at pages of 16
+// and 32 keys its kLeanWarps twin (s41d), unless MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every
+// page size) or =1 (kLean at every page size). kLeanWarps only where its per-warp issue runs: at other
+// pages it takes kLean's paths in its own register allocation, and page 8 ran 1.8% slower so (H200
+// session 42: D 360.9, 361.3 against 354.7, 354.5 us; page 64 equal).
 bool bf16_round_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_ROUND", {{"1", 1}}, 0) == 1;
   return on;
@@ -806,23 +808,26 @@ int bf16_lean_env() {
   static const int lean = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}, {"3", 3}}, 3);
   return lean;
 }
-// The instance the switches choose.
-auto bf16_rows_kernel() {
-  return bf16_round_env()        ? attend_rows_bf16_kernel<true>
-         : bf16_lean_env() == 3 ? attend_rows_bf16_kernel<false, true, true>
-         : bf16_lean_env() == 1 ? attend_rows_bf16_kernel<false, true>
-                                : attend_rows_bf16_kernel<false>;
+// Whether a launch at this page size has kLeanWarps' 2-4 boxes a 64-key tile (its lean_warps).
+bool bf16_lean_warps_page(int page_size) { return page_size > kTileKeys / 8 && page_size < kTileKeys; }
+// The instance the switches choose at this page size.
+auto bf16_rows_kernel(int page_size) {
+  return bf16_round_env()                                                  ? attend_rows_bf16_kernel<true>
+         : bf16_lean_env() == 3 && bf16_lean_warps_page(page_size)        ? attend_rows_bf16_kernel<false, true, true>
+         : bf16_lean_env() != 0                                           ? attend_rows_bf16_kernel<false, true>
+                                                                          : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 
-void prepare_attend_rows_bf16_kernel() {  // (the one instance launch_attend_rows_bf16 launches)
-  MLA_CUDA_CHECK(
-      cudaFuncSetAttribute(bf16_rows_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
+void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_bf16 launches: pages 16-32 and the rest)
+  for (const int page_size : {16, 64})
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(bf16_rows_kernel(page_size), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  bf16_rows_kernel()<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  bf16_rows_kernel(p.page_size)<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
 
