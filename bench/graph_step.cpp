@@ -86,6 +86,21 @@ double graph_us(mla::detail::BackendImpl& backend, cudaStream_t stream, int iter
   return us;
 }
 
+// The page table's order (MLA_BENCH_PAGES): shuffled (the default: each request's pages drawn at
+// random from the whole cache, as a serving engine's allocator leaves them after a while) or ordered
+// (each request's pages consecutive). Session 42's question: whether E's fast mode (one build's E
+// 1659-1675 us in one call, 1840-1869 in the next) depends on where the pages lie (the TLB's reach
+// over E's 2.4 GB of cache, docs/attention.md's queue, item 0).
+bool pages_shuffled() {
+  static const bool shuffled = [] {
+    const char* env = std::getenv("MLA_BENCH_PAGES");
+    const std::string v = env ? env : "shuffled";
+    MLA_REQUIRE(v == "shuffled" || v == "ordered", "MLA_BENCH_PAGES: expected shuffled or ordered, got ", v);
+    return v == "shuffled";
+  }();
+  return shuffled;
+}
+
 }  // namespace
 
 // The MLA_* switches this run was under (but MLA_GIT_REV), sorted, as "A=1 B=2": an A/B record's
@@ -147,6 +162,7 @@ int main(int argc, char** argv) {
                                     .qlen = c.qlen,
                                     .page_size = c.page,
                                     .kv_dtype = c.kv == "bf16" ? mla::DType::bf16 : mla::DType::fp8_e4m3,
+                                    .shuffle_pages = pages_shuffled(),
                                     .seed = 7 + k};
       const mla::synth::Scenario host = mla::synth::make_scenario(spec, w.k_scale);
       const mla::synth::Scenario dev = mla::synth::to_device(host);
