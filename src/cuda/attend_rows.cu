@@ -79,9 +79,10 @@ constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, fals
 // 3-4% faster with 2-step copies, but racecheck reported hazards between the multicast copies and
 // the peer's reads on the long step test, not yet understood). MLA_ROWS_ROW_COPIES=0: boxes
 // everywhere; =1 or =2: copies in every page-1 CTA, clusters and 64 rows included, in groups of
-// that many steps; =3 (s41c, prepared off, not yet run: no new kernel, session 33's 2-step cluster
-// instance): the default and the 48-row clusters too (G and 96 heads at page 1), the 64-row ones
-// (D) staying on boxes. Since session 40 racecheck draws the same report from the 16-row kernel's
+// that many steps; =3 (s41c, off: no new kernel, session 33's 2-step cluster instance): the default
+// and the 48-row clusters too (G and 96 heads at page 1), the 64-row ones (D) staying on boxes. H200
+// session 42: 96 heads at page 1 3% faster (205-206 -> 199-200 us), G ~2%, but racecheck reports the
+// cluster copies on ManyRows.SmallPagesStepMatchesCpu (2 lines) where the default is clean, so off. Since session 40 racecheck draws the same report from the 16-row kernel's
 // lone-CTA row copies on the default path (docs/attention.md, "The racecheck reports"), so the
 // clusters' report no longer singles them out.
 int rows_row_copies_env() {  // -1: the default

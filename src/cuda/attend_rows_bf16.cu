@@ -172,7 +172,7 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // D page 16 338.1, 339.5 / 309.9, 321.7 us; page 32 323.6, 323.3 / 292.6, 292.7; F page 16 201.5,
 // 202.4 / 182.6, 182.2; G page 16 188.7, 187.8 / 169.0, 169.7; the near-controls (the default's paths in
 // this instance's register allocation) D page 8 354.7, 354.5 / 360.9, 361.3, page 64 287.1, 287.5 /
-// 287.0, 286.5.
+// 287.0, 286.5: so it is launched at pages of 16 and 32 keys only (bf16_rows_kernel below).
 template <bool kRound = false, bool kLean = false, bool kLeanWarps = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
