@@ -2,6 +2,7 @@
 """README's H200 performance table from one mla_graph_bench JSON (scripts/device-check table's table.json).
 
     bench/readme_table.py bench/results/DATE-h200-cuda-sNN-table.json [--old README.md]
+    bench/readme_table.py --configs     # the graph-bench configs of its rows (scripts/device-check table runs them)
 
 Prints the Markdown table, every row from the one run: the attend kernel and plan the run names,
 attend µs (median of the run's CUDA-graph replays), % of the measured copy bandwidth (cache bytes
@@ -88,11 +89,17 @@ def old_figures(readme):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("json")
+    ap.add_argument("json", nargs="?")
     ap.add_argument("--old", help="README.md: its figures beside the new ones")
+    ap.add_argument("--configs", action="store_true", help="print the rows' configs, one line, and stop")
     a = ap.parse_args()
+    if a.configs:
+        print(" ".join(cfg for _, cfg, _, _ in ROWS))
+        return
+    if not a.json:
+        ap.error("a table JSON is needed (or --configs)")
     d = json.load(open(a.json))
-    # (the JSON does not mark a config run with forced splits, e.g. table's 1:8192:1:64:fp8:12:43 after
+    # (the JSON does not mark a config run with forced splits, e.g. full's 1:8192:1:64:fp8:12:43 after
     # 1:8192:1:64:fp8: the first of a config is the planner's)
     by_cfg = {}
     for r in d["results"]:

@@ -82,9 +82,9 @@ constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, fals
 // that many steps; =3 (s41c, off: no new kernel, session 33's 2-step cluster instance): the default
 // and the 48-row clusters too (G and 96 heads at page 1), the 64-row ones (D) staying on boxes. H200
 // session 42: 96 heads at page 1 3% faster (205-206 -> 199-200 us), G ~2%, but racecheck reports the
-// cluster copies on ManyRows.SmallPagesStepMatchesCpu (2 lines) where the default is clean, so off. Since session 40 racecheck draws the same report from the 16-row kernel's
-// lone-CTA row copies on the default path (docs/attention.md, "The racecheck reports"), so the
-// clusters' report no longer singles them out.
+// cluster copies on ManyRows.SmallPagesStepMatchesCpu (2 lines) where the default is clean, so off.
+// (The 16-row kernel's lone-CTA row copies draw the same report on other tests since session 40:
+// docs/attention.md, "The racecheck reports"; -DMLA_LANES_ARRIVE tests both.)
 int rows_row_copies_env() {  // -1: the default
   static const int mode = env_choice("MLA_ROWS_ROW_COPIES", {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}}, -1);
   return mode;

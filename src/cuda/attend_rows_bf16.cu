@@ -28,6 +28,7 @@
 // two rows). Shared memory: 2 buffers x 72 KB + the 64 KB query. Measured: docs/attention.md.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "core/softmax_state.hpp"
@@ -173,6 +174,9 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // 202.4 / 182.6, 182.2; G page 16 188.7, 187.8 / 169.0, 169.7; the near-controls (the default's paths in
 // this instance's register allocation) D page 8 354.7, 354.5 / 360.9, 361.3, page 64 287.1, 287.5 /
 // 287.0, 286.5: so it is launched at pages of 16 and 32 keys only (bf16_rows_kernel below).
+// Where kLeanWarps' per-warp issue runs: 2-4 boxes a 64-key tile (pages of 16 and 32 keys), one a
+// warp; the kernel's test and the host's choice of the instance (bf16_rows_kernel) alike.
+__host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 1 && boxes <= 4; }
 template <bool kRound = false, bool kLean = false, bool kLeanWarps = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -258,7 +262,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // same bytes, key mask slot, arrivals and bad-page report as TmaTiles::issue with one box a warp.
     // (warp_box_page repeats load_whole_tile's next-page test with the warp's box offset: one lambda
     // for both changed the measured lean instance's SASS, session 41's review, so they stay apart.)
-    const bool lean_warps = kLeanWarps && tiles.boxes > 1 && tiles.boxes <= 4;
+    const bool lean_warps = kLeanWarps && lean_warps_boxes(tiles.boxes);
     auto warp_box_page = [&](int j) -> int32_t {
       const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys + int64_t(warp) * tiles.box_rows;
       return j < n_tiles && j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail
@@ -808,8 +812,8 @@ int bf16_lean_env() {
   static const int lean = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}, {"3", 3}}, 3);
   return lean;
 }
-// Whether a launch at this page size has kLeanWarps' 2-4 boxes a 64-key tile (its lean_warps).
-bool bf16_lean_warps_page(int page_size) { return page_size > kTileKeys / 8 && page_size < kTileKeys; }
+// Whether a launch at this page size runs kLeanWarps' per-warp issue (TmaTiles' box count).
+bool bf16_lean_warps_page(int page_size) { return lean_warps_boxes(kTileKeys / std::min(page_size, kTileKeys)); }
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   return bf16_round_env()                                                  ? attend_rows_bf16_kernel<true>

@@ -201,17 +201,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #else
   constexpr bool kPeerRelease = kMulticast;  // a stage is free once both CTAs' consumers are done
 #endif
-#ifdef MLA_LANES_ARRIVE
-  // (a diagnostic build, session 42, `scripts/device-check cluster-race`: every lane of a consumer warp
-  // arrives on the stage's `empty` mbarrier, not lane 0 after __syncwarp. racecheck reports the row
-  // copies' bulk writes against the consumers' ldmatrix reads, where lanes 1-31 are ordered before
-  // the producer's next copy only through the warp barrier; if the reports go when each reading lane
-  // arrives itself, they were racecheck's model of __syncwarp, as s42a's were its model of bar.arrive.)
-  constexpr int kLaneArrivals = 32;
-#else
-  constexpr int kLaneArrivals = 1;
-#endif
-  constexpr int kEmptyArrivals = kRowThreads / 32 * kLaneArrivals * (kPeerRelease ? 2 : 1);
+  constexpr int kEmptyArrivals = kRowThreads / 32 * kConsumerLaneArrivals * (kPeerRelease ? 2 : 1);
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kPvAcc = Shape::kPvAcc;
@@ -265,7 +255,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // mbarrier, and with kMulticast on the other CTA's too.
   auto release = [&](uint64_t* bar) {
     __syncwarp();
-    if (kLaneArrivals == 32 || lane == 0) {
+    if (kConsumerLaneArrivals == 32 || lane == 0) {
       tma::arrive(ptx::smem_addr(bar));
       if constexpr (kPeerRelease) tma::arrive_cluster(ptx::smem_addr(bar), cta_rank ^ 1);
     }

@@ -115,13 +115,6 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   // groups: the consumer's tile loop spill-free either way, the producer's spills 222 -> 174 bytes,
   // 0.2-1% faster on every page-1 shape of session 13's run, H200.)
   constexpr bool kProducer = kRows;
-#ifdef MLA_LANES_ARRIVE
-  // (a diagnostic build, session 42: every consumer lane arrives on a stage's `empty` mbarrier, not
-  // lane 0 after __syncwarp; attend_rows_kernel.cuh says why: racecheck's report on the row copies.)
-  constexpr int kLaneArrivals = 32;
-#else
-  constexpr int kLaneArrivals = 1;
-#endif
   constexpr int kProducerRegs = kGroupSteps == 1 ? 24 : 32;
   constexpr int kCtaThreads = kProducer ? 2 * kThreads : kThreads;
   // Accumulators a wave: one wave of up to kQkWave; kRows holds its A operands in registers as well,
@@ -183,7 +176,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       for (int s = 0; s < kStages; ++s) {
         const int arrivals = kRows ? RowCopies::kWarps : kFastDivs ? TmaTiles::slots_pow2(p) : TmaTiles::slots(p);
         tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), arrivals);
-        if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32 * kLaneArrivals);
+        if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32 * kConsumerLaneArrivals);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
       tma::fence_barrier_init();
@@ -549,7 +542,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           if constexpr (kProducer) {  // this warp's last read of the stage (K, V by ldmatrix; its key mask)
             if (ks == kPvSteps - 1) {
               __syncwarp();
-              if (kLaneArrivals == 32 || lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
+              if (kConsumerLaneArrivals == 32 || lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
             }
           }
           wgmma::fence();

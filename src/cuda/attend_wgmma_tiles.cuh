@@ -456,6 +456,19 @@ struct TmaTiles {
   }
 };
 
+// A consumer warp's arrivals on a stage's `empty` mbarrier when it is done with the stage: lane 0's
+// alone, after __syncwarp (both kernels' producers wait on it: the 16-row kernel's row copies, the
+// many-rows kernel's `release`). -DMLA_LANES_ARRIVE (a diagnostic build, session 42, `scripts/device-check
+// cluster-race`): every lane's. racecheck reports the row copies' bulk writes against the consumers'
+// ldmatrix reads, where lanes 1-31 are ordered before the producer's next copy only through the warp
+// barrier; if the reports go when each reading lane arrives itself, they were racecheck's model of
+// __syncwarp, as s42a's were its model of bar.arrive.
+#ifdef MLA_LANES_ARRIVE
+constexpr int kConsumerLaneArrivals = 32;
+#else
+constexpr int kConsumerLaneArrivals = 1;
+#endif
+
 // Bulk row copies (Tiles::kRows, v24; the 16-row kernel's producer warpgroup, v26): a tile is 64
 // copies of one fp8 key row (576 bytes, any page size and stride of 16 bytes) into rows kRowPitch
 // bytes apart. A bulk copy takes its operands in uniform registers, so a warp issues its lanes'

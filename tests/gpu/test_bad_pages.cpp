@@ -1,11 +1,12 @@
 // A page id past the cache inside one request's page list, on the attend paths whose tile issue
 // checks it per box (the bf16 many-rows kernel at every page size it boxes: one-row and two-row
-// boxes and pages of 8-32 keys by TmaTiles::issue or, pages of 16 and 32 keys under
-// MLA_ROWS_BF16_LEAN=3, each warp's lean box issue; pages of 64+ keys by the lean one-box issue or,
-// under MLA_ROWS_BF16_LEAN=0, TmaTiles::issue), in even batches (fixed splits) and uneven ones
-// (where the plan may share key-CTAs across requests): the step reports it (kBadPage), never reads
-// the page (every output finite), and every other request's output is the CPU's on the good page list. (CudaBackend.BadDeviceMetadataIsReportedAndNotWritten puts a bad id
-// on a random case's first page.) Without a GPU every test skips.
+// boxes and pages of 8 keys by TmaTiles::issue, pages of 16 and 32 keys by each warp's lean box
+// issue (the default since session 42; TmaTiles::issue under MLA_ROWS_BF16_LEAN=1), pages of 64+ keys
+// by the lean one-box issue (TmaTiles::issue under MLA_ROWS_BF16_LEAN=0); ctest runs it under each), in
+// even batches (fixed splits) and uneven ones (where the plan may share key-CTAs across requests): the
+// step reports it (kBadPage), never reads the page (every output finite), and every other request's
+// output is the CPU's on the good page list. (CudaBackend.BadDeviceMetadataIsReportedAndNotWritten
+// puts a bad id on a random case's first page.) Without a GPU every test skips.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
