@@ -72,19 +72,16 @@ constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, fals
 // Page 1's bulk row copies (s31a): the CTA copies each key row with one bulk copy and takes q.k's
 // keys from registers in groups of kRowCopySteps k32 steps (64-row CTAs 1); 64- and 48-row ones as
 // 2-CTA clusters where the boxes would be (rows_cluster), each producer copying one tile of a pair
-// into both CTAs. By default (since session 33) the 48- and 32-row CTAs outside clusters, in 2-step
-// groups: H200 (GPU-e6875044, each twice, boxes / 2-step copies) F 143.8-159.8 / 116.6-121.9 us,
-// qlen 2 113.2-113.3 / 101.1-101.3, 16 heads x qlen 2 114.4-114.5 / 102.2-102.5, uneven F 247.1 /
-// 209.4-210.7; the clusters stay on boxes (D 256.4-257.2 / 283.3-283.5 with copies; G and 96 heads
-// 3-4% faster with 2-step copies, but racecheck reported hazards between the multicast copies and
-// the peer's reads on the long step test, not yet understood). MLA_ROWS_ROW_COPIES=0: boxes
-// everywhere; =1 or =2: copies in every page-1 CTA, clusters and 64 rows included, in groups of
-// that many steps; =3 (s41c, off: no new kernel, session 33's 2-step cluster instance): the default
-// and the 48-row clusters too (G and 96 heads at page 1), the 64-row ones (D) staying on boxes. H200
-// session 42: 96 heads at page 1 3% faster (205-206 -> 199-200 us), G ~2%, but racecheck reports the
-// cluster copies on ManyRows.SmallPagesStepMatchesCpu (2 lines) where the default is clean, so off.
-// (The 16-row kernel's lone-CTA row copies draw the same report on other tests since session 40:
-// docs/attention.md, "The racecheck reports"; -DMLA_LANES_ARRIVE tests both.)
+// into both CTAs. Since session 33 the 48- and 32-row CTAs outside clusters, in 2-step groups: H200
+// (GPU-e6875044, each twice, boxes / 2-step copies) F 143.8-159.8 / 116.6-121.9 us, qlen 2 113.2-113.3
+// / 101.1-101.3, 16 heads x qlen 2 114.4-114.5 / 102.2-102.5, uneven F 247.1 / 209.4-210.7. Since
+// session 43 (s41c) the 48-row clusters (G and 96 heads at page 1) too, in 2-step groups: H200 session
+// 42, 96 heads 205-206 -> 199-200 us, G ~2%; held back until then by racecheck's report on their copies
+// (ManyRows.SmallPagesStepMatchesCpu, 2 lines), which went with every consumer lane arriving on a
+// stage's empty mbarrier (kConsumerLaneArrivals). The 64-row clusters (D) stay on boxes (D 256.4-257.2
+// / 283.3-283.5 with copies). MLA_ROWS_ROW_COPIES=0: boxes everywhere; =1 or =2: copies in every
+// page-1 CTA, clusters and 64 rows included, in groups of that many steps; =3: the clusters on boxes
+// (the default before session 43).
 int rows_row_copies_env() {  // -1: the default
   static const int mode = env_choice("MLA_ROWS_ROW_COPIES", {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}}, -1);
   return mode;
@@ -93,8 +90,8 @@ int rows_row_copies_env() {  // -1: the default
 template <int kRowsN>
 bool rows_row_copies(bool cluster) {
   const int mode = rows_row_copies_env();
-  if (mode == 3) return cluster ? kRowsN == 48 : kRowsN < 64;
-  return mode == 1 || mode == 2 || (mode < 0 && !cluster && kRowsN < 64);
+  if (mode < 0) return cluster ? kRowsN == 48 : kRowsN < 64;
+  return mode == 1 || mode == 2 || (mode == 3 && !cluster && kRowsN < 64);
 }
 template <int kRowsN, int kSteps, bool kCluster = false>
 constexpr auto kRowCopyKernel =
@@ -103,7 +100,7 @@ template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_rows_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
   // The row-copy instances unless MLA_ROWS_ROW_COPIES=0 (by default the 48- and 32-row ones outside
-  // clusters run); 64 rows: one group step.
+  // clusters and the 48-row clusters run); 64 rows: one group step.
   if constexpr (kSplit) {
     if (rows_row_copies_env() != 0) {
       prepare_rows_kernel<kRowCopyKernel<kRowsN, 1>, kRowsN>();
@@ -175,7 +172,7 @@ void launch_rows_cluster(const AttendParams& p, const CUtensorMap& map, dim3 gri
   MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kKernel, p, map));
 }
 // The row-copy instance of a height for MLA_ROWS_ROW_COPIES's group steps (1, or 2 as by default and
-// under =3).
+// under =2 and =3).
 // (64 rows: 1-step groups whatever the switch says: 2-step groups of both tiles spill 38 local loads
 // and 19 stores in its pair loop.)
 template <int kRowsN, bool kCluster>

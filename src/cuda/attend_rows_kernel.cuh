@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : kRowsN == 32 && kRowCopySteps > 0 ? 40 : 24;
   constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : kRowsN == 32 && kRowCopySteps > 0 ? 232 : 240;
   // kRowCopySteps > 0 (kRowCopies; page 1: by default the 48- and 32-row CTAs outside clusters, all under
-  // MLA_ROWS_ROW_COPIES=1 or 2, the 48-row clusters too under =3; attend_rows.cu): the producer copies each key row with one
+  // and the 48-row clusters, all under MLA_ROWS_ROW_COPIES=1 or 2; attend_rows.cu): the producer copies each key row with one
   // bulk copy (RowCopies, the 16-row kernel's v26) instead of five one-row TMA boxes, and q.k takes
   // its keys from registers (ldmatrix from rows kRowPitch bytes apart: wgmma cannot read such rows
   // from shared memory). At page 1 a pair is 640 boxes an SM (F: ~8200 clocks a pair against ~6000
@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #else
   constexpr bool kPeerRelease = kMulticast;  // a stage is free once both CTAs' consumers are done
 #endif
-  constexpr int kEmptyArrivals = kRowThreads / 32 * kConsumerLaneArrivals * (kPeerRelease ? 2 : 1);
+  constexpr int kLaneArrivals = kConsumerLaneArrivals<kRowCopies>;
+  constexpr int kEmptyArrivals = kRowThreads / 32 * kLaneArrivals * (kPeerRelease ? 2 : 1);
   // The consumer warps' barriers (sync_consumers: named barrier 1 where the producer runs beside them).
   auto sync_rows = [] { sync_consumers<kProducer, kRowThreads>(); };
   constexpr int kWgRows = Shape::kWgRows, kPvAcc = Shape::kPvAcc;
@@ -251,11 +252,12 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   }
   int done = 0;  // pairs consumed by earlier segments (stage and parity run on)
   const uint32_t cta_rank = kMulticast ? tma::cluster_rank() : 0;
-  // A consumer warp is done with a stage (or, kTileRelease, its tile 0): lane 0 arrives on the
-  // mbarrier, and with kMulticast on the other CTA's too.
+  // A consumer warp is done with a stage (or, kTileRelease, its tile 0): its lanes arrive on the
+  // mbarrier (every lane on row copies, lane 0 on boxes: kConsumerLaneArrivals), and with kMulticast on
+  // the other CTA's too.
   auto release = [&](uint64_t* bar) {
     __syncwarp();
-    if (kConsumerLaneArrivals == 32 || lane == 0) {
+    if (kLaneArrivals == 32 || lane == 0) {
       tma::arrive(ptx::smem_addr(bar));
       if constexpr (kPeerRelease) tma::arrive_cluster(ptx::smem_addr(bar), cta_rank ^ 1);
     }

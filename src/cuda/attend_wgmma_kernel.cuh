@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
       for (int s = 0; s < kStages; ++s) {
         const int arrivals = kRows ? RowCopies::kWarps : kFastDivs ? TmaTiles::slots_pow2(p) : TmaTiles::slots(p);
         tma::mbarrier_init(ptx::smem_addr(&sm.full[s]), arrivals);
-        if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32 * kConsumerLaneArrivals);
+        if (kProducer) tma::mbarrier_init(ptx::smem_addr(&sm.empty[s]), kThreads / 32 * kConsumerLaneArrivals<kRows>);
         for (int k = 0; k < 4; ++k) sm.key_mask[s][k] = 0;
       }
       tma::fence_barrier_init();
@@ -541,8 +541,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
           }
           if constexpr (kProducer) {  // this warp's last read of the stage (K, V by ldmatrix; its key mask)
             if (ks == kPvSteps - 1) {
-              __syncwarp();
-              if (kConsumerLaneArrivals == 32 || lane == 0) tma::arrive(ptx::smem_addr(&sm.empty[buf]));
+              __syncwarp();  // (kept from lane 0's form: its timings, session 43, were measured with it)
+              tma::arrive(ptx::smem_addr(&sm.empty[buf]));  // every lane: kConsumerLaneArrivals
             }
           }
           wgmma::fence();

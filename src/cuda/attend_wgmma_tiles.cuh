@@ -456,18 +456,18 @@ struct TmaTiles {
   }
 };
 
-// A consumer warp's arrivals on a stage's `empty` mbarrier when it is done with the stage: lane 0's
-// alone, after __syncwarp (both kernels' producers wait on it: the 16-row kernel's row copies, the
-// many-rows kernel's `release`). -DMLA_LANES_ARRIVE (a diagnostic build, session 42, `scripts/device-check
-// cluster-race`): every lane's. racecheck reports the row copies' bulk writes against the consumers'
-// ldmatrix reads, where lanes 1-31 are ordered before the producer's next copy only through the warp
-// barrier; if the reports go when each reading lane arrives itself, they were racecheck's model of
-// __syncwarp, as s42a's were its model of bar.arrive.
-#ifdef MLA_LANES_ARRIVE
-constexpr int kConsumerLaneArrivals = 32;
-#else
-constexpr int kConsumerLaneArrivals = 1;
-#endif
+// A consumer warp's arrivals on a stage's `empty` mbarrier when it is done with the stage (the
+// producers wait on it: the 16-row kernel's row copies, the many-rows kernel's `release`). Where the
+// stage came by bulk row copies (Tiles::kRows), every lane arrives (the count 32 a warp); on TMA boxes
+// lane 0 alone, after __syncwarp. Both orders every lane's reads before the producer's next copy
+// into the stage (the warp barrier orders them before lane 0's arrival), but racecheck reported the
+// row copies' bulk writes against lanes 1-31's ldmatrix reads under lane 0's form (2 lines on the
+// 16-row kernel's page-1 tests since session 40, 2 on the 48-row clusters' copies under s41c), and
+// nothing when each reading lane arrives itself (session 43, H200: the diagnostic -DMLA_LANES_ARRIVE
+// on ManyRows.SmallPagesStepMatchesCpu, FlatPlan.FillFromBandwidthStepMatchesCpu and QuerySplit.*).
+// The boxes' stages were clean under lane 0's form, which costs nothing there.
+template <bool kRowCopies>
+constexpr int kConsumerLaneArrivals = kRowCopies ? 32 : 1;
 
 // Bulk row copies (Tiles::kRows, v24; the 16-row kernel's producer warpgroup, v26): a tile is 64
 // copies of one fp8 key row (576 bytes, any page size and stride of 16 bytes) into rows kRowPitch
