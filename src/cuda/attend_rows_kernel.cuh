@@ -162,8 +162,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // 24 + 2 x 240 spilled 22/20 bytes: the producer's); else 24 + 2 x 240.
   constexpr int kProducerRegs = kRowsN == 32 && kAhead > 1 ? 56 : kRowsN == 32 && kRowCopySteps > 0 ? 40 : 24;
   constexpr int kConsumerRegs = kRowsN == 32 && kAhead > 1 ? 208 : kRowsN == 32 && kRowCopySteps > 0 ? 232 : 240;
-  // kRowCopySteps > 0 (kRowCopies; page 1: by default the 48- and 32-row CTAs outside clusters, all under
-  // and the 48-row clusters, all under MLA_ROWS_ROW_COPIES=1 or 2; attend_rows.cu): the producer copies each key row with one
+  // kRowCopySteps > 0 (kRowCopies; page 1: by default the 48- and 32-row CTAs outside clusters and the
+  // 48-row clusters, all under MLA_ROWS_ROW_COPIES=1 or 2; attend_rows.cu): the producer copies each key row with one
   // bulk copy (RowCopies, the 16-row kernel's v26) instead of five one-row TMA boxes, and q.k takes
   // its keys from registers (ldmatrix from rows kRowPitch bytes apart: wgmma cannot read such rows
   // from shared memory). At page 1 a pair is 640 boxes an SM (F: ~8200 clocks a pair against ~6000

@@ -459,7 +459,7 @@ struct TmaTiles {
 // A consumer warp's arrivals on a stage's `empty` mbarrier when it is done with the stage (the
 // producers wait on it: the 16-row kernel's row copies, the many-rows kernel's `release`). Where the
 // stage came by bulk row copies (Tiles::kRows), every lane arrives (the count 32 a warp); on TMA boxes
-// lane 0 alone, after __syncwarp. Both orders every lane's reads before the producer's next copy
+// lane 0 alone, after __syncwarp. Both order every lane's reads before the producer's next copy
 // into the stage (the warp barrier orders them before lane 0's arrival), but racecheck reported the
 // row copies' bulk writes against lanes 1-31's ldmatrix reads under lane 0's form (2 lines on the
 // 16-row kernel's page-1 tests since session 40, 2 on the 48-row clusters' copies under s41c), and
