@@ -56,6 +56,13 @@ class BackendImpl {
   // caches flushed before every run; and the ceilings measured now.
   virtual std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) = 0;
   virtual Ceilings measure_ceilings() = 0;
+  // The SM clock in MHz now, after the work queued before it (CUDA: a one-thread probe kernel on the
+  // layer's stream counts clock64() cycles over ~200 µs of %globaltimer; it synchronizes the stream,
+  // so call it outside timed regions and graph captures); 0 where not measured (the CPU). Benchmarks
+  // record it beside their times: an H200 that idles at 1980 MHz dropped to 1755-1860 for ~0.1-0.2 s and
+  // ran at ~1965 for ~0.3 s more whenever heavy work began (session 43's nvidia-smi samples, 50 ms apart:
+  // too coarse for one config's timing).
+  virtual double sm_clock_mhz() { return 0; }
   // The attend kernel the last attend() launched and its plan (CUDA: e.g. "rows, 2 fixed splits",
   // "wgmma_q_split, flat plan of 264 key-CTAs"; CPU: "cpu avx512-bf16", the instruction set's
   // kernels), for benchmark records and `mla run`; empty where unknown (CUDA: before any attend).

@@ -39,6 +39,7 @@ class CudaBackend final : public detail::BackendImpl {
 
   std::vector<double> time_us(const std::function<void()>& fn, int warmup, int iters) override;
   detail::Ceilings measure_ceilings() override;
+  double sm_clock_mhz() override;
   std::string last_attend_kernel() const override;
   AttendRun last_attend_run() const { return last_attend_; }
 

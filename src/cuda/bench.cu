@@ -138,6 +138,20 @@ void read_all(void* data, size_t bytes, cudaStream_t stream) {
   MLA_CUDA_CHECK_LAUNCH();
 }
 
+// One thread counts SM cycles (clock64) while the global timer (ns) advances spin_ns: cycles and ns
+// out. (A single thread on one SM: the clock is chip-wide, and the probe adds no load of its own.)
+__global__ void clock_probe_kernel(uint64_t spin_ns, unsigned long long* out) {
+  uint64_t t0, t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long c0 = clock64();
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  } while (t1 - t0 < spin_ns);
+  const long long c1 = clock64();
+  out[0] = static_cast<unsigned long long>(c1 - c0);
+  out[1] = t1 - t0;
+}
+
 }  // namespace
 
 std::vector<double> CudaBackend::time_us(const std::function<void()>& fn, int warmup, int iters) {
@@ -165,6 +179,17 @@ std::vector<double> CudaBackend::time_us(const std::function<void()>& fn, int wa
     us[i] = ms * 1e3;
   }
   return us;
+}
+
+double CudaBackend::sm_clock_mhz() {
+  DeviceGuard guard(opts.cuda_device);
+  DeviceBuffer buf(2 * sizeof(unsigned long long));
+  clock_probe_kernel<<<1, 1, 0, stream_>>>(200000, static_cast<unsigned long long*>(buf.get()));
+  MLA_CUDA_CHECK_LAUNCH();
+  unsigned long long v[2] = {0, 0};
+  MLA_CUDA_CHECK(cudaMemcpyAsync(v, buf.get(), sizeof v, cudaMemcpyDeviceToHost, stream_));
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return v[1] > 0 ? double(v[0]) * 1e3 / double(v[1]) : 0.0;
 }
 
 detail::Ceilings CudaBackend::measure_ceilings() {

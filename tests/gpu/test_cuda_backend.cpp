@@ -253,6 +253,21 @@ TEST(CudaBackend, CeilingsAreMeasured) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// The SM clock probe benchmarks record beside their times (no clock is asserted but that the probe
+// reads a clock at all: an idle H200 sits at 345 MHz of its 1980, so above a twentieth of the peak and
+// not past it: a wrong unit or an unmeasured 0 fails).
+TEST(CudaBackend, SmClockIsMeasured) {
+  MLA_REQUIRE_GPU();
+  const testing::RandomCase rc = testing::random_case(403, limits());
+  const PreparedWeights w = prepare_weights(rc.spec.cfg, random_checkpoint_weights(rc.spec.cfg, 403));
+  Layer layer(rc.spec.cfg, w, LayerOptions{.backend = Backend::cuda});
+  int peak_khz = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&peak_khz, cudaDevAttrClockRate, 0), cudaSuccess);
+  const double mhz = detail::backend_of(layer).sm_clock_mhz();
+  EXPECT_GT(mhz, 0.05 * peak_khz / 1e3);
+  EXPECT_LT(mhz, 1.05 * peak_khz / 1e3);
+}
+
 // The same step twice gives bit-identical outputs; a graph captured on one step's buffers and
 // replayed after new inputs are copied into them matches an eager step on those inputs.
 TEST(CudaBackend, GraphReplayWithNewInputs) {
