@@ -78,8 +78,9 @@ constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, fals
 // session 43 (s41c) the 48-row clusters (G and 96 heads at page 1) too, in 2-step groups: H200 session
 // 43 (GPU-4f77e6e7, three processes each, means) 96 heads 206.4 -> 200.3 us, G 112.9 -> 108.0. Held
 // back until then by racecheck's report on their copies (ManyRows.SmallPagesStepMatchesCpu, 2 lines),
-// which went with every consumer lane arriving on a stage's empty mbarrier (kConsumerLaneArrivals). The 64-row clusters (D) stay on boxes (D 256.4-257.2
-// / 283.3-283.5 with copies). MLA_ROWS_ROW_COPIES=0: boxes everywhere; =1 or =2: copies in every
+// which went with every consumer lane arriving on a stage's empty mbarrier (kConsumerLaneArrivals).
+// The 64-row clusters (D) stay on boxes (D 256.4-257.2 / 283.3-283.5 with copies).
+// MLA_ROWS_ROW_COPIES=0: boxes everywhere; =1 or =2: copies in every
 // page-1 CTA, clusters and 64 rows included, in groups of that many steps; =3: the clusters on boxes
 // (the default before session 43).
 int rows_row_copies_env() {  // -1: the default

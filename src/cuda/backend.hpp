@@ -86,6 +86,7 @@ class CudaBackend final : public detail::BackendImpl {
   DeviceBuffer error_;  // the layer's own (take_errors)
   std::unique_ptr<Gemm> gemm_qkv_a_, gemm_q_b_;
   DeviceBuffer flush_;  // time_us's L2 flush, allocated on first use
+  DeviceBuffer clock_;  // sm_clock_mhz's cycles and ns, allocated on first use (no cudaFree between timings)
 };
 
 }  // namespace mla::cuda

@@ -183,11 +183,11 @@ std::vector<double> CudaBackend::time_us(const std::function<void()>& fn, int wa
 
 double CudaBackend::sm_clock_mhz() {
   DeviceGuard guard(opts.cuda_device);
-  DeviceBuffer buf(2 * sizeof(unsigned long long));
-  clock_probe_kernel<<<1, 1, 0, stream_>>>(200000, static_cast<unsigned long long*>(buf.get()));
+  if (!clock_.get()) clock_ = DeviceBuffer(2 * sizeof(unsigned long long));
+  clock_probe_kernel<<<1, 1, 0, stream_>>>(200000, static_cast<unsigned long long*>(clock_.get()));
   MLA_CUDA_CHECK_LAUNCH();
   unsigned long long v[2] = {0, 0};
-  MLA_CUDA_CHECK(cudaMemcpyAsync(v, buf.get(), sizeof v, cudaMemcpyDeviceToHost, stream_));
+  MLA_CUDA_CHECK(cudaMemcpyAsync(v, clock_.get(), sizeof v, cudaMemcpyDeviceToHost, stream_));
   MLA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return v[1] > 0 ? double(v[0]) * 1e3 / double(v[1]) : 0.0;
 }
