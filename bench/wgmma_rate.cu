@@ -7,9 +7,15 @@
 // clocks with two warpgroups issuing (shared memory at 128 bytes a clock: A's 2 KB + B's N x 32
 // bytes), so N = 32 runs at 67% of the fp8 rate and N = 64 at 100%; RS f16 m64nNk16 is at the f16
 // rate from N = 32 with two warpgroups (one warpgroup alone: 22 clocks at N = 32, latency-bound).
+// Session 44 (no device; not yet run): the bf16 many-rows kernel's q.k, SS bf16 m64n64k16 with A the
+// query (K-major) and B the keys (TMA's 128-byte swizzle), with the query unswizzled (core matrices
+// 1024 bytes apart along K, as attend_rows_bf16.cu keeps it) and in the 128-byte swizzle (FlashMLA's
+// layout; MLA_ROWS_BF16_QSW=1): whether the unswizzled A reads slower than the 32 clocks an
+// instruction its 4 KB of operands take at 128 bytes a clock (docs/attention.md, the queue).
 #include <cstdio>
 #include <cstdint>
 #include "cuda/wgmma.cuh"
+#include "cuda/wgmma_bf16.cuh"
 #include "cuda/ptx.cuh"
 using namespace mla::cuda;
 
@@ -21,6 +27,8 @@ __device__ __forceinline__ void mma_m64n48k32_e4m3(float (&d)[24], uint64_t a, u
 }
 constexpr int kIters = 256, kSteps = 18;
 
+// kKind: 0 SS e4m3 (q.k of the fp8 kernels), 1 RS f16 (p.v), 2 SS bf16 with an unswizzled A, 3 SS bf16
+// with A in the 128-byte swizzle.
 template <int kKind, int kN>
 __global__ void __launch_bounds__(256, 1) rate(long long* out, int wgs) {
   extern __shared__ __align__(1024) uint8_t sm[];
@@ -36,7 +44,8 @@ __global__ void __launch_bounds__(256, 1) rate(long long* out, int wgs) {
   const int chunk_stride = kN / 8 * 128;
   long long t0 = clock64();
   for (int it = 0; it < kIters; ++it) {
-    uint64_t kd = wgmma::descriptor_sw128(tile), qd = wgmma::descriptor(q, chunk_stride, 128);
+    uint64_t kd = wgmma::descriptor_sw128(tile);
+    uint64_t qd = kKind == 3 ? wgmma::descriptor_sw128(q) : wgmma::descriptor(q, chunk_stride, 128);
     wgmma::fence();
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
@@ -46,6 +55,11 @@ __global__ void __launch_bounds__(256, 1) rate(long long* out, int wgs) {
         else wgmma::mma_qk_e4m3<kN>(d, kd, qd, true);
         kd = wgmma::advance(kd, (s & 3) == 3 ? 8192 - 96 : 32);
         qd = wgmma::advance(qd, 2 * chunk_stride);
+      } else if constexpr (kKind == 2 || kKind == 3) {
+        static_assert(kN == 64, "the bf16 kernel's q.k is m64n64k16");
+        wgmma::mma_m64n64k16_bf16(d, qd, kd, true);
+        kd = wgmma::advance(kd, (s & 3) == 3 ? 8192 - 96 : 32);
+        qd = kKind == 3 ? wgmma::advance(qd, (s & 3) == 3 ? 8192 - 96 : 32) : wgmma::advance(qd, 2 * chunk_stride);
       } else {
         wgmma::mma_pv_f16_rs<kN>(d, a, qd);
         qd = wgmma::advance(qd, 2 * chunk_stride);
@@ -78,8 +92,9 @@ void run(long long* dout, int sms, int wgs) {
   double clk = 0; for (int i = 0; i < sms; ++i) clk += h[2 * i]; clk /= sms;
   const double per = clk / (kIters * kSteps);
   const double macs = 64.0 * kN * (kKind == 0 ? 32 : 16) * wgs;  // a step, all warpgroups
-  printf("%-8s N=%-3d wgs=%d  clk/instr(one wg) %7.2f  MAC/clk/SM %7.0f  (%s peak %d)  %.3f ms  err %s\n",
-         kKind == 0 ? "SS e4m3" : "RS f16", kN, wgs, per, macs / per, kKind == 0 ? "fp8" : "f16",
+  const char* names[] = {"SS e4m3", "RS f16", "SS bf16 A plain", "SS bf16 A sw128"};
+  printf("%-15s N=%-3d wgs=%d  clk/instr(one wg) %7.2f  MAC/clk/SM %7.0f  (%s peak %d)  %.3f ms  err %s\n",
+         names[kKind], kN, wgs, per, macs / per, kKind == 0 ? "fp8" : "f16",
          kKind == 0 ? 4096 : 2048, ms, cudaGetErrorString(cudaGetLastError()));
 }
 int main() {
@@ -91,6 +106,7 @@ int main() {
     run<0, 16>(dout, sms, wgs); run<0, 24>(dout, sms, wgs); run<0, 32>(dout, sms, wgs);
     run<0, 48>(dout, sms, wgs); run<0, 64>(dout, sms, wgs);
     run<1, 32>(dout, sms, wgs); run<1, 48>(dout, sms, wgs); run<1, 64>(dout, sms, wgs);
+    run<2, 64>(dout, sms, wgs); run<3, 64>(dout, sms, wgs);
   }
   return 0;
 }
