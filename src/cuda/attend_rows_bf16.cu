@@ -85,10 +85,11 @@ static_assert(bf16_rows_smem_bytes() <= 227 * 1024, "over the H200's shared memo
 // core matrices without swizzle (the default), or (kQSw128: s44a, MLA_ROWS_BF16_QSW=1, an A/B instance)
 // the keys' own layout as TMA writes it (tile_offset<Tiles::kBoxes>: eight 8 KB slabs of 64 rows x 128
 // bytes in the 128-byte swizzle, FlashMLA's), so q.k's A descriptor and its k16 steps are the keys'
-// (descriptor_sw128, +32 bytes, the next slab after four). Why: at D shared memory feeds q.k's m64n64k16 at its 128 bytes a clock (A's 2 KB + B's
-// 2 KB: 32 clocks, the bf16 rate's too), so an operand read slower unswizzled would slow every q.k
-// (session 39's reading, item 4; bench/wgmma_rate.cu's kinds 2 and 3 measure just that). Both layouts
-// place a quarter warp's 8 rows of one chunk on distinct banks (QueryRowsBf16::store).
+// (descriptor_sw128, +32 bytes, the next slab after four). Why: at D shared memory feeds q.k's
+// m64n64k16 at its 128 bytes a clock (A's 2 KB + B's 2 KB: 32 clocks, the bf16 rate's too), so an
+// operand read slower unswizzled would slow every q.k (session 39's reading, item 4; bench/wgmma_rate.cu's
+// kinds 2 and 3 measure just that). Both layouts place a quarter warp's 8 rows of one chunk on distinct
+// banks (QueryRowsBf16::store).
 template <bool kQSw128>
 __host__ __device__ constexpr int query_offset(int row, int chunk) {
   return kQSw128 ? tile_offset<Tiles::kBoxes>(row, chunk) : wgmma::kmajor_offset(row, chunk);
@@ -858,11 +859,12 @@ bool bf16_qsw_env() {
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size), qsw = bf16_qsw_env();
-  return bf16_round_env()          ? attend_rows_bf16_kernel<true>
-         : warps && qsw            ? attend_rows_bf16_kernel<false, true, true, true>
-         : warps                   ? attend_rows_bf16_kernel<false, true, true>
-         : bf16_lean_env() != 0    ? (qsw ? attend_rows_bf16_kernel<false, true, false, true> : attend_rows_bf16_kernel<false, true>)
-                                   : attend_rows_bf16_kernel<false>;
+  return bf16_round_env()            ? attend_rows_bf16_kernel<true>
+         : warps && qsw              ? attend_rows_bf16_kernel<false, true, true, true>
+         : warps                     ? attend_rows_bf16_kernel<false, true, true>
+         : bf16_lean_env() != 0 && qsw ? attend_rows_bf16_kernel<false, true, false, true>
+         : bf16_lean_env() != 0      ? attend_rows_bf16_kernel<false, true>
+                                     : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 
