@@ -7,11 +7,11 @@
 // clocks with two warpgroups issuing (shared memory at 128 bytes a clock: A's 2 KB + B's N x 32
 // bytes), so N = 32 runs at 67% of the fp8 rate and N = 64 at 100%; RS f16 m64nNk16 is at the f16
 // rate from N = 32 with two warpgroups (one warpgroup alone: 22 clocks at N = 32, latency-bound).
-// Session 44 (no device; not yet run): the bf16 many-rows kernel's q.k, SS bf16 m64n64k16 with A the
-// query (K-major) and B the keys (TMA's 128-byte swizzle), with the query unswizzled (core matrices
-// 1024 bytes apart along K, as attend_rows_bf16.cu keeps it) and in the 128-byte swizzle (FlashMLA's
-// layout; MLA_ROWS_BF16_QSW=1): whether the unswizzled A reads slower than the 32 clocks an
-// instruction its 4 KB of operands take at 128 bytes a clock (docs/attention.md, the queue).
+// Session 44 (kinds 2 and 3): the bf16 many-rows kernel's q.k, SS bf16 m64n64k16 with A the query
+// (K-major) and B the keys (TMA's 128-byte swizzle), the query unswizzled (core matrices 1024 bytes
+// apart along K, as attend_rows_bf16.cu keeps it) or in the 128-byte swizzle (FlashMLA's layout). H100
+// GPU-a0534203 (bench/results/2026-12-05-h100-s44-wgmma-rate.txt): both 2044-2045 MAC/clk/SM with one and
+// two warpgroups (32.06 / 64.09 clocks an instruction), the bf16 peak: the unswizzled query costs nothing.
 #include <cstdio>
 #include <cstdint>
 #include "cuda/wgmma.cuh"

@@ -69,7 +69,7 @@ static_assert(kTileKeys / 8 * kChunkStrideM == kSlabBytes, "P [64 rows x 64 keys
 
 struct Bf16RowsSmem {
   alignas(1024) uint8_t kv[2][kTileBytesB];              // [buffer], swizzled slabs (tile_offset<Tiles::kBoxes>)
-  alignas(1024) uint8_t q[kQChunks * kChunkStrideM];    // dims 0..511: query_offset<kQSw128>(row, chunk)
+  alignas(128) uint8_t q[kQChunks * kChunkStrideM];     // dims 0..511: wgmma::kmajor_offset(row, chunk)
   float m_pub[2][kRowsM];                                // the running maxima after tile j ([j & 1], log2 units)
   float red[kGroups][kRowsM];                            // each warpgroup's share of the row sums
   int32_t limit[kRowsM];                                 // a row's last visible position (causal)
@@ -81,41 +81,10 @@ struct Bf16RowsSmem {
 constexpr int bf16_rows_smem_bytes() { return int(sizeof(Bf16RowsSmem)) + 1024; }
 static_assert(bf16_rows_smem_bytes() <= 227 * 1024, "over the H200's shared memory a block");
 
-// Where the query's 16-byte chunk `chunk` (dims 8 chunk ..) of row `row` lies in shared memory: K-major
-// core matrices without swizzle (the default), or (kQSw128: s44a, MLA_ROWS_BF16_QSW=1, an A/B instance)
-// the keys' own layout as TMA writes it (tile_offset<Tiles::kBoxes>: eight 8 KB slabs of 64 rows x 128
-// bytes in the 128-byte swizzle, FlashMLA's), so q.k's A descriptor and its k16 steps are the keys'
-// (descriptor_sw128, +32 bytes, the next slab after four). Why: at D shared memory feeds q.k's
-// m64n64k16 at its 128 bytes a clock (A's 2 KB + B's 2 KB: 32 clocks, the bf16 rate's too), so an
-// operand read slower unswizzled would slow every q.k (session 39's reading, item 4; bench/wgmma_rate.cu's
-// kinds 2 and 3 measure just that). Both layouts place a quarter warp's 8 rows of one chunk on distinct
-// banks (QueryRowsBf16::store).
-template <bool kQSw128>
-__host__ __device__ constexpr int query_offset(int row, int chunk) {
-  return kQSw128 ? tile_offset<Tiles::kBoxes>(row, chunk) : wgmma::kmajor_offset(row, chunk);
-}
-// Neither layout puts two chunks in one place (a compile-time check of overlaps only: the swizzle's
-// pattern is TMA's and wgmma's, which the GPU tests check under MLA_ROWS_BF16_QSW=1).
-template <bool kQSw128>
-constexpr bool query_layout_is_a_permutation() {
-  bool seen[kRowsM * kQChunks] = {};
-  for (int row = 0; row < kRowsM; ++row)
-    for (int chunk = 0; chunk < kQChunks; ++chunk) {
-      const int at = query_offset<kQSw128>(row, chunk);
-      if (at % 16 != 0 || at < 0 || at >= kRowsM * kQChunks * 16 || seen[at / 16]) return false;
-      seen[at / 16] = true;
-    }
-  return true;
-}
-static_assert(query_layout_is_a_permutation<false>() && query_layout_is_a_permutation<true>(), "a query layout overlaps");
-static_assert(kQChunks / 8 * kSlabBytes == kQChunks * kChunkStrideM, "both query layouts fill the same 64 KB");
-static_assert(kQkSmemSteps / 2 * 2 * kChunkStrideM == kDimSlabs * kSlabBytes,
-              "a warpgroup's half of the query's dims starts at the same byte in both layouts");
-
-// The query rows m_base .. m_base + 63 (zero past the request's): dims 0..511 to shared memory
-// (query_offset), through registers (load, then store: a kernel issues the loads before it waits on
-// something else), a warp 8 rows x 4 chunks an instruction so both sides are dense (64 contiguous
-// bytes a row; 8 rows' 16-byte chunks on distinct banks a quarter warp).
+// The query rows m_base .. m_base + 63 (zero past the request's): dims 0..511 to shared memory in
+// K-major core matrices, through registers (load, then store: a kernel issues the loads before it
+// waits on something else), a warp 8 rows x 4 chunks an instruction so both sides are dense
+// (64 contiguous bytes a row; 8 rows' 16-byte chunks on distinct banks a quarter warp).
 struct QueryRowsBf16 {
   static constexpr int kPerThread = kRowsM * kQChunks / kThreadsB;  // 16
   uint4 raw[kPerThread];
@@ -145,13 +114,12 @@ struct QueryRowsBf16 {
       }
     }
   }
-  template <bool kQSw128>
   __device__ __forceinline__ void store(uint8_t* q_smem, int tid) const {
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       int row, chunk;
       rc(tid, k, row, chunk);
-      *reinterpret_cast<uint4*>(&q_smem[query_offset<kQSw128>(row, chunk)]) = raw[k];
+      *reinterpret_cast<uint4*>(&q_smem[wgmma::kmajor_offset(row, chunk)]) = raw[k];
     }
   }
 };
@@ -209,12 +177,11 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // Where kLeanWarps' per-warp issue runs: 2-4 boxes a 64-key tile (pages of 16 and 32 keys), one a
 // warp; the kernel's test and the host's choice of the instance (bf16_rows_kernel) alike.
 __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 1 && boxes <= 4; }
-template <bool kRound = false, bool kLean = false, bool kLeanWarps = false, bool kQSw128 = false>
+template <bool kRound = false, bool kLean = false, bool kLeanWarps = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!(kRound && kLean), "kLean is v18c's");
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
-  static_assert(!kQSw128 || kLean, "kQSw128 is an A/B instance of kLean's (and kLeanWarps')");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -349,7 +316,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       load(0);
       if (n_tiles > 1) load(1);
     }
-    query.store<kQSw128>(sm.q, tid_q);
+    query.store(sm.q, tid_q);
     uint32_t q_rope[kRopeSteps][4];
     load_rope(p, b, m_base, rows_total, warp, g, c, q_rope);
     if (tid < kRowsM) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);
@@ -365,8 +332,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-    const uint64_t q_desc = kQSw128 ? wgmma::descriptor_sw128(ptx::smem_addr(sm.q))
-                                    : wgmma::descriptor(ptx::smem_addr(sm.q), kChunkStrideM, 128);
+    const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q), kChunkStrideM, 128);
     auto position = [&](int64_t jj) {
       return keys.plain_positions ? jj : dcp_global_position(jj, p.dcp_size, p.dcp_rank, p.dcp_interleave);
     };
@@ -402,16 +368,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     auto qk_slabs = [&](int t, float (&s)[32], int w, bool accumulate) {
       tma::wait_parity_forever(bar_of(t, w), parity(t));
       wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
-      // (warpgroup w's dims start 32 KB into the query in either layout: the static_assert at query_offset)
-      uint64_t qd = wgmma::advance(q_desc, w * kDimSlabs * kSlabBytes);
+      uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
       uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kDimSlabs * w * kSlabBytes);
 #pragma unroll
       for (int k = 0; k < kQkSmemSteps / 2; ++k) {
         wgmma::mma_m64n64k16_bf16(s, qd, kd, accumulate || k > 0);
-        // next step: 32 bytes on in the slab, or the next slab; the unswizzled query two 16-byte chunks on
-        const uint32_t slab_step = (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32;
-        qd = wgmma::advance(qd, kQSw128 ? slab_step : 2 * kChunkStrideM);
-        kd = wgmma::advance(kd, slab_step);
+        // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
+        qd = wgmma::advance(qd, 2 * kChunkStrideM);
+        kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
         asm volatile("" : "+l"(qd), "+l"(kd));  // (unrolled, ptxas would hold every descriptor at once)
       }
     };
@@ -850,21 +814,12 @@ int bf16_lean_env() {
 }
 // Whether a launch at this page size runs kLeanWarps' per-warp issue (TmaTiles' box count).
 bool bf16_lean_warps_page(int page_size) { return lean_warps_boxes(kTileKeys / std::min(page_size, kTileKeys)); }
-// MLA_ROWS_BF16_QSW=1 (s44a, an A/B instance, off): the query in the keys' 128-byte swizzle (query_offset),
-// in kLean's and kLeanWarps' instances only (v18c and kRound keep the unswizzled query).
-bool bf16_qsw_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_QSW", {{"0", 0}, {"1", 1}}, 0) == 1;
-  return on;
-}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
-  const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size), qsw = bf16_qsw_env();
-  return bf16_round_env()            ? attend_rows_bf16_kernel<true>
-         : warps && qsw              ? attend_rows_bf16_kernel<false, true, true, true>
-         : warps                     ? attend_rows_bf16_kernel<false, true, true>
-         : bf16_lean_env() != 0 && qsw ? attend_rows_bf16_kernel<false, true, false, true>
-         : bf16_lean_env() != 0      ? attend_rows_bf16_kernel<false, true>
-                                     : attend_rows_bf16_kernel<false>;
+  return bf16_round_env()                                                  ? attend_rows_bf16_kernel<true>
+         : bf16_lean_env() == 3 && bf16_lean_warps_page(page_size)        ? attend_rows_bf16_kernel<false, true, true>
+         : bf16_lean_env() != 0                                           ? attend_rows_bf16_kernel<false, true>
+                                                                          : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 

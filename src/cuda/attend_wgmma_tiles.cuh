@@ -67,7 +67,7 @@ __device__ __forceinline__ void k_frag_load(uint32_t (&a)[kSteps][4], uint32_t r
 // Byte offset of a key's 16-byte chunk in a tile: K-major core matrices (cp.async), the swizzled
 // slabs (TMA boxes: chunk c of a 128-byte line at c ^ (line % 8)) or plain rows (bulk row copies).
 template <Tiles kTiles>
-__host__ __device__ __forceinline__ constexpr int tile_offset(int key, int chunk) {
+__device__ __forceinline__ int tile_offset(int key, int chunk) {
   if constexpr (kTiles == Tiles::kBoxes)
     return (chunk >> 3) * kSlabBytes + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
   else if constexpr (kTiles == Tiles::kRows) return key * kRowPitch + chunk * 16;
