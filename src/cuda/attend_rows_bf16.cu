@@ -77,6 +77,7 @@ struct Bf16RowsSmem {
   uint64_t key_mask[2][kGroups][4];                      // a tile's real keys, by each warpgroup's issuing warps
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment;
+  alignas(8) uint64_t slab_full[2][kRowSlabs];           // kSlabBars: [buffer][slab] (0-3 warpgroup 0's, 4-7 1's, 8 rope)
 };
 constexpr int bf16_rows_smem_bytes() { return int(sizeof(Bf16RowsSmem)) + 1024; }
 static_assert(bf16_rows_smem_bytes() <= 227 * 1024, "over the H200's shared memory a block");
@@ -177,11 +178,21 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // Where kLeanWarps' per-warp issue runs: 2-4 boxes a 64-key tile (pages of 16 and 32 keys), one a
 // warp; the kernel's test and the host's choice of the instance (bf16_rows_kernel) alike.
 __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 1 && boxes <= 4; }
-template <bool kRound = false, bool kLean = false, bool kLeanWarps = false>
+// kSlabBars (s44b, MLA_ROWS_BF16_SLABS=1, an A/B instance of kLean, launched at pages of 64+ keys only, where
+// kLean's one-box issue runs): an mbarrier a 128-byte slab of a tile (nine a buffer, FlashMLA's one a box)
+// instead of one a part (a warpgroup's four dims slabs, the rope slab), so q.k(t) starts on a part's first
+// slab while the other three land, and waits slab by slab. Why: at D the owner reloads its part of tile
+// t + 2 right after its p.v(t) and issues q.k(t + 2) at once, so the part's whole latency shows: ncu
+// (session 44, H100 GPU-a0534203, bf16 D under kLean) put 20.6% of the stall samples on q.k's first part
+// wait (long scoreboard on the try-wait loop), 3.4% on its second, 37% on barriers. With a slab's
+// barrier, the wait is the first 8 KB's latency and the rest streams under q.k's MMAs (FlashMLA's q.k
+// waits box by box).
+template <bool kRound = false, bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!(kRound && kLean), "kLean is v18c's");
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
+  static_assert(!kSlabBars || (kLean && !kLeanWarps), "kSlabBars is an instance of kLean's one-box issue");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -197,6 +208,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) {
       for (int part = 0; part < 3; ++part) tma::mbarrier_init(ptx::smem_addr(&sm.full[b][part]), TmaTiles::slots(p));
+      if constexpr (kSlabBars)  // (one arrival a tile: the elected lane's arm)
+        for (int slab = 0; slab < kRowSlabs; ++slab) tma::mbarrier_init(ptx::smem_addr(&sm.slab_full[b][slab]), 1);
       for (int w = 0; w < kGroups; ++w)
         for (int k = 0; k < 4; ++k) sm.key_mask[b][w][k] = 0;  // slots past TmaTiles::slots(p) stay 0
     }
@@ -213,6 +226,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     auto parity = [&](int j) { return uint32_t((done + j) >> 1) & 1; };
     auto kv_of = [&](int j) { return ptx::smem_addr(sm.kv[buffer(j)]); };
     auto bar_of = [&](int j, int part_) { return ptx::smem_addr(&sm.full[buffer(j)][part_]); };
+    auto slab_bar = [&](int j, int slab) { return ptx::smem_addr(&sm.slab_full[buffer(j)][slab]); };
     // This warpgroup's loads of tile j, in tile order (load_page: j's page id, loaded a tile ahead):
     // its dims' slabs, and the rope slab of a tile the other warpgroup owns.
     int32_t load_page = -1;
@@ -220,6 +234,21 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // with `rows` key rows' bytes where ok (0 where not: the arrival still counts) and issue them into
     // shared address `at` from cache row y; the same for the rope part of a tile the other warpgroup owns.
     auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok, int rows) {
+      if constexpr (kSlabBars) {  // (each slab on its own mbarrier: slab_bar; bar unused)
+#pragma unroll
+        for (int s = 0; s < kDimSlabs; ++s) {
+          const int slab = kDimSlabs * wg + s;
+          const uint32_t sbar = slab_bar(j, slab);
+          tma::arrive_expect_tx(sbar, ok ? uint32_t(rows * 128) : 0u);
+          if (ok) tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, sbar);
+        }
+        if ((j & 1) != wg) {
+          const uint32_t rope_bar = slab_bar(j, kRopeSlab);
+          tma::arrive_expect_tx(rope_bar, ok ? uint32_t(rows * 128) : 0u);
+          if (ok) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
+        }
+        return;
+      }
       tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
       if (ok) {
 #pragma unroll
@@ -295,6 +324,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           return;
         }
       }
+      if constexpr (kSlabBars) __trap();  // (never: the host launches kSlabBars at pages of 64+ keys only)
       if constexpr (kLeanWarps) {
         if (lean_warps) {
           if (warp < tiles.boxes) load_warp_box(j);
@@ -366,12 +396,20 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // q.k(t)'s MMAs over warpgroup w's dims' slabs once they landed (the first overwrites s
     // unless `accumulate`), and over the rope slab (the query's rope dims from registers).
     auto qk_slabs = [&](int t, float (&s)[32], int w, bool accumulate) {
-      tma::wait_parity_forever(bar_of(t, w), parity(t));
-      wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
+      if constexpr (!kSlabBars) {
+        tma::wait_parity_forever(bar_of(t, w), parity(t));
+        wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
+      }
       uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
       uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kDimSlabs * w * kSlabBytes);
 #pragma unroll
       for (int k = 0; k < kQkSmemSteps / 2; ++k) {
+        if constexpr (kSlabBars) {
+          if (k % 4 == 0) {  // (a slab's four k16 steps once it landed)
+            tma::wait_parity_forever(slab_bar(t, kDimSlabs * w + k / 4), parity(t));
+            wgmma::fence();
+          }
+        }
         wgmma::mma_m64n64k16_bf16(s, qd, kd, accumulate || k > 0);
         // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
         qd = wgmma::advance(qd, 2 * kChunkStrideM);
@@ -380,7 +418,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
     };
     auto qk_rope = [&](int t, float (&s)[32]) {
-      tma::wait_parity_forever(bar_of(t, 2), parity(t));
+      tma::wait_parity_forever(kSlabBars ? slab_bar(t, kRopeSlab) : bar_of(t, 2), parity(t));
       wgmma::fence();
       uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kRopeSlab * kSlabBytes);
 #pragma unroll
@@ -430,7 +468,15 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // (real = false: kRound's virtual tile past an odd segment's end: nothing loaded, every key
     // masked, so its V rows zeroed whole against its P of zeros)
     auto pv_smem = [&](int j, bool real = true) {
-      if (real) tma::wait_parity_forever(bar_of(j, wg), parity(j));
+      if (real) {
+        if constexpr (kSlabBars) {
+#pragma unroll
+          for (int slab = 0; slab < kDimSlabs; ++slab)
+            tma::wait_parity_forever(slab_bar(j, kDimSlabs * wg + slab), parity(j));
+        } else {
+          tma::wait_parity_forever(bar_of(j, wg), parity(j));
+        }
+      }
       zero_masked(j, real ? key_mask(j) : 0);
       const uint32_t kv = kv_of(j);
       const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
@@ -814,10 +860,17 @@ int bf16_lean_env() {
 }
 // Whether a launch at this page size runs kLeanWarps' per-warp issue (TmaTiles' box count).
 bool bf16_lean_warps_page(int page_size) { return lean_warps_boxes(kTileKeys / std::min(page_size, kTileKeys)); }
+// MLA_ROWS_BF16_SLABS=1 (s44b, an A/B instance, off): kLean's kSlabBars twin at pages of 64+ keys.
+bool bf16_slabs_env() {
+  static const bool on = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
+  const bool slabs = bf16_slabs_env() && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   return bf16_round_env()                                                  ? attend_rows_bf16_kernel<true>
          : bf16_lean_env() == 3 && bf16_lean_warps_page(page_size)        ? attend_rows_bf16_kernel<false, true, true>
+         : bf16_lean_env() != 0 && slabs                                  ? attend_rows_bf16_kernel<false, true, false, true>
          : bf16_lean_env() != 0                                           ? attend_rows_bf16_kernel<false, true>
                                                                           : attend_rows_bf16_kernel<false>;
 }
