@@ -876,8 +876,8 @@ auto bf16_rows_kernel(int page_size) {
 }
 }  // namespace
 
-void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_bf16 launches: pages 16-32 and the rest)
-  for (const int page_size : {16, 64})
+void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_bf16 launches: pages under 16, 16-32, 64+)
+  for (const int page_size : {8, 16, 64})
     MLA_CUDA_CHECK(cudaFuncSetAttribute(bf16_rows_kernel(page_size), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         bf16_rows_smem_bytes()));
 }
