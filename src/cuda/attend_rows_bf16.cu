@@ -558,7 +558,13 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // bar.sync none (H200 session 42). A lock step, no deadlock: each warpgroup's pv_other follows one
       // q.k of its own. Cost within noise (H200 GPU-f172db40: D 289.9, 296.6 / 291.7, 294.4 us; G 163.6,
       // 163.3 / 162.9, 164.3, arrive / sync).
+#ifdef MLA_BF16_PUBLISH_ARRIVE
+      // (a diagnostic build only, session 44: the publication a bar.arrive as before s42a, to tell whether
+      // synccheck's "divergent thread(s) in block" reports come from this barrier id's two bar.sync sites)
+      ptx::named_arrive(kBarPublished + wg, kThreadsB);
+#else
       ptx::named_sync(kBarPublished + wg, kThreadsB);
+#endif
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
         rescale(alpha);

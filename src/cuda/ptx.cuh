@@ -22,21 +22,10 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
 // Named barriers (ids 1..15; __syncthreads is 0) over `threads` threads, a multiple of 32: sync
 // waits for them all; arrive counts this warp in without waiting (a producer's signal: its earlier
 // shared-memory writes are visible to the threads that sync).
-// (-DMLA_NAMED_SYNC_SYNCWARP, a diagnostic build only: each warp reconverges by __syncwarp first. bar.sync and
-// bar.arrive are .aligned, for whole warps; compute-sanitizer synccheck reports divergent warps at the bf16
-// many-rows kernel's named barriers on its long step test, in every instance (session 44): does a
-// __syncwarp before them take the reports away? `scripts/device-check cluster-race` with
-// MLA_DC_RACE_TOOL=synccheck: docs/attention.md's queue.)
 __device__ __forceinline__ void named_sync(int id, int threads) {
-#ifdef MLA_NAMED_SYNC_SYNCWARP
-  __syncwarp();
-#endif
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id, int threads) {
-#ifdef MLA_NAMED_SYNC_SYNCWARP
-  __syncwarp();
-#endif
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // named_sync that also ORs `pred` over the threads (as __syncthreads_or).
