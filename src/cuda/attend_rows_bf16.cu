@@ -178,17 +178,18 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // Where kLeanWarps' per-warp issue runs: 2-4 boxes a 64-key tile (pages of 16 and 32 keys), one a
 // warp; the kernel's test and the host's choice of the instance (bf16_rows_kernel) alike.
 __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 1 && boxes <= 4; }
-// kSlabBars (s44b, the default since session 44; MLA_ROWS_BF16_SLABS=0: kLean's part barriers; launched at pages
-// of 64+ keys only, where kLean's one-box issue runs): an mbarrier a 128-byte slab of a tile (nine a buffer, FlashMLA's one a box)
-// instead of one a part (a warpgroup's four dims slabs, the rope slab), so q.k(t) starts on a part's first
-// slab while the other three land, and waits slab by slab. Why: at D the owner reloads its part of tile
+// kSlabBars (s44b, the default since session 44; MLA_ROWS_BF16_SLABS=0: kLean's part barriers; launched at
+// pages of 64+ keys only, where kLean's one-box issue runs): an mbarrier a 128-byte slab of a tile (nine a
+// buffer, FlashMLA's one a box) instead of one a part (a warpgroup's four dims slabs, the rope slab), so
+// q.k(t) starts on a part's first slab while the other three land, and waits slab by slab. Why: at D the owner reloads its part of tile
 // t + 2 right after its p.v(t) and issues q.k(t + 2) at once, so the part's whole latency shows: ncu
 // (session 44, H100 GPU-a0534203, bf16 D under kLean) put 20.6% of the stall samples on q.k's first part
 // wait (long scoreboard on the try-wait loop), 3.4% on its second, 37% on barriers. With a slab's
 // barrier, the wait is the first 8 KB's latency and the rest streams under q.k's MMAs (FlashMLA's q.k
 // waits box by box). Measured (session 44, two H100s, each twice, kLean / kSlabBars µs): D 300.8 / 279.7 and
 // 305.5 / 283.8, G 170.4 / 159.1 and 169.3 / 160.0, 96 heads 297.5 / 276.9, F 223.4 / 218.3, uneven 646.1 /
-// 608.9, D at page 128 299.1 / 281.5; the tests, racecheck and memcheck passed under it.
+// 608.9, D at page 128 299.1 / 281.5; the tests, racecheck and memcheck passed under it (synccheck's report
+// on the long step test is every instance's: docs/attention.md's queue, item 3). Not yet timed on an H200.
 template <bool kRound = false, bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
