@@ -181,8 +181,9 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // kSlabBars (s44b, the default since session 44; MLA_ROWS_BF16_SLABS=0: kLean's part barriers; launched at
 // pages of 64+ keys only, where kLean's one-box issue runs): an mbarrier a 128-byte slab of a tile (nine a
 // buffer, FlashMLA's one a box) instead of one a part (a warpgroup's four dims slabs, the rope slab), so
-// q.k(t) starts on a part's first slab while the other three land, and waits slab by slab. Why: at D the owner reloads its part of tile
-// t + 2 right after its p.v(t) and issues q.k(t + 2) at once, so the part's whole latency shows: ncu
+// q.k(t) starts on a part's first slab while the other three land, and waits slab by slab. Why: at D the
+// owner reloads its part of tile t + 2 right after its p.v(t) and issues q.k(t + 2) at once, so the part's
+// whole latency shows: ncu
 // (session 44, H100 GPU-a0534203, bf16 D under kLean) put 20.6% of the stall samples on q.k's first part
 // wait (long scoreboard on the try-wait loop), 3.4% on its second, 37% on barriers. With a slab's
 // barrier, the wait is the first 8 KB's latency and the rest streams under q.k's MMAs (FlashMLA's q.k
