@@ -191,12 +191,14 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // 305.5 / 283.8, G 170.4 / 159.1 and 169.3 / 160.0, 96 heads 297.5 / 276.9, F 223.4 / 218.3, uneven 646.1 /
 // 608.9, D at page 128 299.1 / 281.5; the tests, racecheck and memcheck passed under it (synccheck's report
 // on the long step test is every instance's: docs/attention.md's queue, item 3). Not yet timed on an H200.
+// s44c (MLA_ROWS_BF16_SLABS=2, prepared in session 44, never run on a GPU): kLeanWarps' twin at pages of 16 and
+// 32 keys, each issuing warp arming every slab with its box's rows (slots(p) arrivals a slab barrier).
 template <bool kRound = false, bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!(kRound && kLean), "kLean is v18c's");
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
-  static_assert(!kSlabBars || (kLean && !kLeanWarps), "kSlabBars is an instance of kLean's one-box issue");
+  static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -212,8 +214,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) {
       for (int part = 0; part < 3; ++part) tma::mbarrier_init(ptx::smem_addr(&sm.full[b][part]), TmaTiles::slots(p));
-      if constexpr (kSlabBars)  // (one arrival a tile: the elected lane's arm)
-        for (int slab = 0; slab < kRowSlabs; ++slab) tma::mbarrier_init(ptx::smem_addr(&sm.slab_full[b][slab]), 1);
+      if constexpr (kSlabBars)  // (an arrival a tile from each issuing warp's elected lane: one at pages of 64+ keys)
+        for (int slab = 0; slab < kRowSlabs; ++slab)
+          tma::mbarrier_init(ptx::smem_addr(&sm.slab_full[b][slab]), kLeanWarps ? TmaTiles::slots(p) : 1);
       for (int w = 0; w < kGroups; ++w)
         for (int k = 0; k < 4; ++k) sm.key_mask[b][w][k] = 0;  // slots past TmaTiles::slots(p) stay 0
     }
@@ -328,13 +331,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           return;
         }
       }
-      if constexpr (kSlabBars) __trap();  // (never: the host launches kSlabBars at pages of 64+ keys only)
       if constexpr (kLeanWarps) {
         if (lean_warps) {
           if (warp < tiles.boxes) load_warp_box(j);
           return;
         }
       }
+      // (never: the host launches kSlabBars where a lean issue runs: pages of 64+ keys, and 16-32 with kLeanWarps)
+      if constexpr (kSlabBars) __trap();
       if (!tiles.issues()) return;
       tiles.issue<kDimSlabs, false>(keys, j, load_page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp], kDimSlabs * wg);
       if ((j & 1) != wg) tiles.issue<1, false>(keys, j, load_page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
@@ -870,16 +874,19 @@ int bf16_lean_env() {
 }
 // Whether a launch at this page size runs kLeanWarps' per-warp issue (TmaTiles' box count).
 bool bf16_lean_warps_page(int page_size) { return lean_warps_boxes(kTileKeys / std::min(page_size, kTileKeys)); }
-// kLean's kSlabBars twin at pages of 64+ keys (s44b, the default since session 44; MLA_ROWS_BF16_SLABS=0: kLean).
-bool bf16_slabs_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}}, 1) == 1;
-  return on;
+// kLean's kSlabBars twin at pages of 64+ keys (s44b, the default since session 44; MLA_ROWS_BF16_SLABS=0: kLean);
+// =2 (s44c, prepared, never run on a GPU): kLeanWarps' kSlabBars twin at pages of 16 and 32 keys too.
+int bf16_slabs_env() {
+  static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 1);
+  return slabs;
 }
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
-  const bool slabs = bf16_slabs_env() && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
+  const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
+  const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
   return bf16_round_env()                                                  ? attend_rows_bf16_kernel<true>
-         : bf16_lean_env() == 3 && bf16_lean_warps_page(page_size)        ? attend_rows_bf16_kernel<false, true, true>
+         : warps && bf16_slabs_env() == 2                                 ? attend_rows_bf16_kernel<false, true, true, true>
+         : warps                                                          ? attend_rows_bf16_kernel<false, true, true>
          : bf16_lean_env() != 0 && slabs                                  ? attend_rows_bf16_kernel<false, true, false, true>
          : bf16_lean_env() != 0                                           ? attend_rows_bf16_kernel<false, true>
                                                                           : attend_rows_bf16_kernel<false>;
