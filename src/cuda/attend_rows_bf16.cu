@@ -234,38 +234,39 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     auto kv_of = [&](int j) { return ptx::smem_addr(sm.kv[buffer(j)]); };
     auto bar_of = [&](int j, int part_) { return ptx::smem_addr(&sm.full[buffer(j)][part_]); };
     auto slab_bar = [&](int j, int slab) { return ptx::smem_addr(&sm.slab_full[buffer(j)][slab]); };
+    // Tile j's part landed, warpgroup w's dims slabs or the rope slab: its mbarrier, or (kSlabBars) each
+    // of its slabs'.
+    auto wait_dims = [&](int j, int w) {
+      if constexpr (kSlabBars) {
+#pragma unroll
+        for (int slab = 0; slab < kDimSlabs; ++slab)
+          tma::wait_parity_forever(slab_bar(j, kDimSlabs * w + slab), parity(j));
+      } else {
+        tma::wait_parity_forever(bar_of(j, w), parity(j));
+      }
+    };
+    auto wait_rope = [&](int j) {
+      tma::wait_parity_forever(kSlabBars ? slab_bar(j, kRopeSlab) : bar_of(j, 2), parity(j));
+    };
     // This warpgroup's loads of tile j, in tile order (load_page: j's page id, loaded a tile ahead):
     // its dims' slabs, and the rope slab of a tile the other warpgroup owns.
     int32_t load_page = -1;
     // The elected lane's part of a lean issue (load_whole_tile, load_warp_box): arm tile j's dims part
     // with `rows` key rows' bytes where ok (0 where not: the arrival still counts) and issue them into
     // shared address `at` from cache row y; the same for the rope part of a tile the other warpgroup owns.
+    // (kSlabBars: each slab armed on its own mbarrier, slab_bar, and `bar` unused)
     auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok, int rows) {
-      if constexpr (kSlabBars) {  // (each slab on its own mbarrier: slab_bar; bar unused)
+      if constexpr (!kSlabBars) tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
 #pragma unroll
-        for (int s = 0; s < kDimSlabs; ++s) {
-          const int slab = kDimSlabs * wg + s;
-          const uint32_t sbar = slab_bar(j, slab);
-          tma::arrive_expect_tx(sbar, ok ? uint32_t(rows * 128) : 0u);
-          if (ok) tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, sbar);
-        }
-        if ((j & 1) != wg) {
-          const uint32_t rope_bar = slab_bar(j, kRopeSlab);
-          tma::arrive_expect_tx(rope_bar, ok ? uint32_t(rows * 128) : 0u);
-          if (ok) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
-        }
-        return;
-      }
-      tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
-      if (ok) {
-#pragma unroll
-        for (int s = 0; s < kDimSlabs; ++s) {
-          const int slab = kDimSlabs * wg + s;
-          tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, bar);
-        }
+      for (int s = 0; s < kDimSlabs; ++s) {
+        const int slab = kDimSlabs * wg + s;
+        const uint32_t slab_on = kSlabBars ? slab_bar(j, slab) : bar;
+        if constexpr (kSlabBars) tma::arrive_expect_tx(slab_on, ok ? uint32_t(rows * 128) : 0u);
+        if (ok) tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, slab_on);
       }
       if ((j & 1) != wg) {
-        const uint32_t rope_bar = bar + uint32_t(sizeof(uint64_t)) * (2 - wg);  // bar_of(j, 2): full[.][2]
+        const uint32_t rope_bar =  // bar_of(j, 2): full[.][2]
+            kSlabBars ? slab_bar(j, kRopeSlab) : bar + uint32_t(sizeof(uint64_t)) * (2 - wg);
         tma::arrive_expect_tx(rope_bar, ok ? uint32_t(rows * 128) : 0u);
         if (ok) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
       }
@@ -404,8 +405,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // q.k(t)'s MMAs over warpgroup w's dims' slabs once they landed (the first overwrites s
     // unless `accumulate`), and over the rope slab (the query's rope dims from registers).
     auto qk_slabs = [&](int t, float (&s)[32], int w, bool accumulate) {
-      if constexpr (!kSlabBars) {
-        tma::wait_parity_forever(bar_of(t, w), parity(t));
+      if constexpr (!kSlabBars) {  // (kSlabBars: slab by slab below)
+        wait_dims(t, w);
         wgmma::fence();  // (after each wait: ptxas fences the accumulator itself otherwise, C7519)
       }
       uint64_t qd = wgmma::advance(q_desc, w * (kQkSmemSteps / 2) * 2 * kChunkStrideM);
@@ -426,7 +427,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
     };
     auto qk_rope = [&](int t, float (&s)[32]) {
-      tma::wait_parity_forever(kSlabBars ? slab_bar(t, kRopeSlab) : bar_of(t, 2), parity(t));
+      wait_rope(t);
       wgmma::fence();
       uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kRopeSlab * kSlabBytes);
 #pragma unroll
@@ -476,15 +477,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // (real = false: kRound's virtual tile past an odd segment's end: nothing loaded, every key
     // masked, so its V rows zeroed whole against its P of zeros)
     auto pv_smem = [&](int j, bool real = true) {
-      if (real) {
-        if constexpr (kSlabBars) {
-#pragma unroll
-          for (int slab = 0; slab < kDimSlabs; ++slab)
-            tma::wait_parity_forever(slab_bar(j, kDimSlabs * wg + slab), parity(j));
-        } else {
-          tma::wait_parity_forever(bar_of(j, wg), parity(j));
-        }
-      }
+      if (real) wait_dims(j, wg);
       zero_masked(j, real ? key_mask(j) : 0);
       const uint32_t kv = kv_of(j);
       const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
@@ -884,12 +877,12 @@ int bf16_slabs_env() {
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  return bf16_round_env()                                                  ? attend_rows_bf16_kernel<true>
-         : warps && bf16_slabs_env() == 2                                 ? attend_rows_bf16_kernel<false, true, true, true>
-         : warps                                                          ? attend_rows_bf16_kernel<false, true, true>
-         : bf16_lean_env() != 0 && slabs                                  ? attend_rows_bf16_kernel<false, true, false, true>
-         : bf16_lean_env() != 0                                           ? attend_rows_bf16_kernel<false, true>
-                                                                          : attend_rows_bf16_kernel<false>;
+  return bf16_round_env()                  ? attend_rows_bf16_kernel<true>
+         : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<false, true, true, true>
+         : warps                          ? attend_rows_bf16_kernel<false, true, true>
+         : bf16_lean_env() != 0 && slabs  ? attend_rows_bf16_kernel<false, true, false, true>
+         : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<false, true>
+                                          : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 
