@@ -193,12 +193,17 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // on the long step test is every instance's: docs/attention.md's queue, item 3). Not yet timed on an H200.
 // s44c (MLA_ROWS_BF16_SLABS=2, prepared in session 44, never run on a GPU): kLeanWarps' twin at pages of 16 and
 // 32 keys, each issuing warp arming every slab with its box's rows (slots(p) arrivals a slab barrier).
-template <bool kRound = false, bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
+// s45a and s45b (prepared in session 45; kSlabBars' instance at pages of 64+ keys only, each under its switch): why
+// at the loop below. kArrive (MLA_ROWS_BF16_PUBLISH=arrive): the owner's publication a bar.arrive (as before s42a);
+// kPvMid (MLA_ROWS_BF16_PV_MID=1): pv_other(t - 1) issued between q.k(t)'s halves.
+template <bool kRound = false, bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, bool kArrive = false,
+          bool kPvMid = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!(kRound && kLean), "kLean is v18c's");
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
+  static_assert(!(kArrive || kPvMid) || (kSlabBars && !kLeanWarps), "s45a and s45b are kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -557,13 +562,17 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // bar.sync none (H200 session 42). A lock step, no deadlock: each warpgroup's pv_other follows one
       // q.k of its own. Cost within noise (H200 GPU-f172db40: D 289.9, 296.6 / 291.7, 294.4 us; G 163.6,
       // 163.3 / 162.9, 164.3, arrive / sync).
+      // kArrive (s45a): the publisher goes on at once, as before s42a: with q.k's slab waits (s44b) the other
+      // warpgroup reaches its pv_other only once its next tile has landed, so bar.sync holds this p.v(t)
+      // back by that long. (-DMLA_BF16_PUBLISH_ARRIVE, a diagnostic build of session 44: every instance so,
+      // to tell whether synccheck's "divergent thread(s) in block" reports come from this id's two bar.sync sites)
 #ifdef MLA_BF16_PUBLISH_ARRIVE
-      // (a diagnostic build only, session 44: the publication a bar.arrive as before s42a, to tell whether
-      // synccheck's "divergent thread(s) in block" reports come from this barrier id's two bar.sync sites)
-      ptx::named_arrive(kBarPublished + wg, kThreadsB);
+      constexpr bool arrive = true;
 #else
-      ptx::named_sync(kBarPublished + wg, kThreadsB);
+      constexpr bool arrive = kArrive;
 #endif
+      if constexpr (arrive) ptx::named_arrive(kBarPublished + wg, kThreadsB);
+      else ptx::named_sync(kBarPublished + wg, kThreadsB);
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
         rescale(alpha);
@@ -800,8 +809,24 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      qk(t, s);
-      pv_other(t - 1);
+      if constexpr (kPvMid) {
+        // s45b: q.k(t)'s MMAs over this warpgroup's slabs, then p.v of the other's tile t - 1, then the
+        // rest of q.k(t). With q.k waiting slab by slab (s44b), q.k(t)'s issue ends only once the whole
+        // tile has landed (its loads went out right after p.v(t - 2)), and pv_other(t - 1) waited behind
+        // it though its operands were ready; here it waits for half the tile. The tensor pipe runs a
+        // warpgroup's groups in order, so the rest of q.k(t) then runs after p.v(t - 1): where the tile
+        // landed before the other's publication, that half of q.k moves from under the other's
+        // softmax to after it.
+        qk_slabs(t, s, wg, false);
+        wgmma::commit();
+        pv_other(t - 1);
+        qk_slabs(t, s, wg ^ 1, true);
+        qk_rope(t, s);
+        wgmma::commit();
+      } else {
+        qk(t, s);
+        pv_other(t - 1);
+      }
       wgmma::wait<0>();
       if (t + 1 < n_tiles) reload(t + 1);
       own(t, s);
@@ -873,16 +898,30 @@ int bf16_slabs_env() {
   static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 1);
   return slabs;
 }
+// s45a (MLA_ROWS_BF16_PUBLISH=arrive) and s45b (MLA_ROWS_BF16_PV_MID=1), prepared in session 45: kSlabBars'
+// instance with the publication a bar.arrive, pv_other between q.k's halves, or both.
+bool bf16_publish_arrive_env() {
+  static const bool on = env_choice("MLA_ROWS_BF16_PUBLISH", {{"sync", 0}, {"arrive", 1}}, 0) == 1;
+  return on;
+}
+bool bf16_pv_mid_env() {
+  static const bool on = env_choice("MLA_ROWS_BF16_PV_MID", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  return bf16_round_env()                  ? attend_rows_bf16_kernel<true>
-         : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<false, true, true, true>
-         : warps                          ? attend_rows_bf16_kernel<false, true, true>
-         : bf16_lean_env() != 0 && slabs  ? attend_rows_bf16_kernel<false, true, false, true>
-         : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<false, true>
-                                          : attend_rows_bf16_kernel<false>;
+  const bool arrive = bf16_publish_arrive_env(), mid = bf16_pv_mid_env();
+  return bf16_round_env()                          ? attend_rows_bf16_kernel<true>
+         : warps && bf16_slabs_env() == 2         ? attend_rows_bf16_kernel<false, true, true, true>
+         : warps                                  ? attend_rows_bf16_kernel<false, true, true>
+         : bf16_lean_env() != 0 && slabs && arrive && mid ? attend_rows_bf16_kernel<false, true, false, true, true, true>
+         : bf16_lean_env() != 0 && slabs && arrive ? attend_rows_bf16_kernel<false, true, false, true, true>
+         : bf16_lean_env() != 0 && slabs && mid    ? attend_rows_bf16_kernel<false, true, false, true, false, true>
+         : bf16_lean_env() != 0 && slabs           ? attend_rows_bf16_kernel<false, true, false, true>
+         : bf16_lean_env() != 0                   ? attend_rows_bf16_kernel<false, true>
+                                                  : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 
