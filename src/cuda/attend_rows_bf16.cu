@@ -195,15 +195,16 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // 32 keys, each issuing warp arming every slab with its box's rows (slots(p) arrivals a slab barrier).
 // s45a and s45b (prepared in session 45; kSlabBars' instance at pages of 64+ keys only, each under its switch): why
 // at the loop below. kArrive (MLA_ROWS_BF16_PUBLISH=arrive): the owner's publication a bar.arrive (as before s42a);
-// kPvMid (MLA_ROWS_BF16_PV_MID=1): pv_other(t - 1) issued between q.k(t)'s halves.
+// kPvMid (MLA_ROWS_BF16_PV_MID=1): pv_other(t - 1) issued between q.k(t)'s halves; 2 (s45c): there only where
+// q.k(t)'s second half has not landed yet, else after q.k(t) as v18c.
 template <bool kRound = false, bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, bool kArrive = false,
-          bool kPvMid = false>
+          int kPvMid = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!(kRound && kLean), "kLean is v18c's");
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
-  static_assert(!(kArrive || kPvMid) || (kSlabBars && !kLeanWarps), "s45a and s45b are kSlabBars' at pages of 64+ keys");
+  static_assert(!(kArrive || kPvMid > 0) || (kSlabBars && !kLeanWarps), "s45a and s45b are kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -809,7 +810,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      if constexpr (kPvMid) {
+      if constexpr (kPvMid > 0) {
         // s45b: q.k(t)'s MMAs over this warpgroup's slabs, then p.v of the other's tile t - 1, then the
         // rest of q.k(t). With q.k waiting slab by slab (s44b), q.k(t)'s issue ends only once the whole
         // tile has landed (its loads went out right after p.v(t - 2)), and pv_other(t - 1) waited behind
@@ -817,12 +818,30 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         // warpgroup's groups in order, so the rest of q.k(t) then runs after p.v(t - 1): where the tile
         // landed before the other's publication, that half of q.k moves from under the other's
         // softmax to after it.
+        // s45c (kPvMid 2): that order only where the second half's slabs (the other warpgroup's dims and the
+        // rope slab) have not all landed when the first half is issued, else v18c's (one answer for the
+        // warpgroup's four warps, which issue its wgmma together: the OR over its 128 threads' tests).
         qk_slabs(t, s, wg, false);
         wgmma::commit();
-        pv_other(t - 1);
-        qk_slabs(t, s, wg ^ 1, true);
-        qk_rope(t, s);
-        wgmma::commit();
+        bool late = true;
+        if constexpr (kPvMid == 2) {
+          late = !tma::test_parity(slab_bar(t, kRopeSlab), parity(t));
+#pragma unroll
+          for (int slab = 0; slab < kDimSlabs; ++slab)
+            late = late || !tma::test_parity(slab_bar(t, kDimSlabs * (wg ^ 1) + slab), parity(t));
+          late = ptx::named_sync_or(kBarGroup + wg, 128, late);
+        }
+        if (late) {
+          pv_other(t - 1);
+          qk_slabs(t, s, wg ^ 1, true);
+          qk_rope(t, s);
+          wgmma::commit();
+        } else {
+          qk_slabs(t, s, wg ^ 1, true);
+          qk_rope(t, s);
+          wgmma::commit();
+          pv_other(t - 1);
+        }
       } else {
         qk(t, s);
         pv_other(t - 1);
@@ -904,22 +923,25 @@ bool bf16_publish_arrive_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_PUBLISH", {{"sync", 0}, {"arrive", 1}}, 0) == 1;
   return on;
 }
-bool bf16_pv_mid_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_PV_MID", {{"0", 0}, {"1", 1}}, 0) == 1;
-  return on;
+int bf16_pv_mid_env() {
+  static const int mid = env_choice("MLA_ROWS_BF16_PV_MID", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
+  return mid;
 }
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  const bool arrive = bf16_publish_arrive_env(), mid = bf16_pv_mid_env();
+  const bool arrive = bf16_publish_arrive_env(), lean_slabs = bf16_lean_env() != 0 && slabs;
+  const int mid = bf16_pv_mid_env();
   return bf16_round_env()                          ? attend_rows_bf16_kernel<true>
          : warps && bf16_slabs_env() == 2         ? attend_rows_bf16_kernel<false, true, true, true>
          : warps                                  ? attend_rows_bf16_kernel<false, true, true>
-         : bf16_lean_env() != 0 && slabs && arrive && mid ? attend_rows_bf16_kernel<false, true, false, true, true, true>
-         : bf16_lean_env() != 0 && slabs && arrive ? attend_rows_bf16_kernel<false, true, false, true, true>
-         : bf16_lean_env() != 0 && slabs && mid    ? attend_rows_bf16_kernel<false, true, false, true, false, true>
-         : bf16_lean_env() != 0 && slabs           ? attend_rows_bf16_kernel<false, true, false, true>
+         : lean_slabs && arrive && mid == 1       ? attend_rows_bf16_kernel<false, true, false, true, true, 1>
+         : lean_slabs && arrive && mid == 2       ? attend_rows_bf16_kernel<false, true, false, true, true, 2>
+         : lean_slabs && arrive                   ? attend_rows_bf16_kernel<false, true, false, true, true>
+         : lean_slabs && mid == 1                 ? attend_rows_bf16_kernel<false, true, false, true, false, 1>
+         : lean_slabs && mid == 2                 ? attend_rows_bf16_kernel<false, true, false, true, false, 2>
+         : lean_slabs                             ? attend_rows_bf16_kernel<false, true, false, true>
          : bf16_lean_env() != 0                   ? attend_rows_bf16_kernel<false, true>
                                                   : attend_rows_bf16_kernel<false>;
 }
