@@ -29,7 +29,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -63,8 +62,6 @@ constexpr int kChunkStrideM = kRowsM / 8 * 128;        // K-major core-matrix ti
 constexpr int kQChunks = kLatent * 2 / 16;             // the query's 16-byte chunks in shared memory (64)
 constexpr int kBarPublished = 1;                       // + w: warpgroup w published a tile (named barrier)
 constexpr int kBarGroup = 3;                           // + w: warpgroup w's 128 threads
-constexpr int kBarMax = 5;                             // + w (kRound): warpgroup w published its tile's maxima
-constexpr int kBarP = 7;                               // + w (kRound): warpgroup w stored its tile's P
 static_assert(kTileKeys / 8 * kChunkStrideM == kSlabBytes, "P [64 rows x 64 keys] fills the rope slab");
 
 struct Bf16RowsSmem {
@@ -144,15 +141,10 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
   }
 }
 
-// kRound (MLA_ROWS_BF16_ROUND=1, s35b, off): FlashMLA's round instead of v18c's (the loop below,
-// docs/attention.md "Against FlashMLA's schedule"). Session 37-38: tied with v18c (H200 D 337.1
-// against 336.2 us), its SASS twice v18c's (24056 instructions: the last rounds peeled into compile-
-// time copies) and 12.7% of its stall samples instruction fetches. s38b: one round body a warpgroup,
-// an odd segment's last round paired with a virtual tile (below): ~13700 instructions, 255
-// registers, no spills, no serialized wgmma (nvcc 13.0); session 39 (H100): tests passed, 1-6%
-// slower than v18c (E 0.6% faster), so not the fetch stalls.
-// kLean (s39a, the default since session 40; MLA_ROWS_BF16_LEAN=0: v18c as before; v18c's loop
-// only: under MLA_ROWS_BF16_ROUND=1 kRound runs): at pages of 64+ keys (one box a tile) one elected
+// (FlashMLA's round, s35b and s38b, MLA_ROWS_BF16_ROUND=1 until session 45: tied with v18c at D on the H200
+// (337.1 against 336.2 us), 1-6% slower elsewhere on H100s; never adopted and removed in session 45, its code,
+// scripts/bf16-round-model and device-check's bf16-round mode at 0a07c5a; docs/attention.md's versions table.)
+// kLean (s39a, the default since session 40; MLA_ROWS_BF16_LEAN=0: v18c as before): at pages of 64+ keys (one box a tile) one elected
 // lane of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box arithmetic, warp
 // reductions, lane loop and slots(p) division (~195 and ~160 SASS instructions in warp 0 for
 // load(t + 1) and load(t + 2), on the softmax's and the next q.k's path: session 39's reading,
@@ -197,11 +189,10 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // at the loop below. kArrive (MLA_ROWS_BF16_PUBLISH=arrive): the owner's publication a bar.arrive (as before s42a);
 // kPvMid (MLA_ROWS_BF16_PV_MID=1): pv_other(t - 1) issued between q.k(t)'s halves; 2 (s45c): there only where
 // q.k(t)'s second half has not landed yet, else after q.k(t) as v18c.
-template <bool kRound = false, bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, bool kArrive = false,
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, bool kArrive = false,
           int kPvMid = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
-  static_assert(!(kRound && kLean), "kLean is v18c's");
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!(kArrive || kPvMid > 0) || (kSlabBars && !kLeanWarps), "s45a and s45b are kSlabBars' at pages of 64+ keys");
@@ -231,7 +222,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   int done = 0;  // tiles consumed by earlier segments (buffer and parity run on)
   const TmaTiles tiles(p, &cache_map, lane, warp);  // each warpgroup's warps issue its own parts
 
-  // (always_inline: with kRound ptxas outlined it, and wgmma across a call is serialized, C7510)
+  // (always_inline: ptxas may outline it, and wgmma across a call is serialized, C7510)
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool,
                    bool) __attribute__((always_inline)) {
     const int n_tiles = keys.n_tiles();
@@ -453,7 +444,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // the causal rule. Element i: row row0 + 8 h (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1).
     // Positions grow with the local index, so the tile's last key decides whether every row sees
     // all of it. Returns the tile's real keys.
-    // (mask: tile t's real keys, key_mask(t); 0 for kRound's virtual tile past an odd segment's end)
+    // (mask: tile t's real keys, key_mask(t))
     // (kLean: a tile of real keys only skips the selects; the mask is the warpgroup's: a uniform branch)
     auto mask_scores = [&](int t, float (&s)[32], uint64_t mask) {
       const int64_t key0 = keys.k_begin + int64_t(t) * kTileKeys;
@@ -480,11 +471,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     };
     // p.v of the other warpgroup's tile j (its P in j's rope slab): this warpgroup's dims' V rows of
     // masked keys zeroed first.
-    // (real = false: kRound's virtual tile past an odd segment's end: nothing loaded, every key
-    // masked, so its V rows zeroed whole against its P of zeros)
-    auto pv_smem = [&](int j, bool real = true) {
-      if (real) wait_dims(j, wg);
-      zero_masked(j, real ? key_mask(j) : 0);
+    auto pv_smem = [&](int j) {
+      wait_dims(j, wg);
+      zero_masked(j, key_mask(j));
       const uint32_t kv = kv_of(j);
       const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
       wgmma::fence();
@@ -595,199 +584,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // samples at the named barrier, the tensor pipe 41% busy). Warpgroup 0's first round has no
     // t - 1; a last round may hold only the other's tile. (No branches around the wgmma waits:
     // ptxas serializes every wgmma where it cannot count the groups in flight, C7514.)
-    if constexpr (kRound) {
-      // s35b (kRound): rounds of two tiles, a = t (warpgroup 0's) and b = t + 1 (warpgroup 1's), as
-      // FlashMLA's SM90 decode round. A softmax waits for its own q.k and the previous tile's maxima
-      // only: warpgroup 0 publishes m(a) (kBarMax), warpgroup 1 takes it, publishes m(b); each then
-      // stores its P into its tile's rope slab (kBarP) for the other's p.v, warpgroup 0 scaled to
-      // m(b) first and after its p.v(a) is done and a + 2's boxes are out (so both p.v of a
-      // warpgroup in a round share one reference maximum and o moves once a round in warpgroup 1,
-      // twice in warpgroup 0), and queues its p.v before the next q.k, which it issues in two commit
-      // groups (its own dims' slabs, then the other's and the rope slab): warpgroup 0 with the
-      // loads the other tile's p.v freed between them, warpgroup 1 after both its loads (warpgroup
-      // 0's next q.k waits for the second). Who loads what is v18c's:
-      // warpgroup w its dims' slabs of every tile and the rope slab of the other's tiles (a part
-      // and mbarrier each), once the p.v that last read them is done; the page ids a round ahead.
-      // Each branch below ends its loop with no wgmma group in flight (a wait<0> after it).
-      // scripts/bf16-round-model models this synchronization for one segment and
-      // scripts/bf16-round-model-segments for several a CTA (keep both in step with changes here).
-      using std::integral_constant;
-      auto page_at = [&](int j) { return tiles.issues() && j < n_tiles ? tiles.page_of(keys, j) : -1; };
-      auto load_at = [&](int j, int32_t page) {
-        if (!tiles.issues() || j >= n_tiles) return;
-        tiles.issue<kDimSlabs, false>(keys, j, page, kv_of(j), bar_of(j, wg), &sm.key_mask[buffer(j)][wg][warp],
-                                      kDimSlabs * wg);
-        if ((j & 1) != wg) tiles.issue<1, false>(keys, j, page, kv_of(j), bar_of(j, 2), nullptr, kRopeSlab);
-      };
-      // q.k(t) in two commit groups: part 0 this warpgroup's dims' slabs, part 1 the other's and the
-      // rope slab (the first MMA of part 0 overwrites s).
-      auto qk_part = [&](int t, float (&s)[32], auto part) {
-        qk_slabs(t, s, decltype(part)::value ^ wg, decltype(part)::value > 0);
-        if constexpr (decltype(part)::value == 1) qk_rope(t, s);
-        wgmma::commit();
-      };
-      auto qk2 = [&](int t, float (&s)[32]) {
-        qk_part(t, s, integral_constant<int, 0>{});
-        qk_part(t, s, integral_constant<int, 1>{});
-      };
-      // Tile t's scores masked (keys not loaded, causal) and the rows' maxima from m_ref, lazily as
-      // v18c's (a row's maximum moves only past m_ref + 2^3; -inf stays while a row sees nothing).
-      auto row_max = [&](int t, float (&s)[32], const float (&m_ref)[2], float (&m_new)[2]) {
-        wgmma::fence_operand(s);
-        const uint64_t mask = mask_scores(t, s, t < n_tiles ? key_mask(t) : 0);  // (the virtual tile: 0)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float tile_max = row_tile_max(s, h);
-          m_new[h] = tile_max > m_ref[h] + kLazyRescale ? tile_max : m_ref[h];
-        }
-        return mask;
-      };
-      // o and the row sums from m_run to m (o idle), as pv_other's rule.
-      auto move_to = [&](const float (&m)[2]) {
-        float alpha[2];
-        bool moved = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          alpha[h] = 1.0f;
-          if (m[h] != m_run[h]) {
-            alpha[h] = exp2_ftz(m_run[h] - m[h]);
-            m_run[h] = m[h];
-            d_run[h] *= alpha[h];
-            moved = true;
-          }
-        }
-        if (__any_sync(0xffffffffu, moved)) {
-          wgmma::fence_operand(o);
-          rescale(alpha);
-        }
-      };
-      // The weights exp2(s scale - m_run) in place, their row sums into d_run, P as bf16 A fragments.
-      auto weights = [&](float (&s)[32], uint32_t (&pa)[kPvSteps][4]) {
-        const float neg_m[2] = {m_run[0] == -INFINITY ? 0.0f : -m_run[0], m_run[1] == -INFINITY ? 0.0f : -m_run[1]};
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = 8 * ks + 2 * e, h = e & 1;
-            s[i] = exp2_ftz(fmaf(s[i], scale_log2, neg_m[h]));
-            s[i + 1] = exp2_ftz(fmaf(s[i + 1], scale_log2, neg_m[h]));
-            d_run[h] += s[i] + s[i + 1];
-            pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
-          }
-      };
-      // P times beta (a row's factor to the next tile's maxima; 1: pa as it is) into tile t's rope
-      // slab for the other warpgroup's p.v (K-major core matrices, as own's), then published (kBarP).
-      auto store_p = [&](int t, const float (&w)[32], const uint32_t (&pa)[kPvSteps][4], const float (&beta)[2]) {
-        const uint32_t p_mine = kv_of(t) + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
-        const bool same = beta[0] == 1.0f && beta[1] == 1.0f;
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = 8 * ks + 2 * e, h = e & 1;
-            const uint32_t v = same ? pa[ks][e] : ptx::pack_bf16x2(w[i] * beta[h], w[i + 1] * beta[h]);
-            ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, v);
-          }
-        wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
-        ptx::named_arrive(kBarP + wg, kThreadsB);
-      };
-      auto pv_own = [&](int t, const uint32_t (&pa)[kPvSteps][4]) {
-        const uint32_t kv = kv_of(t);
-        wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
-        wgmma::commit();
-      };
-      // The other warpgroup's tile j once its P is stored: this warpgroup's dims' V rows of masked
-      // keys zeroed, P from the rope slab.
-      auto pv_theirs = [&](int j) {
-        ptx::named_sync(kBarP + (wg ^ 1), kThreadsB);
-        pv_smem(j, j < n_tiles);  // (the virtual tile: P 0, stored by its owner; V rows zeroed)
-      };
-      auto publish_m = [&](const float (&m)[2]) {
-        if (c == 0) sm.m_pub[wg][row0] = m[0], sm.m_pub[wg][row0 + 8] = m[1];
-        ptx::named_arrive(kBarMax + wg, kThreadsB);
-      };
-      auto take_m = [&](float (&m)[2]) {  // the other warpgroup's published maxima
-        ptx::named_sync(kBarMax + (wg ^ 1), kThreadsB);
-        m[0] = sm.m_pub[wg ^ 1][row0], m[1] = sm.m_pub[wg ^ 1][row0 + 8];
-      };
-      float s[32];
-      uint32_t pa[kPvSteps][4];
-      // (s38b) One round body a warpgroup. An odd segment gets a virtual tile n_tiles (every key
-      // masked: P 0, V rows zeroed by both warpgroups, no loads, no mbarrier waits, no q.k), so every
-      // round holds two tiles and pairs the named barriers as a full one; the next round's q.k only
-      // where its tile is real (warpgroup 0's else: wait<0>). The wait<0> after each loop retires
-      // nothing (ptxas: without it, s live across the warpgroups' merge, 164/372 bytes of spills).
-      if (wg == 0) {
-        if (n_tiles > 0) {
-          int32_t pg[2] = {page_at(2), page_at(3)};
-          qk2(0, s);
-          for (int t = 0; t < n_tiles; t += 2) {  // (rounds: (n_tiles + 1) / 2)
-            const int32_t pn[2] = {page_at(t + 4), page_at(t + 5)};  // (-1 past the segment)
-            wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
-            float m_a[2];
-            const uint64_t mask = row_max(t, s, m_run, m_a);
-            publish_m(m_a);
-            move_to(m_a);
-            weights(s, pa);
-            zero_masked(t, mask);
-            pv_own(t, pa);
-            float beta[2], m_b[2];
-            take_m(m_b);  // (the virtual tile's: m_a itself)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) beta[h] = m_b[h] == m_a[h] ? 1.0f : exp2_ftz(m_a[h] - m_b[h]);
-            wgmma::wait<0>();  // p.v(t)
-            wgmma::fence_operand(o);
-            load_at(t + 2, pg[0]);  // (no-op past the segment)
-            store_p(t, s, pa, beta);
-            move_to(m_b);
-            pv_theirs(t + 1);
-            if (t + 2 < n_tiles) {
-              qk_part(t + 2, s, integral_constant<int, 0>{});
-              wgmma::wait<1>();  // p.v(t + 1)
-              load_at(t + 3, pg[1]);
-              qk_part(t + 2, s, integral_constant<int, 1>{});
-            } else {
-              wgmma::wait<0>();  // p.v(t + 1)
-            }
-            pg[0] = pn[0], pg[1] = pn[1];
-          }
-          wgmma::wait<0>();  // (nothing in flight: see above)
-        }
-      } else {
-        if (n_tiles > 0) {
-          int32_t pg[2] = {page_at(2), page_at(3)};
-          if (n_tiles > 1) qk2(1, s);
-          else {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] = 0.0f;  // (the virtual tile 1's scores: masked)
-          }
-          for (int t = 1; t <= n_tiles; t += 2) {  // (t - 1 < n_tiles: the same rounds)
-            const int32_t pn[2] = {page_at(t + 3), page_at(t + 4)};
-            wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
-            float m_a[2], m_b[2];
-            take_m(m_a);
-            const uint64_t mask = row_max(t, s, m_a, m_b);
-            publish_m(m_b);
-            move_to(m_b);
-            weights(s, pa);
-            const float one[2] = {1.0f, 1.0f};
-            store_p(t, s, pa, one);
-            zero_masked(t, mask);
-            pv_own(t, pa);
-            pv_theirs(t - 1);
-            wgmma::wait<1>();  // p.v(t)
-            load_at(t + 2, pg[1]);
-            wgmma::wait<0>();  // p.v(t - 1)
-            load_at(t + 1, pg[0]);
-            if (t + 2 < n_tiles) qk2(t + 2, s);  // (none for the virtual tile: its scores are all masked)
-            pg[0] = pn[0], pg[1] = pn[1];
-          }
-          wgmma::wait<0>();  // (nothing in flight: see above)
-        }
-      }
-    } else {
     // A reload of a buffer whose readers are done (the wgmma waits before each). The warpgroup
     // meets first (s41b, a named barrier of its 128 threads), so warps 1-3's reads of the buffer's key
     // mask come before warp 0's issue (which writes the next mask) by a barrier, not only by the
@@ -853,7 +649,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if (t + 2 < n_tiles) reload(t + 2);
     }
     if (t == n_tiles && t >= 1) pv_other(t - 1);
-    }
     wgmma::wait<0>();
     wgmma::fence_operand(o);
 
@@ -896,15 +691,11 @@ bool attend_rows_bf16_applies(const AttendParams& p) {
 }
 
 namespace {
-// MLA_ROWS_BF16_ROUND=1: the kRound instance (s35b); else v18c's kLean one (s39a), and at pages of 16
+// v18c's kLean instance (s39a), and at pages of 16
 // and 32 keys its kLeanWarps twin (s41d), unless MLA_ROWS_BF16_LEAN=0 (v18c's TmaTiles::issue at every
 // page size) or =1 (kLean at every page size). kLeanWarps only where its per-warp issue runs: at other
 // pages it takes kLean's paths in its own register allocation, and page 8 ran 1.8% slower so (H200
 // session 42: D 360.9, 361.3 against 354.7, 354.5 us; page 64 equal).
-bool bf16_round_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_ROUND", {{"1", 1}}, 0) == 1;
-  return on;
-}
 int bf16_lean_env() {
   static const int lean = env_choice("MLA_ROWS_BF16_LEAN", {{"0", 0}, {"1", 1}, {"3", 3}}, 3);
   return lean;
@@ -917,8 +708,8 @@ int bf16_slabs_env() {
   static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 1);
   return slabs;
 }
-// s45a (MLA_ROWS_BF16_PUBLISH=arrive) and s45b (MLA_ROWS_BF16_PV_MID=1), prepared in session 45: kSlabBars'
-// instance with the publication a bar.arrive, pv_other between q.k's halves, or both.
+// s45a (MLA_ROWS_BF16_PUBLISH=arrive), s45b and s45c (MLA_ROWS_BF16_PV_MID=1, 2), prepared in session 45: kSlabBars'
+// instance with the publication a bar.arrive, pv_other between q.k's halves (always, or where late), or both.
 bool bf16_publish_arrive_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_PUBLISH", {{"sync", 0}, {"arrive", 1}}, 0) == 1;
   return on;
@@ -933,17 +724,16 @@ auto bf16_rows_kernel(int page_size) {
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
   const bool arrive = bf16_publish_arrive_env(), lean_slabs = bf16_lean_env() != 0 && slabs;
   const int mid = bf16_pv_mid_env();
-  return bf16_round_env()                          ? attend_rows_bf16_kernel<true>
-         : warps && bf16_slabs_env() == 2         ? attend_rows_bf16_kernel<false, true, true, true>
-         : warps                                  ? attend_rows_bf16_kernel<false, true, true>
-         : lean_slabs && arrive && mid == 1       ? attend_rows_bf16_kernel<false, true, false, true, true, 1>
-         : lean_slabs && arrive && mid == 2       ? attend_rows_bf16_kernel<false, true, false, true, true, 2>
-         : lean_slabs && arrive                   ? attend_rows_bf16_kernel<false, true, false, true, true>
-         : lean_slabs && mid == 1                 ? attend_rows_bf16_kernel<false, true, false, true, false, 1>
-         : lean_slabs && mid == 2                 ? attend_rows_bf16_kernel<false, true, false, true, false, 2>
-         : lean_slabs                             ? attend_rows_bf16_kernel<false, true, false, true>
-         : bf16_lean_env() != 0                   ? attend_rows_bf16_kernel<false, true>
-                                                  : attend_rows_bf16_kernel<false>;
+  return warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
+         : warps                         ? attend_rows_bf16_kernel<true, true>
+         : lean_slabs && arrive && mid == 1 ? attend_rows_bf16_kernel<true, false, true, true, 1>
+         : lean_slabs && arrive && mid == 2 ? attend_rows_bf16_kernel<true, false, true, true, 2>
+         : lean_slabs && arrive          ? attend_rows_bf16_kernel<true, false, true, true>
+         : lean_slabs && mid == 1        ? attend_rows_bf16_kernel<true, false, true, false, 1>
+         : lean_slabs && mid == 2        ? attend_rows_bf16_kernel<true, false, true, false, 2>
+         : lean_slabs                    ? attend_rows_bf16_kernel<true, false, true>
+         : bf16_lean_env() != 0          ? attend_rows_bf16_kernel<true>
+                                         : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 
