@@ -144,9 +144,9 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // (FlashMLA's round, s35b and s38b, MLA_ROWS_BF16_ROUND=1 until session 45: tied with v18c at D on the H200
 // (337.1 against 336.2 us), 1-6% slower elsewhere on H100s; never adopted and removed in session 45, its code,
 // scripts/bf16-round-model and device-check's bf16-round mode at 0a07c5a; docs/attention.md's versions table.)
-// kLean (s39a, the default since session 40; MLA_ROWS_BF16_LEAN=0: v18c as before): at pages of 64+ keys (one box a tile) one elected
-// lane of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box arithmetic, warp
-// reductions, lane loop and slots(p) division (~195 and ~160 SASS instructions in warp 0 for
+// kLean (s39a, the default since session 40; MLA_ROWS_BF16_LEAN=0: v18c as before): at pages of 64+ keys
+// (one box a tile) one elected lane of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box
+// arithmetic, warp reductions, lane loop and slots(p) division (~195 and ~160 SASS instructions in warp 0 for
 // load(t + 1) and load(t + 2), on the softmax's and the next q.k's path: session 39's reading,
 // docs/attention.md); and a tile whose keys are all real skips mask_scores' selects. Session 40,
 // each twice against v18c: H200 D 337.0 -> 290.5 us, F 204.6 -> 176.8, G 185.4 -> 162.6, 96 heads
@@ -185,7 +185,7 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // on the long step test is every instance's: docs/attention.md's queue, item 3). Not yet timed on an H200.
 // s44c (MLA_ROWS_BF16_SLABS=2, prepared in session 44, never run on a GPU): kLeanWarps' twin at pages of 16 and
 // 32 keys, each issuing warp arming every slab with its box's rows (slots(p) arrivals a slab barrier).
-// s45a and s45b (prepared in session 45; kSlabBars' instance at pages of 64+ keys only, each under its switch): why
+// s45a-c (prepared in session 45; kSlabBars' instance at pages of 64+ keys only, each under its switch): why
 // at the loop below. kArrive (MLA_ROWS_BF16_PUBLISH=arrive): the owner's publication a bar.arrive (as before s42a);
 // kPvMid (MLA_ROWS_BF16_PV_MID=1): pv_other(t - 1) issued between q.k(t)'s halves; 2 (s45c): there only where
 // q.k(t)'s second half has not landed yet, else after q.k(t) as v18c.
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
-  static_assert(!(kArrive || kPvMid > 0) || (kSlabBars && !kLeanWarps), "s45a and s45b are kSlabBars' at pages of 64+ keys");
+  static_assert(!(kArrive || kPvMid > 0) || (kSlabBars && !kLeanWarps), "s45a-c are kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
