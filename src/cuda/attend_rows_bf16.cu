@@ -434,9 +434,17 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
     };
     // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
+    // (its own loop, not qk_slabs(wg) + qk_rest below: written so, kLean's and v18c's instances compiled to
+    // other SASS than the measured one, session 45's sass-compare; kLean's runs at pages of 8 keys by default)
     auto qk = [&](int t, float (&s)[32]) {
 #pragma unroll
       for (int half = 0; half < kGroups; ++half) qk_slabs(t, s, half ^ wg, half > 0);
+      qk_rope(t, s);
+      wgmma::commit();
+    };
+    // s45b/c: q.k(t)'s second half alone (the other's slabs and the rope slab), its own commit group.
+    auto qk_rest = [&](int t, float (&s)[32]) {
+      qk_slabs(t, s, wg ^ 1, true);
       qk_rope(t, s);
       wgmma::commit();
     };
@@ -554,14 +562,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // 163.3 / 162.9, 164.3, arrive / sync).
       // kArrive (s45a): the publisher goes on at once, as before s42a: with q.k's slab waits (s44b) the other
       // warpgroup reaches its pv_other only once its next tile has landed, so bar.sync holds this p.v(t)
-      // back by that long. (-DMLA_BF16_PUBLISH_ARRIVE, a diagnostic build of session 44: every instance so,
-      // to tell whether synccheck's "divergent thread(s) in block" reports come from this id's two bar.sync sites)
-#ifdef MLA_BF16_PUBLISH_ARRIVE
-      constexpr bool arrive = true;
-#else
-      constexpr bool arrive = kArrive;
-#endif
-      if constexpr (arrive) ptx::named_arrive(kBarPublished + wg, kThreadsB);
+      // back by that long. (Also session 44's synccheck question, whether its "divergent thread(s) in block"
+      // reports come from this id's two bar.sync sites: that diagnostic build's macro gave way to this switch.)
+      if constexpr (kArrive) ptx::named_arrive(kBarPublished + wg, kThreadsB);
       else ptx::named_sync(kBarPublished + wg, kThreadsB);
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
@@ -606,17 +609,19 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
+      // s45b (kPvMid 1): q.k(t)'s MMAs over this warpgroup's slabs, then p.v of the other's tile t - 1,
+      // then the rest of q.k(t). With q.k waiting slab by slab (s44b), q.k(t)'s issue ends only once the
+      // whole tile has landed (its loads went out right after p.v(t - 2)), and pv_other(t - 1) waited
+      // behind it though its operands were ready; here it waits for half the tile. The tensor pipe runs a
+      // warpgroup's groups in order, so the rest of q.k(t) then runs after p.v(t - 1): where the tile
+      // landed before the other's publication, that half of q.k moves from under the other's softmax to
+      // after it.
+      // s45c (kPvMid 2): that order only where the second half's slabs (the other warpgroup's dims and the
+      // rope slab) have not all landed when the first half is issued, else v18c's (one answer for the
+      // warpgroup's four warps, which issue its wgmma together: the OR over its 128 threads' tests).
+      // (Each branch whole: with one qk_rest between two conditional pv_other, ptxas serialized kPvMid 2's
+      // wgmma, C7514, session 45.)
       if constexpr (kPvMid > 0) {
-        // s45b: q.k(t)'s MMAs over this warpgroup's slabs, then p.v of the other's tile t - 1, then the
-        // rest of q.k(t). With q.k waiting slab by slab (s44b), q.k(t)'s issue ends only once the whole
-        // tile has landed (its loads went out right after p.v(t - 2)), and pv_other(t - 1) waited behind
-        // it though its operands were ready; here it waits for half the tile. The tensor pipe runs a
-        // warpgroup's groups in order, so the rest of q.k(t) then runs after p.v(t - 1): where the tile
-        // landed before the other's publication, that half of q.k moves from under the other's
-        // softmax to after it.
-        // s45c (kPvMid 2): that order only where the second half's slabs (the other warpgroup's dims and the
-        // rope slab) have not all landed when the first half is issued, else v18c's (one answer for the
-        // warpgroup's four warps, which issue its wgmma together: the OR over its 128 threads' tests).
         qk_slabs(t, s, wg, false);
         wgmma::commit();
         bool late = true;
@@ -629,13 +634,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         }
         if (late) {
           pv_other(t - 1);
-          qk_slabs(t, s, wg ^ 1, true);
-          qk_rope(t, s);
-          wgmma::commit();
+          qk_rest(t, s);
         } else {
-          qk_slabs(t, s, wg ^ 1, true);
-          qk_rope(t, s);
-          wgmma::commit();
+          qk_rest(t, s);
           pv_other(t - 1);
         }
       } else {
@@ -718,20 +719,21 @@ int bf16_pv_mid_env() {
   static const int mid = env_choice("MLA_ROWS_BF16_PV_MID", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
   return mid;
 }
+// kSlabBars' instance (pages of 64+ keys) with the publication's form and p.v's place (s45a-c).
+template <bool kArrive>
+auto slab_bars_kernel(int pv_mid) {
+  return pv_mid == 1   ? attend_rows_bf16_kernel<true, false, true, kArrive, 1>
+         : pv_mid == 2 ? attend_rows_bf16_kernel<true, false, true, kArrive, 2>
+                       : attend_rows_bf16_kernel<true, false, true, kArrive>;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  const bool arrive = bf16_publish_arrive_env(), lean_slabs = bf16_lean_env() != 0 && slabs;
-  const int mid = bf16_pv_mid_env();
+  if (bf16_lean_env() != 0 && slabs)  // (kSlabBars' instances: s45a-c under their switches)
+    return bf16_publish_arrive_env() ? slab_bars_kernel<true>(bf16_pv_mid_env()) : slab_bars_kernel<false>(bf16_pv_mid_env());
   return warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                         ? attend_rows_bf16_kernel<true, true>
-         : lean_slabs && arrive && mid == 1 ? attend_rows_bf16_kernel<true, false, true, true, 1>
-         : lean_slabs && arrive && mid == 2 ? attend_rows_bf16_kernel<true, false, true, true, 2>
-         : lean_slabs && arrive          ? attend_rows_bf16_kernel<true, false, true, true>
-         : lean_slabs && mid == 1        ? attend_rows_bf16_kernel<true, false, true, false, 1>
-         : lean_slabs && mid == 2        ? attend_rows_bf16_kernel<true, false, true, false, 2>
-         : lean_slabs                    ? attend_rows_bf16_kernel<true, false, true>
          : bf16_lean_env() != 0          ? attend_rows_bf16_kernel<true>
                                          : attend_rows_bf16_kernel<false>;
 }
