@@ -183,19 +183,20 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // 305.5 / 283.8, G 170.4 / 159.1 and 169.3 / 160.0, 96 heads 297.5 / 276.9, F 223.4 / 218.3, uneven 646.1 /
 // 608.9, D at page 128 299.1 / 281.5; the tests, racecheck and memcheck passed under it (synccheck's report
 // on the long step test is every instance's: docs/attention.md's queue, item 3). Not yet timed on an H200.
-// s44c (MLA_ROWS_BF16_SLABS=2, prepared in session 44, never run on a GPU): kLeanWarps' twin at pages of 16 and
-// 32 keys, each issuing warp arming every slab with its box's rows (slots(p) arrivals a slab barrier).
-// s45a-c (prepared in session 45; kSlabBars' instance at pages of 64+ keys only, each under its switch): why
-// at the loop below. kArrive (MLA_ROWS_BF16_PUBLISH=arrive): the owner's publication a bar.arrive (as before s42a);
-// kPvMid (MLA_ROWS_BF16_PV_MID=1): pv_other(t - 1) issued between q.k(t)'s halves; 2 (s45c): there only where
-// q.k(t)'s second half has not landed yet, else after q.k(t) as v18c.
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, bool kArrive = false,
-          int kPvMid = 0>
+// s44c (the default since session 46; MLA_ROWS_BF16_SLABS=1: kLeanWarps' part barriers at pages of 16 and 32
+// keys, as sessions 44-45): kLeanWarps' twin at pages of 16 and 32 keys, each issuing warp arming every slab
+// with its box's rows (slots(p) arrivals a slab barrier). H100 session 46 (GPU-e259d0e5, 5 runs over two calls,
+// part / slab barriers, mean µs): D at page 16 312.1 / 301.1, at page 32 308.5 / 293.8, G at page 16 175.7 /
+// 169.5; 3 runs: uneven at page 16 693.2 / 665.7, F at page 16 235.3 / 233.6; its tests, racecheck and memcheck
+// passed.
+// (s45a-c, session 45, removed in session 46 after its H100 timings; their code at 284f332: the publication a
+// bar.arrive again, 2-3% slower at D and 96 heads; pv_other(t - 1) between q.k(t)'s halves, always or where the
+// second half had not landed: 0.9-1.3% faster at G and 96 heads, 0.5-1% slower at D; docs/attention.md.)
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
-  static_assert(!(kArrive || kPvMid > 0) || (kSlabBars && !kLeanWarps), "s45a-c are kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -434,17 +435,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
     };
     // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
-    // (its own loop, not qk_slabs(wg) + qk_rest below: written so, kLean's and v18c's instances compiled to
-    // other SASS than the measured one, session 45's sass-compare; kLean's runs at pages of 8 keys by default)
     auto qk = [&](int t, float (&s)[32]) {
 #pragma unroll
       for (int half = 0; half < kGroups; ++half) qk_slabs(t, s, half ^ wg, half > 0);
-      qk_rope(t, s);
-      wgmma::commit();
-    };
-    // s45b/c: q.k(t)'s second half alone (the other's slabs and the rope slab), its own commit group.
-    auto qk_rest = [&](int t, float (&s)[32]) {
-      qk_slabs(t, s, wg ^ 1, true);
       qk_rope(t, s);
       wgmma::commit();
     };
@@ -560,12 +553,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // bar.sync none (H200 session 42). A lock step, no deadlock: each warpgroup's pv_other follows one
       // q.k of its own. Cost within noise (H200 GPU-f172db40: D 289.9, 296.6 / 291.7, 294.4 us; G 163.6,
       // 163.3 / 162.9, 164.3, arrive / sync).
-      // kArrive (s45a): the publisher goes on at once, as before s42a: with q.k's slab waits (s44b) the other
-      // warpgroup reaches its pv_other only once its next tile has landed, so bar.sync holds this p.v(t)
-      // back by that long. (Also session 44's synccheck question, whether its "divergent thread(s) in block"
-      // reports come from this id's two bar.sync sites: that diagnostic build's macro gave way to this switch.)
-      if constexpr (kArrive) ptx::named_arrive(kBarPublished + wg, kThreadsB);
-      else ptx::named_sync(kBarPublished + wg, kThreadsB);
+      // (s45a, session 46: a bar.arrive here again, under s44b's slab waits, was 2-3% slower at D and 96 heads,
+      // and synccheck reported on it as on bar.sync, so its "divergent thread(s) in block" reports do not come
+      // from this barrier id's two bar.sync sites.)
+      ptx::named_sync(kBarPublished + wg, kThreadsB);
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
         rescale(alpha);
@@ -609,40 +600,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      // s45b (kPvMid 1): q.k(t)'s MMAs over this warpgroup's slabs, then p.v of the other's tile t - 1,
-      // then the rest of q.k(t). With q.k waiting slab by slab (s44b), q.k(t)'s issue ends only once the
-      // whole tile has landed (its loads went out right after p.v(t - 2)), and pv_other(t - 1) waited
-      // behind it though its operands were ready; here it waits for half the tile. The tensor pipe runs a
-      // warpgroup's groups in order, so the rest of q.k(t) then runs after p.v(t - 1): where the tile
-      // landed before the other's publication, that half of q.k moves from under the other's softmax to
-      // after it.
-      // s45c (kPvMid 2): that order only where the second half's slabs (the other warpgroup's dims and the
-      // rope slab) have not all landed when the first half is issued, else v18c's (one answer for the
-      // warpgroup's four warps, which issue its wgmma together: the OR over its 128 threads' tests).
-      // (Each branch whole: with one qk_rest between two conditional pv_other, ptxas serialized kPvMid 2's
-      // wgmma, C7514, session 45.)
-      if constexpr (kPvMid > 0) {
-        qk_slabs(t, s, wg, false);
-        wgmma::commit();
-        bool late = true;
-        if constexpr (kPvMid == 2) {
-          late = !tma::test_parity(slab_bar(t, kRopeSlab), parity(t));
-#pragma unroll
-          for (int slab = 0; slab < kDimSlabs; ++slab)
-            late = late || !tma::test_parity(slab_bar(t, kDimSlabs * (wg ^ 1) + slab), parity(t));
-          late = ptx::named_sync_or(kBarGroup + wg, 128, late);
-        }
-        if (late) {
-          pv_other(t - 1);
-          qk_rest(t, s);
-        } else {
-          qk_rest(t, s);
-          pv_other(t - 1);
-        }
-      } else {
-        qk(t, s);
-        pv_other(t - 1);
-      }
+      qk(t, s);
+      pv_other(t - 1);
       wgmma::wait<0>();
       if (t + 1 < n_tiles) reload(t + 1);
       own(t, s);
@@ -704,38 +663,21 @@ int bf16_lean_env() {
 // Whether a launch at this page size runs kLeanWarps' per-warp issue (TmaTiles' box count).
 bool bf16_lean_warps_page(int page_size) { return lean_warps_boxes(kTileKeys / std::min(page_size, kTileKeys)); }
 // kLean's kSlabBars twin at pages of 64+ keys (s44b, the default since session 44; MLA_ROWS_BF16_SLABS=0: kLean);
-// =2 (s44c, prepared, never run on a GPU): kLeanWarps' kSlabBars twin at pages of 16 and 32 keys too.
+// 2 (s44c, the default since session 46): kLeanWarps' kSlabBars twin at pages of 16 and 32 keys too; 1: there
+// kLeanWarps' part barriers, as sessions 44-45.
 int bf16_slabs_env() {
-  static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 1);
+  static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 2);
   return slabs;
-}
-// s45a (MLA_ROWS_BF16_PUBLISH=arrive), s45b and s45c (MLA_ROWS_BF16_PV_MID=1, 2), prepared in session 45: kSlabBars'
-// instance with the publication a bar.arrive, pv_other between q.k's halves (always, or where late), or both.
-bool bf16_publish_arrive_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_PUBLISH", {{"sync", 0}, {"arrive", 1}}, 0) == 1;
-  return on;
-}
-int bf16_pv_mid_env() {
-  static const int mid = env_choice("MLA_ROWS_BF16_PV_MID", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
-  return mid;
-}
-// kSlabBars' instance (pages of 64+ keys) with the publication's form and p.v's place (s45a-c).
-template <bool kArrive>
-auto slab_bars_kernel(int pv_mid) {
-  return pv_mid == 1   ? attend_rows_bf16_kernel<true, false, true, kArrive, 1>
-         : pv_mid == 2 ? attend_rows_bf16_kernel<true, false, true, kArrive, 2>
-                       : attend_rows_bf16_kernel<true, false, true, kArrive>;
 }
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  if (bf16_lean_env() != 0 && slabs)  // (kSlabBars' instances: s45a-c under their switches)
-    return bf16_publish_arrive_env() ? slab_bars_kernel<true>(bf16_pv_mid_env()) : slab_bars_kernel<false>(bf16_pv_mid_env());
-  return warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
-         : warps                         ? attend_rows_bf16_kernel<true, true>
-         : bf16_lean_env() != 0          ? attend_rows_bf16_kernel<true>
-                                         : attend_rows_bf16_kernel<false>;
+  return bf16_lean_env() != 0 && slabs   ? attend_rows_bf16_kernel<true, false, true>
+         : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
+         : warps                          ? attend_rows_bf16_kernel<true, true>
+         : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<true>
+                                          : attend_rows_bf16_kernel<false>;
 }
 }  // namespace
 
