@@ -9,7 +9,8 @@ q.k (from the first QGMMA's WARPGROUP.ARRIVE to the instruction before the first
 last QGMMA), softmax (to the WARPGROUP.ARRIVE before the first HGMMA), p.v (to the last HGMMA's
 WARPGROUP.DEPBAR and the waits right after it), and the rest (prologue, epilogue, TMA issue paths
 inside those spans are counted where they sit). Prints samples a phase with its top stall reasons,
-then the instructions with the most samples."""
+then the instructions with the most samples. For the bf16 many-rows kernel (no QGMMA) only the tile waits
+are a phase (MLA_PROFILE_KERNEL=attend_rows_bf16)."""
 import csv, sys, collections
 
 def main():
@@ -27,23 +28,33 @@ def main():
     n = len(data)
     first = lambda pred, start=0: next((i for i in range(start, n) if pred(i)), None)
     q0 = first(lambda i: op[i].startswith('QGMMA'))
-    q1 = max(i for i in range(n) if op[i].startswith('QGMMA'))
-    h0 = first(lambda i: op[i].startswith('HGMMA'))
-    h1 = max(i for i in range(n) if op[i].startswith('HGMMA'))
     phase = ['other'] * n
-    qs = max(i for i in range(q0) if op[i].startswith('WARPGROUP.ARRIVE') or i == 0)
-    w0 = max((i for i in range(qs) if op[i].startswith('SYNCS.PHASECHK')), default=qs)
-    sm0 = first(lambda i: op[i].startswith('FSEL'), q1) or q1 + 1
-    pv0 = max(i for i in range(h0) if op[i].startswith('WARPGROUP.ARRIVE'))
-    pv1 = first(lambda i: not op[i].startswith('WARPGROUP.DEPBAR'), h1 + 2) or h1 + 1
+    if q0 is None:
+        # The bf16 many-rows kernel (HGMMA only, its two warpgroups' rounds interleaved in the code): no phase
+        # landmarks; its mbarrier waits still count as tile waits below, the rest as other.
+        print('(no QGMMA: not the fp8 many-rows kernel, so only the tile waits are cut out as a phase)')
+    else:
+        q1 = max(i for i in range(n) if op[i].startswith('QGMMA'))
+        h0 = first(lambda i: op[i].startswith('HGMMA'))
+        h1 = max(i for i in range(n) if op[i].startswith('HGMMA'))
+        qs = max(i for i in range(q0) if op[i].startswith('WARPGROUP.ARRIVE') or i == 0)
+        w0 = max((i for i in range(qs) if op[i].startswith('SYNCS.PHASECHK')), default=qs)
+        sm0 = first(lambda i: op[i].startswith('FSEL'), q1) or q1 + 1
+        pv0 = max(i for i in range(h0) if op[i].startswith('WARPGROUP.ARRIVE'))
+        pv1 = first(lambda i: not op[i].startswith('WARPGROUP.DEPBAR'), h1 + 2) or h1 + 1
+        for i in range(n):
+            if w0 - 4 <= i < qs: phase[i] = 'tile wait'
+            elif qs <= i < sm0: phase[i] = 'q.k'
+            elif sm0 <= i < pv0: phase[i] = 'softmax'
+            elif pv0 <= i < pv1: phase[i] = 'p.v'
+    # the tile wait's retry loop sits out of line: SYNCS.PHASECHK anywhere counts as tile wait; in the bf16
+    # kernel also the branch just after it (the try-wait's `@!P0 BRA`, where the waiting warps' samples land;
+    # the fp8 kernel's phases stay cut as sessions 17-44 read them)
     for i in range(n):
-        if w0 - 4 <= i < qs: phase[i] = 'tile wait'
-        elif qs <= i < sm0: phase[i] = 'q.k'
-        elif sm0 <= i < pv0: phase[i] = 'softmax'
-        elif pv0 <= i < pv1: phase[i] = 'p.v'
-    # the tile wait's retry loop sits out of line: SYNCS.PHASECHK anywhere counts as tile wait
-    for i in range(n):
-        if op[i].startswith('SYNCS.PHASECHK'): phase[i] = 'tile wait'
+        if op[i].startswith('SYNCS.PHASECHK'):
+            phase[i] = 'tile wait'
+            nxt = first(lambda k: op[k] == 'BRA', i + 1) if q0 is None else None
+            if nxt is not None and nxt <= i + 6: phase[nxt] = 'tile wait'
     total = sum(num(r, 'Warp Stall Sampling (All Samples)') for r in data)
     by = collections.defaultdict(lambda: collections.Counter())
     for i, r in enumerate(data):
