@@ -192,11 +192,14 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // (s45a-c, session 45, removed in session 46 after its H100 timings; their code at 284f332: the publication a
 // bar.arrive again, 2-3% slower at D and 96 heads; pv_other(t - 1) between q.k(t)'s halves, always or where the
 // second half had not landed: 0.9-1.3% faster at G and 96 heads, 0.5-1% slower at D; docs/attention.md.)
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
+// kPvFirst (s46b, MLA_ROWS_BF16_PV_FIRST=1, prepared in session 46, never run on a GPU; kSlabBars' instance at pages
+// of 64+ keys): pv_other(t - 1) before q.k(t) where tile t's first slab has not landed (why: at the loop below).
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, bool kPvFirst = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
+  static_assert(!kPvFirst || (kSlabBars && !kLeanWarps), "kPvFirst (s46b) is kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -600,8 +603,29 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      qk(t, s);
-      pv_other(t - 1);
+      // s46b (kPvFirst): where tile t's first slab (this warpgroup's dims) has not landed when the round
+      // starts, p.v of the other's tile t - 1 first, then q.k(t); else v18c's order. Session 46's profile of
+      // D (H100, ncu): q.k(t)'s first slab wait 17.4% of the stall samples (the tile's boxes left in reload(t)
+      // right after p.v(t - 2), so q.k(t) waits a whole load latency) and the publisher's bar.sync 18.2% (the
+      // other warpgroup reaches its pv_other only after that q.k issued). Taking pv_other first there gives the
+      // tensor pipe the other's p.v during the load and lets the other's publication through at once; where
+      // the slab has landed, q.k first as before (v18b, pv_other always first, lost before s44b's slab waits:
+      // the two warpgroups' q.k and softmax then ran one after the other). One answer for the warpgroup's four
+      // warps (they issue its wgmma together): the OR over its 128 threads' tests. (Each branch whole, as
+      // s45c's: a wgmma between conditional ones made ptxas serialize, C7514, session 45.)
+      if constexpr (kPvFirst) {
+        const bool late = ptx::named_sync_or(kBarGroup + wg, 128, !tma::test_parity(slab_bar(t, kDimSlabs * wg), parity(t)));
+        if (late) {
+          pv_other(t - 1);
+          qk(t, s);
+        } else {
+          qk(t, s);
+          pv_other(t - 1);
+        }
+      } else {
+        qk(t, s);
+        pv_other(t - 1);
+      }
       wgmma::wait<0>();
       if (t + 1 < n_tiles) reload(t + 1);
       own(t, s);
@@ -669,10 +693,17 @@ int bf16_slabs_env() {
   static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 2);
   return slabs;
 }
+// s46b (MLA_ROWS_BF16_PV_FIRST=1, prepared in session 46, off): kSlabBars' instance at pages of 64+ keys with
+// pv_other before q.k where the round's tile has not landed.
+bool bf16_pv_first_env() {
+  static const bool on = env_choice("MLA_ROWS_BF16_PV_FIRST", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
+  if (bf16_lean_env() != 0 && slabs && bf16_pv_first_env()) return attend_rows_bf16_kernel<true, false, true, true>;
   return bf16_lean_env() != 0 && slabs   ? attend_rows_bf16_kernel<true, false, true>
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
