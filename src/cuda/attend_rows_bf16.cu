@@ -193,7 +193,7 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // bar.arrive again, 2-3% slower at D and 96 heads; pv_other(t - 1) between q.k(t)'s halves, always or where the
 // second half had not landed: 0.9-1.3% faster at G and 96 heads, 0.5-1% slower at D; docs/attention.md.)
 // kPvFirst (s46b, MLA_ROWS_BF16_PV_FIRST=1, prepared in session 46, never run on a GPU; kSlabBars' instance at pages
-// of 64+ keys): pv_other(t - 1) before q.k(t) where tile t's first slab has not landed (why: at the loop below).
+// of 64+ keys): pv_other(t - 1) before q.k(t) (why: at the loop below).
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, bool kPvFirst = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -603,25 +603,18 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      // s46b (kPvFirst): where tile t's first slab (this warpgroup's dims) has not landed when the round
-      // starts, p.v of the other's tile t - 1 first, then q.k(t); else v18c's order. Session 46's profile of
-      // D (H100, ncu): q.k(t)'s first slab wait 17.4% of the stall samples (the tile's boxes left in reload(t)
-      // right after p.v(t - 2), so q.k(t) waits a whole load latency) and the publisher's bar.sync 18.2% (the
-      // other warpgroup reaches its pv_other only after that q.k issued). Taking pv_other first there gives the
-      // tensor pipe the other's p.v during the load and lets the other's publication through at once; where
-      // the slab has landed, q.k first as before (v18b, pv_other always first, lost before s44b's slab waits:
-      // the two warpgroups' q.k and softmax then ran one after the other). One answer for the warpgroup's four
-      // warps (they issue its wgmma together): the OR over its 128 threads' tests. (Each branch whole, as
-      // s45c's: a wgmma between conditional ones made ptxas serialize, C7514, session 45.)
+      // s46b (kPvFirst): p.v of the other's tile t - 1 before q.k(t), v18b's order again under s44b's slab waits
+      // and s42a's publication bar.sync. Session 46's profile of D (H100, ncu): q.k(t)'s first slab wait 17.4%
+      // of the stall samples (tile t's boxes left in reload(t) at the end of the last round, just before q.k(t),
+      // so it waits a whole load latency) and the publisher's bar.sync 18.2% (the other warpgroup reaches its
+      // pv_other only after that q.k issued). With pv_other first, the other's publication goes through as soon
+      // as it is made, so its p.v and reloads go out earlier, and the tensor pipe takes this p.v during the load.
+      // v18b lost before s44b (the warpgroups' q.k and softmax then ran one after the other), when q.k waited for
+      // whole parts. (A per-round choice, by testing the first slab's mbarrier, was written first and dropped
+      // before any run: the test came ~100-200 cycles after the slab's box left, so it said "late" every round.)
       if constexpr (kPvFirst) {
-        const bool late = ptx::named_sync_or(kBarGroup + wg, 128, !tma::test_parity(slab_bar(t, kDimSlabs * wg), parity(t)));
-        if (late) {
-          pv_other(t - 1);
-          qk(t, s);
-        } else {
-          qk(t, s);
-          pv_other(t - 1);
-        }
+        pv_other(t - 1);
+        qk(t, s);
       } else {
         qk(t, s);
         pv_other(t - 1);
@@ -694,7 +687,7 @@ int bf16_slabs_env() {
   return slabs;
 }
 // s46b (MLA_ROWS_BF16_PV_FIRST=1, prepared in session 46, off): kSlabBars' instance at pages of 64+ keys with
-// pv_other before q.k where the round's tile has not landed.
+// pv_other before q.k.
 bool bf16_pv_first_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_PV_FIRST", {{"0", 0}, {"1", 1}}, 0) == 1;
   return on;

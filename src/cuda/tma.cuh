@@ -52,17 +52,6 @@ __device__ __forceinline__ bool wait_parity(uint32_t bar, uint32_t parity, uint3
 #define MLA_REMOTE_ARRIVE_SEM ""
 #endif
 
-// Whether the phase with this parity has completed, without waiting (mbarrier.test_wait).
-__device__ __forceinline__ bool test_parity(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
 // Waits for the phase with this parity to complete, however long it takes (kernels).
 __device__ __forceinline__ void wait_parity_forever(uint32_t bar, uint32_t parity) {
   asm volatile(
