@@ -696,8 +696,8 @@ bool bf16_pv_first_env() {
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  if (bf16_lean_env() != 0 && slabs && bf16_pv_first_env()) return attend_rows_bf16_kernel<true, false, true, true>;
-  return bf16_lean_env() != 0 && slabs   ? attend_rows_bf16_kernel<true, false, true>
+  return bf16_lean_env() != 0 && slabs   ? (bf16_pv_first_env() ? attend_rows_bf16_kernel<true, false, true, true>
+                                                                : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
          : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<true>
