@@ -192,14 +192,13 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // (s45a-c, session 45, removed in session 46 after its H100 timings; their code at 284f332: the publication a
 // bar.arrive again, 2-3% slower at D and 96 heads; pv_other(t - 1) between q.k(t)'s halves, always or where the
 // second half had not landed: 0.9-1.3% faster at G and 96 heads, 0.5-1% slower at D; docs/attention.md.)
-// kPvFirst (s46b, MLA_ROWS_BF16_PV_FIRST=1, prepared in session 46, never run on a GPU; kSlabBars' instance at pages
-// of 64+ keys): pv_other(t - 1) before q.k(t) (why: at the loop below).
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, bool kPvFirst = false>
+// (s46b, session 46, removed in session 47 after its H200 timings; its code at a9c0da4: pv_other(t - 1) before q.k(t)
+// every round, v18b's order under s44b's slab waits: 11-14% slower at D, G and 96 heads, 2% faster at F; docs/attention.md.)
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
-  static_assert(!kPvFirst || (kSlabBars && !kLeanWarps), "kPvFirst (s46b) is kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -603,22 +602,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      // s46b (kPvFirst): p.v of the other's tile t - 1 before q.k(t), v18b's order again under s44b's slab waits
-      // and s42a's publication bar.sync. Session 46's profile of D (H100, ncu): q.k(t)'s first slab wait 17.4%
-      // of the stall samples (tile t's boxes left in reload(t) at the end of the last round, just before q.k(t),
-      // so it waits a whole load latency) and the publisher's bar.sync 18.2% (the other warpgroup reaches its
-      // pv_other only after that q.k issued). With pv_other first, the other's publication goes through as soon
-      // as it is made, so its p.v and reloads go out earlier, and the tensor pipe takes this p.v during the load.
-      // v18b lost before s44b (the warpgroups' q.k and softmax then ran one after the other), when q.k waited for
-      // whole parts. (A per-round choice, by testing the first slab's mbarrier, was written first and dropped
-      // before any run: the test came ~100-200 cycles after the slab's box left, so it said "late" every round.)
-      if constexpr (kPvFirst) {
-        pv_other(t - 1);
-        qk(t, s);
-      } else {
-        qk(t, s);
-        pv_other(t - 1);
-      }
+      qk(t, s);
+      pv_other(t - 1);
       wgmma::wait<0>();
       if (t + 1 < n_tiles) reload(t + 1);
       own(t, s);
@@ -686,18 +671,11 @@ int bf16_slabs_env() {
   static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 2);
   return slabs;
 }
-// s46b (MLA_ROWS_BF16_PV_FIRST=1, prepared in session 46, off): kSlabBars' instance at pages of 64+ keys with
-// pv_other before q.k.
-bool bf16_pv_first_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_PV_FIRST", {{"0", 0}, {"1", 1}}, 0) == 1;
-  return on;
-}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  return bf16_lean_env() != 0 && slabs   ? (bf16_pv_first_env() ? attend_rows_bf16_kernel<true, false, true, true>
-                                                                : attend_rows_bf16_kernel<true, false, true>)
+  return bf16_lean_env() != 0 && slabs   ? attend_rows_bf16_kernel<true, false, true>
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
          : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<true>
