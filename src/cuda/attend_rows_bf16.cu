@@ -194,11 +194,17 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // second half had not landed: 0.9-1.3% faster at G and 96 heads, 0.5-1% slower at D; docs/attention.md.)
 // (s46b, session 46, removed in session 47 after its H200 timings; its code at a9c0da4: pv_other(t - 1) before q.k(t)
 // every round, v18b's order under s44b's slab waits: 11-14% slower at D, G and 96 heads, 2% faster at F; docs/attention.md.)
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
+// kPvSlabs (s47a, MLA_ROWS_BF16_PV_SLABS=1, prepared in session 47; kSlabBars' instances at pages of 64+ keys): = 1,
+// the owner's p.v slab by slab (four m64n64k16 chains, one commit group a 64-dim slab) and its dims' slabs of tile
+// t + 2 reloaded one by one as each group retires, so q.k(t + 2)'s first slab goes out ~3/4 of a p.v earlier (why: at
+// retire_own below); the other's p.v in the same four chains (one group). = 2 (a diagnostic): the chains alone, the
+// reload after the whole p.v as by default, to tell the chains' cost from the early slabs' gain.
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kPvSlabs = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
+  static_assert(!kPvSlabs || (kSlabBars && !kLeanWarps), "kPvSlabs (s47a) is kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -254,11 +260,12 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // The elected lane's part of a lean issue (load_whole_tile, load_warp_box): arm tile j's dims part
     // with `rows` key rows' bytes where ok (0 where not: the arrival still counts) and issue them into
     // shared address `at` from cache row y; the same for the rope part of a tile the other warpgroup owns.
-    // (kSlabBars: each slab armed on its own mbarrier, slab_bar, and `bar` unused)
-    auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok, int rows) {
+    // (kSlabBars: each slab armed on its own mbarrier, slab_bar, and `bar` unused; kPvSlabs: the first `slabs`
+    // dims slabs only, the rest by issue_slab)
+    auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok, int rows, int slabs = kDimSlabs) {
       if constexpr (!kSlabBars) tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
 #pragma unroll
-      for (int s = 0; s < kDimSlabs; ++s) {
+      for (int s = 0; s < slabs; ++s) {
         const int slab = kDimSlabs * wg + s;
         const uint32_t slab_on = kSlabBars ? slab_bar(j, slab) : bar;
         if constexpr (kSlabBars) tma::arrive_expect_tx(slab_on, ok ? uint32_t(rows * 128) : 0u);
@@ -274,8 +281,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // kLean at pages of 64+ keys (slots(p) = 1: warp 0 issues): every lane of warp 0 computes the
     // same values (made warp-uniform by a shuffle, so the boxes' operands sit in uniform registers
     // without a loop over the lanes) and one elected lane arms and issues: the same bytes, key mask,
-    // bad-page report and next page id as TmaTiles::issue and page_of with one box a tile.
-    auto load_whole_tile = [&](int j) {
+    // bad-page report and next page id as TmaTiles::issue and page_of with one box a tile. (kPvSlabs: the
+    // first `slabs` dims slabs; returns the tile's cache row for issue_slab, -1 where it loads nothing.)
+    auto load_whole_tile = [&](int j, int slabs = kDimSlabs) {
       const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys;
       const bool have = j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail;
       const int32_t page = load_page;
@@ -286,13 +294,24 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if (ptx::elect_one()) {
         if (have && !ok) atomicOr(p.error, kBadPage);
         sm.key_mask[buffer(j)][wg][0] = ok ? (left >= kTileKeys ? ~0ull : (1ull << left) - 1) : 0ull;
-        issue_rows(j, kv, bar, y, ok, kTileKeys);
+        issue_rows(j, kv, bar, y, ok, kTileKeys, slabs);
       }
       __syncwarp();
       const int64_t j1 = j0 + kTileKeys;
       load_page = j + 1 < n_tiles && j1 < keys.k_end && (j1 >> keys.page_shift) < keys.pages_avail
                       ? p.kv_indices[keys.page_begin + (j1 >> keys.page_shift)]
                       : -1;
+      return ok ? y : -1;
+    };
+    // kPvSlabs: dims slab `slab` of this warpgroup's part of its own tile j (no rope slab: the other
+    // warpgroup loads it) from cache row y (load_whole_tile's; -1: arm with no bytes), warp 0's elected lane.
+    auto issue_slab = [&](int j, int y, int slab) {
+      if (ptx::elect_one()) {
+        const uint32_t bar = slab_bar(j, kDimSlabs * wg + slab);
+        tma::arrive_expect_tx(bar, y >= 0 ? uint32_t(kTileKeys * 128) : 0u);
+        if (y >= 0) tma::load_2d(kv_of(j) + (kDimSlabs * wg + slab) * kSlabBytes, &cache_map, 128 * (kDimSlabs * wg + slab), y, bar);
+      }
+      __syncwarp();
     };
     // kLeanWarps at pages of 16 and 32 keys (lean_warps): warp w < boxes issues box w of tile j (every
     // lane alike, load_page warp-uniform: box w's page id, loaded a tile ahead by warp_box_page), the
@@ -378,6 +397,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     auto v_desc = [&](uint32_t kv, int ks) {  // keys 16 ks .. of the tile, this warpgroup's 4 slabs of dims
       return wgmma::descriptor_sw128_mn(kv + kDimSlabs * wg * kSlabBytes + 16 * ks * 128, kSlabBytes);
     };
+    // kPvSlabs: p.v slab by slab, this warpgroup's dims slab d: its V rows' descriptor and o's accumulators
+    // for it (an m64n64's 32 are the m64n256's 32 d .. 32 d + 31: the same layout).
+    auto v_slab_desc = [&](uint32_t kv, int ks, int d) { return wgmma::advance(v_desc(kv, ks), d * kSlabBytes); };
+    auto o_slab = [&](int d) -> float(&)[32] { return *reinterpret_cast<float(*)[32]>(&o[32 * d]); };
     auto key_mask = [&](int j) {  // tile j's real keys (after a wait on this warpgroup's part of it)
       const uint64_t* m = sm.key_mask[buffer(j)][wg];
       return (m[0] | m[1]) | (m[2] | m[3]);
@@ -480,9 +503,17 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       const uint32_t kv = kv_of(j);
       const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
       wgmma::fence();
+      if constexpr (kPvSlabs > 0) {  // (slab by slab as own's: o in m64n256 and m64n64 chains both serializes, C7511)
 #pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks)
-        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+        for (int d = 0; d < kDimSlabs; ++d)
+#pragma unroll
+          for (int ks = 0; ks < kPvSteps; ++ks)
+            wgmma::mma_m64n64k16_bf16<1>(o_slab(d), wgmma::advance(pd, 2 * ks * kChunkStrideM), v_slab_desc(kv, ks, d), true);
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < kPvSteps; ++ks)
+          wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+      }
       wgmma::commit();
     };
     // p.v of the other warpgroup's tile j, once it has published the tile's maxima and P (in the
@@ -565,9 +596,18 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
       zero_masked(t, mask);
       wgmma::fence();
+      if constexpr (kPvSlabs > 0) {  // a commit group a dims slab, in q.k's order of them (retire_own)
 #pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
-      wgmma::commit();
+        for (int d = 0; d < kDimSlabs; ++d) {
+#pragma unroll
+          for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n64k16_bf16_rs<1>(o_slab(d), pa[ks], v_slab_desc(kv, ks, d));
+          wgmma::commit();
+        }
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
+        wgmma::commit();
+      }
     };
 
     // Warpgroup wg owns tiles t = wg, wg + 2, ...; a round issues q.k(t) first (it runs while the
@@ -590,14 +630,40 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       ptx::named_sync(kBarGroup + wg, 128);
       load(j);
     };
+    // After own(t): its p.v retired, and this warpgroup's part of its next own tile j = t + 2 loaded into t's
+    // buffer. kPvSlabs: slab by slab as each slab's p.v group retires (the slab's last reader: q.k(t) was
+    // waited before own), the first with the key mask, bad-page report and next page id (load_whole_tile),
+    // after the warpgroup meets as in reload. Why: q.k(j) starts on this part's first slab, and with the part
+    // reloaded after the whole p.v that slab's load latency showed in every tile (session 47's H200 profile of
+    // D: q.k's first slab wait 14.7% of the stall samples, its other slabs ~8%); one slab a p.v group puts the
+    // first box ~3 groups earlier, each later one when q.k would reach it. (The waits outside any branch: C7514.)
+    auto retire_own = [&](int j) {
+      if constexpr (kPvSlabs == 1) {
+        static_assert(kDimSlabs == 4, "a wait and an issue a dims slab below");
+        int y = -1;
+        wgmma::wait<kDimSlabs - 1>();
+        if (j < n_tiles) {
+          ptx::named_sync(kBarGroup + wg, 128);
+          if (warp == 0) y = load_whole_tile(j, 1);
+        }
+        wgmma::wait<2>();
+        if (j < n_tiles && warp == 0) issue_slab(j, y, 1);
+        wgmma::wait<1>();
+        if (j < n_tiles && warp == 0) issue_slab(j, y, 2);
+        wgmma::wait<0>();
+        if (j < n_tiles && warp == 0) issue_slab(j, y, 3);
+      } else {
+        wgmma::wait<0>();
+        if (j < n_tiles) reload(j);
+      }
+    };
     int t = wg;
     if (wg == 0 && n_tiles > 0) {
       float s[32];
       qk(0, s);
       wgmma::wait<0>();
       own(0, s);
-      wgmma::wait<0>();
-      if (2 < n_tiles) reload(2);
+      retire_own(2);
       t = 2;
     }
     for (; t < n_tiles; t += 2) {
@@ -607,8 +673,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::wait<0>();
       if (t + 1 < n_tiles) reload(t + 1);
       own(t, s);
-      wgmma::wait<0>();
-      if (t + 2 < n_tiles) reload(t + 2);
+      retire_own(t + 2);
     }
     if (t == n_tiles && t >= 1) pv_other(t - 1);
     wgmma::wait<0>();
@@ -671,11 +736,19 @@ int bf16_slabs_env() {
   static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 2);
   return slabs;
 }
+// s47a (MLA_ROWS_BF16_PV_SLABS=1, prepared in session 47, off): kSlabBars' instance at pages of 64+ keys with the
+// owner's p.v and reload slab by slab; =2 its p.v chains alone (a diagnostic).
+int bf16_pv_slabs_env() {
+  static const int pv_slabs = env_choice("MLA_ROWS_BF16_PV_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
+  return pv_slabs;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  return bf16_lean_env() != 0 && slabs   ? attend_rows_bf16_kernel<true, false, true>
+  return bf16_lean_env() != 0 && slabs   ? (bf16_pv_slabs_env() == 1   ? attend_rows_bf16_kernel<true, false, true, 1>
+                                            : bf16_pv_slabs_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
+                                                                       : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
          : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<true>

@@ -18,7 +18,9 @@ __device__ __forceinline__ uint64_t descriptor_sw128_mn(uint32_t smem_addr, uint
 }
 
 // d (64 x 64 f32, 32 a thread: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2])
-// (+)= A (64 x 16 bf16, K-major, smem) * B (64 N x 16 K bf16, K-major, smem)^T.
+// (+)= A (64 x 16 bf16, K-major, smem) * B (64 N x 16 K bf16, K-major, smem)^T; kTransB = 1: B MN-major
+// (descriptor_sw128_mn, 64 N values a K row), p.v of one 64-dim slab (as the register-A form below).
+template <int kTransB = 0>
 __device__ __forceinline__ void mma_m64n64k16_bf16(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile(
       "{\n"
@@ -27,13 +29,16 @@ __device__ __forceinline__ void mma_m64n64k16_bf16(float (&d)[32], uint64_t a, u
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n"
+      "%32, %33, p, 1, 1, 0, %35;\n"
       "}\n"
       : MLA_WGMMA_D32(d)
-      : "l"(a), "l"(b), "r"(int32_t(accumulate)));
+      : "l"(a), "l"(b), "r"(int32_t(accumulate)), "n"(kTransB));
 }
 
-// The same with A from registers (each warp its 16 rows in the mma.sync m16n8k16 A layout), accumulating.
+// The same with A from registers (each warp its 16 rows in the mma.sync m16n8k16 A layout), accumulating;
+// kTransB = 1: B MN-major, p.v of one 64-dim slab, whose 32 accumulators are an m64n256 accumulator's
+// d[32 s .. 32 s + 31] for slab s (the same layout).
+template <int kTransB = 0>
 __device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
       "{\n"
@@ -42,10 +47,10 @@ __device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[32], const uint
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n"
       "}\n"
       : MLA_WGMMA_D32(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB));
 }
 
 // The 16-row kernel's forms for a bf16 cache (attend_wgmma_kernel.cuh, kBf16): d (64 x 16 f32, 8 a
