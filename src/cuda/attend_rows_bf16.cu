@@ -198,13 +198,18 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // the owner's p.v slab by slab (four m64n64k16 chains, one commit group a 64-dim slab) and its dims' slabs of tile
 // t + 2 reloaded one by one as each group retires, so q.k(t + 2)'s first slab goes out ~3/4 of a p.v earlier (why: at
 // retire_own below); the other's p.v in the same four chains (one group). = 2 (a diagnostic): the chains alone, the
-// reload after the whole p.v as by default, to tell the chains' cost from the early slabs' gain.
+// reload after the whole p.v as by default, to tell the chains' cost from the early slabs' gain. = 3: two m64n128k16
+// chains (two slabs each), the first two slabs reloaded half a p.v early (P read from shared memory twice, not four
+// times, by the other's p.v).
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kPvSlabs = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kPvSlabs || (kSlabBars && !kLeanWarps), "kPvSlabs (s47a) is kSlabBars' at pages of 64+ keys");
+  constexpr int kPvChains = kPvSlabs == 3 ? 2 : kPvSlabs > 0 ? 4 : 1;  // p.v's chains a warpgroup (kPvSlabs)
+  constexpr int kChainSlabs = kDimSlabs / kPvChains;                     // ... and dims slabs a chain
+  constexpr bool kEarlyReload = kPvSlabs == 1 || kPvSlabs == 3;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -397,10 +402,22 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     auto v_desc = [&](uint32_t kv, int ks) {  // keys 16 ks .. of the tile, this warpgroup's 4 slabs of dims
       return wgmma::descriptor_sw128_mn(kv + kDimSlabs * wg * kSlabBytes + 16 * ks * 128, kSlabBytes);
     };
-    // kPvSlabs: p.v slab by slab, this warpgroup's dims slab d: its V rows' descriptor and o's accumulators
-    // for it (an m64n64's 32 are the m64n256's 32 d .. 32 d + 31: the same layout).
-    auto v_slab_desc = [&](uint32_t kv, int ks, int d) { return wgmma::advance(v_desc(kv, ks), d * kSlabBytes); };
-    auto o_slab = [&](int d) -> float(&)[32] { return *reinterpret_cast<float(*)[32]>(&o[32 * d]); };
+    // kPvSlabs: p.v in kPvChains chains, chain c over this warpgroup's dims slabs kChainSlabs c ..: its V rows'
+    // descriptor and o's accumulators for it (an m64n64's 32 are the m64n256's 32 c .. 32 c + 31, an m64n128's
+    // 64 its 64 c ..: the same layout), and one k16 step of it with A from registers or shared memory.
+    auto v_chain_desc = [&](uint32_t kv, int ks, int c) {
+      return wgmma::advance(v_desc(kv, ks), c * kChainSlabs * kSlabBytes);
+    };
+    using OChain = float[32 * kChainSlabs];
+    auto o_chain = [&](int c) -> OChain& { return *reinterpret_cast<OChain*>(&o[32 * kChainSlabs * c]); };
+    auto pv_chain_rs = [&](int c, const uint32_t(&a)[4], uint64_t b) {
+      if constexpr (kChainSlabs == 1) wgmma::mma_m64n64k16_bf16_rs<1>(o_chain(c), a, b);
+      else if constexpr (kChainSlabs == 2) wgmma::mma_m64n128k16_bf16_rs(o_chain(c), a, b);
+    };
+    auto pv_chain_ss = [&](int c, uint64_t a, uint64_t b) {
+      if constexpr (kChainSlabs == 1) wgmma::mma_m64n64k16_bf16<1>(o_chain(c), a, b, true);
+      else if constexpr (kChainSlabs == 2) wgmma::mma_m64n128k16_bf16_ss(o_chain(c), a, b);
+    };
     auto key_mask = [&](int j) {  // tile j's real keys (after a wait on this warpgroup's part of it)
       const uint64_t* m = sm.key_mask[buffer(j)][wg];
       return (m[0] | m[1]) | (m[2] | m[3]);
@@ -503,12 +520,12 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       const uint32_t kv = kv_of(j);
       const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
       wgmma::fence();
-      if constexpr (kPvSlabs > 0) {  // (slab by slab as own's: o in m64n256 and m64n64 chains both serializes, C7511)
+      if constexpr (kPvSlabs > 0) {  // (in chains as own's: o in m64n256 and m64n64 chains both serializes, C7511)
 #pragma unroll
-        for (int d = 0; d < kDimSlabs; ++d)
+        for (int c = 0; c < kPvChains; ++c)
 #pragma unroll
           for (int ks = 0; ks < kPvSteps; ++ks)
-            wgmma::mma_m64n64k16_bf16<1>(o_slab(d), wgmma::advance(pd, 2 * ks * kChunkStrideM), v_slab_desc(kv, ks, d), true);
+            pv_chain_ss(c, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_chain_desc(kv, ks, c));
       } else {
 #pragma unroll
         for (int ks = 0; ks < kPvSteps; ++ks)
@@ -596,11 +613,11 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
       zero_masked(t, mask);
       wgmma::fence();
-      if constexpr (kPvSlabs > 0) {  // a commit group a dims slab, in q.k's order of them (retire_own)
+      if constexpr (kPvSlabs > 0) {  // a commit group a chain, in q.k's order of the slabs (retire_own)
 #pragma unroll
-        for (int d = 0; d < kDimSlabs; ++d) {
+        for (int c = 0; c < kPvChains; ++c) {
 #pragma unroll
-          for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n64k16_bf16_rs<1>(o_slab(d), pa[ks], v_slab_desc(kv, ks, d));
+          for (int ks = 0; ks < kPvSteps; ++ks) pv_chain_rs(c, pa[ks], v_chain_desc(kv, ks, c));
           wgmma::commit();
         }
       } else {
@@ -631,27 +648,31 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       load(j);
     };
     // After own(t): its p.v retired, and this warpgroup's part of its next own tile j = t + 2 loaded into t's
-    // buffer. kPvSlabs: slab by slab as each slab's p.v group retires (the slab's last reader: q.k(t) was
-    // waited before own), the first with the key mask, bad-page report and next page id (load_whole_tile),
+    // buffer. kEarlyReload: a chain's slabs as its p.v group retires (their last reader: q.k(t) was waited
+    // before own), the first chain's with the key mask, bad-page report and next page id (load_whole_tile),
     // after the warpgroup meets as in reload. Why: q.k(j) starts on this part's first slab, and with the part
     // reloaded after the whole p.v that slab's load latency showed in every tile (session 47's H200 profile of
     // D: q.k's first slab wait 14.7% of the stall samples, its other slabs ~8%); one slab a p.v group puts the
     // first box ~3 groups earlier, each later one when q.k would reach it. (The waits outside any branch: C7514.)
     auto retire_own = [&](int j) {
-      if constexpr (kPvSlabs == 1) {
-        static_assert(kDimSlabs == 4, "a wait and an issue a dims slab below");
+      if constexpr (kEarlyReload) {
+        static_assert(kDimSlabs == 4 && (kPvChains == 4 || kPvChains == 2), "the waits below: four chains or two");
         int y = -1;
-        wgmma::wait<kDimSlabs - 1>();
+        wgmma::wait<kPvChains - 1>();
         if (j < n_tiles) {
           ptx::named_sync(kBarGroup + wg, 128);
-          if (warp == 0) y = load_whole_tile(j, 1);
+          if (warp == 0) y = load_whole_tile(j, kChainSlabs);
         }
-        wgmma::wait<2>();
-        if (j < n_tiles && warp == 0) issue_slab(j, y, 1);
-        wgmma::wait<1>();
-        if (j < n_tiles && warp == 0) issue_slab(j, y, 2);
+        if constexpr (kPvChains == 4) {
+          wgmma::wait<2>();
+          if (j < n_tiles && warp == 0) issue_slab(j, y, 1);
+          wgmma::wait<1>();
+          if (j < n_tiles && warp == 0) issue_slab(j, y, 2);
+        }
         wgmma::wait<0>();
-        if (j < n_tiles && warp == 0) issue_slab(j, y, 3);
+        if (j < n_tiles && warp == 0)
+#pragma unroll
+          for (int slab = kDimSlabs - kChainSlabs; slab < kDimSlabs; ++slab) issue_slab(j, y, slab);
       } else {
         wgmma::wait<0>();
         if (j < n_tiles) reload(j);
@@ -737,9 +758,9 @@ int bf16_slabs_env() {
   return slabs;
 }
 // s47a (MLA_ROWS_BF16_PV_SLABS=1, prepared in session 47, off): kSlabBars' instance at pages of 64+ keys with the
-// owner's p.v and reload slab by slab; =2 its p.v chains alone (a diagnostic).
+// owner's p.v and reload slab by slab; =2 its p.v chains alone (a diagnostic); =3 in two m64n128 chains.
 int bf16_pv_slabs_env() {
-  static const int pv_slabs = env_choice("MLA_ROWS_BF16_PV_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
+  static const int pv_slabs = env_choice("MLA_ROWS_BF16_PV_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}}, 0);
   return pv_slabs;
 }
 // The instance the switches choose at this page size.
@@ -748,6 +769,7 @@ auto bf16_rows_kernel(int page_size) {
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
   return bf16_lean_env() != 0 && slabs   ? (bf16_pv_slabs_env() == 1   ? attend_rows_bf16_kernel<true, false, true, 1>
                                             : bf16_pv_slabs_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
+                                            : bf16_pv_slabs_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                                                                        : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
