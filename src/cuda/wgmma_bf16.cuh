@@ -115,19 +115,20 @@ __device__ __forceinline__ void mma_m64n16k16_bf16_ta(float (&d)[8], uint64_t a,
   "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, " \
   "%122, %123, %124, %125, %126, %127}, "
 
-// Both forms below: an accumulating (scale-d = 1) m64n256k16 bf16 HGMMA up to its A operand.
-#define MLA_HGMMA_M64N256_BF16                                 \
+// The m64n256 and m64n128 forms below: an accumulating (scale-d = 1) m64nNk16 bf16 HGMMA up to its A
+// operand (N: "n256" or "n128"; D_TEXT: its accumulators' operand list).
+#define MLA_HGMMA_M64_BF16(N, D_TEXT)                          \
   "{\n"                                                        \
   ".reg .pred p;\n"                                            \
   "setp.ne.b32 p, 1, 0;\n"                                     \
-  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " MLA_WGMMA_D128_TEXT
+  "wgmma.mma_async.sync.aligned.m64" N "k16.f32.bf16.bf16 " D_TEXT
 
 // d (64 x 256 f32, 128 a thread: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2])
 // += A (64 x 16 bf16) * B (16 K x 256 N bf16, MN-major, smem: descriptor_sw128_mn), A from registers
 // (each warp its 16 rows in the mma.sync m16n8k16 A layout) ...
 __device__ __forceinline__ void mma_m64n256k16_bf16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
-      MLA_HGMMA_M64N256_BF16
+      MLA_HGMMA_M64_BF16("n256", MLA_WGMMA_D128_TEXT)
       "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
       "}\n"
       : MLA_WGMMA_D128(d)
@@ -136,7 +137,7 @@ __device__ __forceinline__ void mma_m64n256k16_bf16_rs(float (&d)[128], const ui
 // ... or from shared memory (K-major).
 __device__ __forceinline__ void mma_m64n256k16_bf16_ss(float (&d)[128], uint64_t a, uint64_t b) {
   asm volatile(
-      MLA_HGMMA_M64N256_BF16
+      MLA_HGMMA_M64_BF16("n256", MLA_WGMMA_D128_TEXT)
       "%128, %129, p, 1, 1, 0, 1;\n"
       "}\n"
       : MLA_WGMMA_D128(d)
@@ -167,10 +168,7 @@ __device__ __forceinline__ void mma_m64n256k16_bf16_ss(float (&d)[128], uint64_t
 // accumulator's d[64 h .. 64 h + 63] for slabs 2h, 2h + 1 (the same layout).
 __device__ __forceinline__ void mma_m64n128k16_bf16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MLA_WGMMA_D64_TEXT
+      MLA_HGMMA_M64_BF16("n128", MLA_WGMMA_D64_TEXT)
       "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
       "}\n"
       : MLA_WGMMA_D64(d)
@@ -178,10 +176,7 @@ __device__ __forceinline__ void mma_m64n128k16_bf16_rs(float (&d)[64], const uin
 }
 __device__ __forceinline__ void mma_m64n128k16_bf16_ss(float (&d)[64], uint64_t a, uint64_t b) {
   asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " MLA_WGMMA_D64_TEXT
+      MLA_HGMMA_M64_BF16("n128", MLA_WGMMA_D64_TEXT)
       "%64, %65, p, 1, 1, 0, 1;\n"
       "}\n"
       : MLA_WGMMA_D64(d)
