@@ -653,7 +653,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // after the warpgroup meets as in reload. Why: q.k(j) starts on this part's first slab, and with the part
     // reloaded after the whole p.v that slab's load latency showed in every tile (session 47's H200 profile of
     // D: q.k's first slab wait 14.7% of the stall samples, its other slabs ~8%); one slab a p.v group puts the
-    // first box ~3 groups earlier, each later one when q.k would reach it. (The waits outside any branch: C7514.)
+    // first box ~3 groups earlier, each later one when q.k would reach it (two slabs a group, kPvSlabs = 3: the
+    // first two half a p.v earlier). (The waits outside any branch: C7514.)
     auto retire_own = [&](int j) {
       if constexpr (kEarlyReload) {
         static_assert(kDimSlabs == 4 && (kPvChains == 4 || kPvChains == 2), "the waits below: four chains or two");
