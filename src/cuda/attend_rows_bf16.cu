@@ -194,22 +194,14 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // second half had not landed: 0.9-1.3% faster at G and 96 heads, 0.5-1% slower at D; docs/attention.md.)
 // (s46b, session 46, removed in session 47 after its H200 timings; its code at a9c0da4: pv_other(t - 1) before q.k(t)
 // every round, v18b's order under s44b's slab waits: 11-14% slower at D, G and 96 heads, 2% faster at F; docs/attention.md.)
-// kPvSlabs (s47a, MLA_ROWS_BF16_PV_SLABS=1, prepared in session 47; kSlabBars' instances at pages of 64+ keys): = 1,
-// the owner's p.v slab by slab (four m64n64k16 chains, one commit group a 64-dim slab) and its dims' slabs of tile
-// t + 2 reloaded one by one as each group retires, so q.k(t + 2)'s first slab goes out ~3/4 of a p.v earlier (why: at
-// retire_own below); the other's p.v in the same four chains (one group). = 2 (a diagnostic): the chains alone, the
-// reload after the whole p.v as by default, to tell the chains' cost from the early slabs' gain. = 3: two m64n128k16
-// chains (two slabs each), the first two slabs reloaded half a p.v early (P read from shared memory twice, not four
-// times, by the other's p.v).
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kPvSlabs = 0>
+// (s47a, session 47, removed after its H100 timings; its code at 40cedd5: p.v in four m64n64 chains (or two m64n128) a
+// warpgroup and the owner's slabs of its next tile reloaded as each chain retires: 12% slower at D with single slabs
+// (the tiles landed later, not earlier: ncu), 2% with the chains alone, 1.6-2.8% with two-slab chains; docs/attention.md.)
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
-  static_assert(!kPvSlabs || (kSlabBars && !kLeanWarps), "kPvSlabs (s47a) is kSlabBars' at pages of 64+ keys");
-  constexpr int kPvChains = kPvSlabs == 3 ? 2 : kPvSlabs > 0 ? 4 : 1;  // p.v's chains a warpgroup (kPvSlabs)
-  constexpr int kChainSlabs = kDimSlabs / kPvChains;                     // ... and dims slabs a chain
-  constexpr bool kEarlyReload = kPvSlabs == 1 || kPvSlabs == 3;
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -265,12 +257,11 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // The elected lane's part of a lean issue (load_whole_tile, load_warp_box): arm tile j's dims part
     // with `rows` key rows' bytes where ok (0 where not: the arrival still counts) and issue them into
     // shared address `at` from cache row y; the same for the rope part of a tile the other warpgroup owns.
-    // (kSlabBars: each slab armed on its own mbarrier, slab_bar, and `bar` unused; kPvSlabs: the first `slabs`
-    // dims slabs only, the rest by issue_slab)
-    auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok, int rows, int slabs = kDimSlabs) {
+    // (kSlabBars: each slab armed on its own mbarrier, slab_bar, and `bar` unused)
+    auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok, int rows) {
       if constexpr (!kSlabBars) tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
 #pragma unroll
-      for (int s = 0; s < slabs; ++s) {
+      for (int s = 0; s < kDimSlabs; ++s) {
         const int slab = kDimSlabs * wg + s;
         const uint32_t slab_on = kSlabBars ? slab_bar(j, slab) : bar;
         if constexpr (kSlabBars) tma::arrive_expect_tx(slab_on, ok ? uint32_t(rows * 128) : 0u);
@@ -286,9 +277,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // kLean at pages of 64+ keys (slots(p) = 1: warp 0 issues): every lane of warp 0 computes the
     // same values (made warp-uniform by a shuffle, so the boxes' operands sit in uniform registers
     // without a loop over the lanes) and one elected lane arms and issues: the same bytes, key mask,
-    // bad-page report and next page id as TmaTiles::issue and page_of with one box a tile. (kPvSlabs: the
-    // first `slabs` dims slabs; returns the tile's cache row for issue_slab, -1 where it loads nothing.)
-    auto load_whole_tile = [&](int j, int slabs = kDimSlabs) {
+    // bad-page report and next page id as TmaTiles::issue and page_of with one box a tile.
+    auto load_whole_tile = [&](int j) {
       const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys;
       const bool have = j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail;
       const int32_t page = load_page;
@@ -299,24 +289,13 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if (ptx::elect_one()) {
         if (have && !ok) atomicOr(p.error, kBadPage);
         sm.key_mask[buffer(j)][wg][0] = ok ? (left >= kTileKeys ? ~0ull : (1ull << left) - 1) : 0ull;
-        issue_rows(j, kv, bar, y, ok, kTileKeys, slabs);
+        issue_rows(j, kv, bar, y, ok, kTileKeys);
       }
       __syncwarp();
       const int64_t j1 = j0 + kTileKeys;
       load_page = j + 1 < n_tiles && j1 < keys.k_end && (j1 >> keys.page_shift) < keys.pages_avail
                       ? p.kv_indices[keys.page_begin + (j1 >> keys.page_shift)]
                       : -1;
-      return ok ? y : -1;
-    };
-    // kPvSlabs: dims slab `slab` of this warpgroup's part of its own tile j (no rope slab: the other
-    // warpgroup loads it) from cache row y (load_whole_tile's; -1: arm with no bytes), warp 0's elected lane.
-    auto issue_slab = [&](int j, int y, int slab) {
-      if (ptx::elect_one()) {
-        const uint32_t bar = slab_bar(j, kDimSlabs * wg + slab);
-        tma::arrive_expect_tx(bar, y >= 0 ? uint32_t(kTileKeys * 128) : 0u);
-        if (y >= 0) tma::load_2d(kv_of(j) + (kDimSlabs * wg + slab) * kSlabBytes, &cache_map, 128 * (kDimSlabs * wg + slab), y, bar);
-      }
-      __syncwarp();
     };
     // kLeanWarps at pages of 16 and 32 keys (lean_warps): warp w < boxes issues box w of tile j (every
     // lane alike, load_page warp-uniform: box w's page id, loaded a tile ahead by warp_box_page), the
@@ -401,22 +380,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     };
     auto v_desc = [&](uint32_t kv, int ks) {  // keys 16 ks .. of the tile, this warpgroup's 4 slabs of dims
       return wgmma::descriptor_sw128_mn(kv + kDimSlabs * wg * kSlabBytes + 16 * ks * 128, kSlabBytes);
-    };
-    // kPvSlabs: p.v in kPvChains chains, chain c over this warpgroup's dims slabs kChainSlabs c ..: its V rows'
-    // descriptor and o's accumulators for it (an m64n64's 32 are the m64n256's 32 c .. 32 c + 31, an m64n128's
-    // 64 its 64 c ..: the same layout), and one k16 step of it with A from registers or shared memory.
-    auto v_chain_desc = [&](uint32_t kv, int ks, int c) {
-      return wgmma::advance(v_desc(kv, ks), c * kChainSlabs * kSlabBytes);
-    };
-    using OChain = float[32 * kChainSlabs];
-    auto o_chain = [&](int c) -> OChain& { return *reinterpret_cast<OChain*>(&o[32 * kChainSlabs * c]); };
-    auto pv_chain_rs = [&](int c, const uint32_t(&a)[4], uint64_t b) {
-      if constexpr (kChainSlabs == 1) wgmma::mma_m64n64k16_bf16_rs<1>(o_chain(c), a, b);
-      else if constexpr (kChainSlabs == 2) wgmma::mma_m64n128k16_bf16_rs(o_chain(c), a, b);
-    };
-    auto pv_chain_ss = [&](int c, uint64_t a, uint64_t b) {
-      if constexpr (kChainSlabs == 1) wgmma::mma_m64n64k16_bf16<1>(o_chain(c), a, b, true);
-      else if constexpr (kChainSlabs == 2) wgmma::mma_m64n128k16_bf16_ss(o_chain(c), a, b);
     };
     auto key_mask = [&](int j) {  // tile j's real keys (after a wait on this warpgroup's part of it)
       const uint64_t* m = sm.key_mask[buffer(j)][wg];
@@ -520,17 +483,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       const uint32_t kv = kv_of(j);
       const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
       wgmma::fence();
-      if constexpr (kPvSlabs > 0) {  // (in chains as own's: o in m64n256 and m64n64 chains both serializes, C7511)
 #pragma unroll
-        for (int c = 0; c < kPvChains; ++c)
-#pragma unroll
-          for (int ks = 0; ks < kPvSteps; ++ks)
-            pv_chain_ss(c, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_chain_desc(kv, ks, c));
-      } else {
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks)
-          wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
-      }
+      for (int ks = 0; ks < kPvSteps; ++ks)
+        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
       wgmma::commit();
     };
     // p.v of the other warpgroup's tile j, once it has published the tile's maxima and P (in the
@@ -613,18 +568,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
       zero_masked(t, mask);
       wgmma::fence();
-      if constexpr (kPvSlabs > 0) {  // a commit group a chain, in q.k's order of the slabs (retire_own)
 #pragma unroll
-        for (int c = 0; c < kPvChains; ++c) {
-#pragma unroll
-          for (int ks = 0; ks < kPvSteps; ++ks) pv_chain_rs(c, pa[ks], v_chain_desc(kv, ks, c));
-          wgmma::commit();
-        }
-      } else {
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
-        wgmma::commit();
-      }
+      for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
+      wgmma::commit();
     };
 
     // Warpgroup wg owns tiles t = wg, wg + 2, ...; a round issues q.k(t) first (it runs while the
@@ -647,45 +593,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       ptx::named_sync(kBarGroup + wg, 128);
       load(j);
     };
-    // After own(t): its p.v retired, and this warpgroup's part of its next own tile j = t + 2 loaded into t's
-    // buffer. kEarlyReload: a chain's slabs as its p.v group retires (their last reader: q.k(t) was waited
-    // before own), the first chain's with the key mask, bad-page report and next page id (load_whole_tile),
-    // after the warpgroup meets as in reload. Why: q.k(j) starts on this part's first slab, and with the part
-    // reloaded after the whole p.v that slab's load latency showed in every tile (session 47's H200 profile of
-    // D: q.k's first slab wait 14.7% of the stall samples, its other slabs ~8%); one slab a p.v group puts the
-    // first box ~3 groups earlier, each later one when q.k would reach it (two slabs a group, kPvSlabs = 3: the
-    // first two half a p.v earlier). (The waits outside any branch: C7514.)
-    auto retire_own = [&](int j) {
-      if constexpr (kEarlyReload) {
-        static_assert(kDimSlabs == 4 && (kPvChains == 4 || kPvChains == 2), "the waits below: four chains or two");
-        int y = -1;
-        wgmma::wait<kPvChains - 1>();
-        if (j < n_tiles) {
-          ptx::named_sync(kBarGroup + wg, 128);
-          if (warp == 0) y = load_whole_tile(j, kChainSlabs);
-        }
-        if constexpr (kPvChains == 4) {
-          wgmma::wait<2>();
-          if (j < n_tiles && warp == 0) issue_slab(j, y, 1);
-          wgmma::wait<1>();
-          if (j < n_tiles && warp == 0) issue_slab(j, y, 2);
-        }
-        wgmma::wait<0>();
-        if (j < n_tiles && warp == 0)
-#pragma unroll
-          for (int slab = kDimSlabs - kChainSlabs; slab < kDimSlabs; ++slab) issue_slab(j, y, slab);
-      } else {
-        wgmma::wait<0>();
-        if (j < n_tiles) reload(j);
-      }
-    };
     int t = wg;
     if (wg == 0 && n_tiles > 0) {
       float s[32];
       qk(0, s);
       wgmma::wait<0>();
       own(0, s);
-      retire_own(2);
+      wgmma::wait<0>();
+      if (2 < n_tiles) reload(2);
       t = 2;
     }
     for (; t < n_tiles; t += 2) {
@@ -695,7 +610,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::wait<0>();
       if (t + 1 < n_tiles) reload(t + 1);
       own(t, s);
-      retire_own(t + 2);
+      wgmma::wait<0>();
+      if (t + 2 < n_tiles) reload(t + 2);
     }
     if (t == n_tiles && t >= 1) pv_other(t - 1);
     wgmma::wait<0>();
@@ -758,20 +674,11 @@ int bf16_slabs_env() {
   static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 2);
   return slabs;
 }
-// s47a (MLA_ROWS_BF16_PV_SLABS=1, prepared in session 47, off): kSlabBars' instance at pages of 64+ keys with the
-// owner's p.v and reload slab by slab; =2 its p.v chains alone (a diagnostic); =3 in two m64n128 chains.
-int bf16_pv_slabs_env() {
-  static const int pv_slabs = env_choice("MLA_ROWS_BF16_PV_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}}, 0);
-  return pv_slabs;
-}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  return bf16_lean_env() != 0 && slabs   ? (bf16_pv_slabs_env() == 1   ? attend_rows_bf16_kernel<true, false, true, 1>
-                                            : bf16_pv_slabs_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
-                                            : bf16_pv_slabs_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
-                                                                       : attend_rows_bf16_kernel<true, false, true>)
+  return bf16_lean_env() != 0 && slabs   ? attend_rows_bf16_kernel<true, false, true>
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
          : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<true>

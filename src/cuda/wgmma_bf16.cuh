@@ -18,9 +18,7 @@ __device__ __forceinline__ uint64_t descriptor_sw128_mn(uint32_t smem_addr, uint
 }
 
 // d (64 x 64 f32, 32 a thread: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2])
-// (+)= A (64 x 16 bf16, K-major, smem) * B (64 N x 16 K bf16, K-major, smem)^T; kTransB = 1: B MN-major
-// (descriptor_sw128_mn, 64 N values a K row), p.v of one 64-dim slab (as the register-A form below).
-template <int kTransB = 0>
+// (+)= A (64 x 16 bf16, K-major, smem) * B (64 N x 16 K bf16, K-major, smem)^T.
 __device__ __forceinline__ void mma_m64n64k16_bf16(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile(
       "{\n"
@@ -29,16 +27,13 @@ __device__ __forceinline__ void mma_m64n64k16_bf16(float (&d)[32], uint64_t a, u
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, %35;\n"
+      "%32, %33, p, 1, 1, 0, 0;\n"
       "}\n"
       : MLA_WGMMA_D32(d)
-      : "l"(a), "l"(b), "r"(int32_t(accumulate)), "n"(kTransB));
+      : "l"(a), "l"(b), "r"(int32_t(accumulate)));
 }
 
-// The same with A from registers (each warp its 16 rows in the mma.sync m16n8k16 A layout), accumulating;
-// kTransB = 1: B MN-major, p.v of one 64-dim slab, whose 32 accumulators are an m64n256 accumulator's
-// d[32 s .. 32 s + 31] for slab s (the same layout).
-template <int kTransB = 0>
+// The same with A from registers (each warp its 16 rows in the mma.sync m16n8k16 A layout), accumulating.
 __device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
       "{\n"
@@ -47,10 +42,10 @@ __device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[32], const uint
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n"
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
       "}\n"
       : MLA_WGMMA_D32(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
 // The 16-row kernel's forms for a bf16 cache (attend_wgmma_kernel.cuh, kBf16): d (64 x 16 f32, 8 a
@@ -115,20 +110,19 @@ __device__ __forceinline__ void mma_m64n16k16_bf16_ta(float (&d)[8], uint64_t a,
   "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, " \
   "%122, %123, %124, %125, %126, %127}, "
 
-// The m64n256 and m64n128 forms below: an accumulating (scale-d = 1) m64nNk16 bf16 HGMMA up to its A
-// operand (N: "n256" or "n128"; D_TEXT: its accumulators' operand list).
-#define MLA_HGMMA_M64_BF16(N, D_TEXT)                          \
+// Both forms below: an accumulating (scale-d = 1) m64n256k16 bf16 HGMMA up to its A operand.
+#define MLA_HGMMA_M64N256_BF16                                 \
   "{\n"                                                        \
   ".reg .pred p;\n"                                            \
   "setp.ne.b32 p, 1, 0;\n"                                     \
-  "wgmma.mma_async.sync.aligned.m64" N "k16.f32.bf16.bf16 " D_TEXT
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " MLA_WGMMA_D128_TEXT
 
 // d (64 x 256 f32, 128 a thread: d[4j + r] = D[16 (t / 32) + (t % 32) / 4 + 8 (r / 2)][8 j + 2 (t % 4) + r % 2])
 // += A (64 x 16 bf16) * B (16 K x 256 N bf16, MN-major, smem: descriptor_sw128_mn), A from registers
 // (each warp its 16 rows in the mma.sync m16n8k16 A layout) ...
 __device__ __forceinline__ void mma_m64n256k16_bf16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
-      MLA_HGMMA_M64_BF16("n256", MLA_WGMMA_D128_TEXT)
+      MLA_HGMMA_M64N256_BF16
       "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
       "}\n"
       : MLA_WGMMA_D128(d)
@@ -137,49 +131,10 @@ __device__ __forceinline__ void mma_m64n256k16_bf16_rs(float (&d)[128], const ui
 // ... or from shared memory (K-major).
 __device__ __forceinline__ void mma_m64n256k16_bf16_ss(float (&d)[128], uint64_t a, uint64_t b) {
   asm volatile(
-      MLA_HGMMA_M64_BF16("n256", MLA_WGMMA_D128_TEXT)
+      MLA_HGMMA_M64N256_BF16
       "%128, %129, p, 1, 1, 0, 1;\n"
       "}\n"
       : MLA_WGMMA_D128(d)
-      : "l"(a), "l"(b));
-}
-
-// The 64 accumulator operands of an m64n128 wgmma (inline asm outputs %0 .. %63), and in the instruction text.
-#define MLA_WGMMA_D64(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-
-#define MLA_WGMMA_D64_TEXT \
-  "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-
-// d (64 x 128 f32, 64 a thread, the m64n256 layout's first 64) += A (64 x 16 bf16) * B (16 K x 128 N bf16,
-// MN-major, smem: descriptor_sw128_mn, two 64-value atoms), A from registers (_rs: the mma.sync m16n8k16 A
-// layout) or shared memory (_ss: K-major): p.v of two 64-dim slabs, whose 64 accumulators are an m64n256
-// accumulator's d[64 h .. 64 h + 63] for slabs 2h, 2h + 1 (the same layout).
-__device__ __forceinline__ void mma_m64n128k16_bf16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      MLA_HGMMA_M64_BF16("n128", MLA_WGMMA_D64_TEXT)
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-      "}\n"
-      : MLA_WGMMA_D64(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-__device__ __forceinline__ void mma_m64n128k16_bf16_ss(float (&d)[64], uint64_t a, uint64_t b) {
-  asm volatile(
-      MLA_HGMMA_M64_BF16("n128", MLA_WGMMA_D64_TEXT)
-      "%64, %65, p, 1, 1, 0, 1;\n"
-      "}\n"
-      : MLA_WGMMA_D64(d)
       : "l"(a), "l"(b));
 }
 
