@@ -197,11 +197,18 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // (s47a, session 47, removed after its H100 timings; its code at 40cedd5: p.v in four m64n64 chains (or two m64n128) a
 // warpgroup and the owner's slabs of its next tile reloaded as each chain retires: 12% slower at D with single slabs
 // (the tiles landed later, not earlier: ncu), 2% with the chains alone, 1.6-2.8% with two-slab chains; docs/attention.md.)
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false>
+// kProbe (s47b, a timing probe: WRONG RESULTS BY DESIGN, MLA_ROWS_BF16_PROBE, the bench only; kSlabBars' instances at
+// pages of 64+ keys): = 1 no tile loads after a segment's first two (the boxes' mbarriers armed with no bytes, the
+// buffers keep stale tiles: every wait, barrier and MMA as by default, the memory system out); = 2 no q.k or p.v
+// MMAs (the scores zero: every load, wait and barrier as by default, the tensor pipe out). Session 16's probes
+// (s16c) split the fp8 kernel's time so; these ask whether bf16 D's tile waits are the loads' pace or the lock step's
+// (docs/attention.md's queue, item 3 (g)).
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
+  static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -258,7 +265,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // with `rows` key rows' bytes where ok (0 where not: the arrival still counts) and issue them into
     // shared address `at` from cache row y; the same for the rope part of a tile the other warpgroup owns.
     // (kSlabBars: each slab armed on its own mbarrier, slab_bar, and `bar` unused)
-    auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok, int rows) {
+    auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok_, int rows) {
+      const bool ok = ok_ && !(kProbe == 1 && j >= 2);  // (kProbe = 1: stale tiles past the first two)
       if constexpr (!kSlabBars) tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
 #pragma unroll
       for (int s = 0; s < kDimSlabs; ++s) {
@@ -422,7 +430,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
             wgmma::fence();
           }
         }
-        wgmma::mma_m64n64k16_bf16(s, qd, kd, accumulate || k > 0);
+        if constexpr (kProbe != 2) wgmma::mma_m64n64k16_bf16(s, qd, kd, accumulate || k > 0);
         // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
         qd = wgmma::advance(qd, 2 * kChunkStrideM);
         kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
@@ -435,12 +443,15 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kRopeSlab * kSlabBytes);
 #pragma unroll
       for (int k = 0; k < kRopeSteps; ++k) {
-        wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kd);
+        if constexpr (kProbe != 2) wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kd);
         kd = wgmma::advance(kd, 32);
       }
     };
     // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
     auto qk = [&](int t, float (&s)[32]) {
+      if constexpr (kProbe == 2)  // (no MMAs: zero scores)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.0f;
 #pragma unroll
       for (int half = 0; half < kGroups; ++half) qk_slabs(t, s, half ^ wg, half > 0);
       qk_rope(t, s);
@@ -485,7 +496,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks)
-        wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+        if constexpr (kProbe != 2) wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
       wgmma::commit();
     };
     // p.v of the other warpgroup's tile j, once it has published the tile's maxima and P (in the
@@ -569,7 +580,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       zero_masked(t, mask);
       wgmma::fence();
 #pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
+      for (int ks = 0; ks < kPvSteps; ++ks)
+        if constexpr (kProbe != 2) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
       wgmma::commit();
     };
 
@@ -674,11 +686,19 @@ int bf16_slabs_env() {
   static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 2);
   return slabs;
 }
+// s47b's timing probes (MLA_ROWS_BF16_PROBE=noload or nomma; wrong results by design, for the bench only): kSlabBars'
+// instance at pages of 64+ keys without its loads past a segment's first two tiles, or without its MMAs.
+int bf16_probe_env() {
+  static const int probe = env_choice("MLA_ROWS_BF16_PROBE", {{"0", 0}, {"noload", 1}, {"nomma", 2}}, 0);
+  return probe;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  return bf16_lean_env() != 0 && slabs   ? attend_rows_bf16_kernel<true, false, true>
+  return bf16_lean_env() != 0 && slabs   ? (bf16_probe_env() == 1   ? attend_rows_bf16_kernel<true, false, true, 1>
+                                            : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
+                                                                    : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
          : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<true>
