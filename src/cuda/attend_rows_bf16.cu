@@ -29,6 +29,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -689,7 +690,13 @@ int bf16_slabs_env() {
 // s47b's timing probes (MLA_ROWS_BF16_PROBE=noload or nomma; wrong results by design, for the bench only): kSlabBars'
 // instance at pages of 64+ keys without its loads past a segment's first two tiles, or without its MMAs.
 int bf16_probe_env() {
-  static const int probe = env_choice("MLA_ROWS_BF16_PROBE", {{"0", 0}, {"noload", 1}, {"nomma", 2}}, 0);
+  static const int probe = [] {
+    const int v = env_choice("MLA_ROWS_BF16_PROBE", {{"0", 0}, {"noload", 1}, {"nomma", 2}}, 0);
+    if (v != 0)  // (said once a process: a caller who set it by mistake sees why its bf16 results are wrong)
+      std::fprintf(stderr, "mla-decode: MLA_ROWS_BF16_PROBE is set: the bf16 many-rows attend's results are wrong by "
+                           "design at pages of 64+ keys (a timing probe)\n");
+    return v;
+  }();
   return probe;
 }
 // The instance the switches choose at this page size.
