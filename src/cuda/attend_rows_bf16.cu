@@ -699,6 +699,15 @@ int bf16_probe_env() {
   }();
   return probe;
 }
+// s47c (MLA_ROWS_BF16_CLUSTER=1, prepared in session 47, off; a probe of the queue's item 3 (f)): a (request, split)'s
+// two 64-row CTAs, adjacent in the grid, launched as one 2-CTA cluster, each still loading every tile itself (no
+// multicast, the kernel unchanged): whether placing the pair on one GPC changes how the second finds the first's
+// tiles in L2 (bf16 D streams 2 x 604 MB from L2 to the SMs). Where the row tiles a (request, split) are even and
+// the plan fixed (the flat plan's grid is not probed).
+bool bf16_cluster_env() {
+  static const bool on = env_choice("MLA_ROWS_BF16_CLUSTER", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -721,6 +730,13 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
+  const int m_tiles = (p.heads * p.qlen + kRowsM - 1) / kRowsM;
+  if (bf16_cluster_env() && p.flat_ctas == 0 && m_tiles % 2 == 0) {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_pair_config(grid, dim3(kThreadsB), bf16_rows_smem_bytes(), stream, attr);
+    MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, bf16_rows_kernel(p.page_size), p, map));
+    return;
+  }
   bf16_rows_kernel(p.page_size)<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
