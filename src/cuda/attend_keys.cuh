@@ -28,17 +28,21 @@ __device__ __forceinline__ int64_t query_offset(const AttendParams& p, int b, in
   return (int64_t(b) * p.qlen + t) * p.q_s_stride + int64_t(h) * p.q_h_stride + d;
 }
 
+// The tiles of rows_per_cta query rows a (request, split) (host side; CtaWork::tiles_of on the device).
+inline int attend_row_tiles(const AttendParams& p, int rows_per_cta) {
+  return (p.heads * p.qlen + rows_per_cta - 1) / rows_per_cta;
+}
+
 // The grid of an attend launch: one CTA per (request, split, tile of rows_per_cta query rows), the
 // row tiles of one (request, split) adjacent (CtaWork decodes it).
 inline dim3 attend_grid(const AttendParams& p, int rows_per_cta) {
-  const int m_tiles = (p.heads * p.qlen + rows_per_cta - 1) / rows_per_cta;
-  return dim3(unsigned(p.batch) * unsigned(p.splits) * unsigned(m_tiles));
+  return dim3(unsigned(p.batch) * unsigned(p.splits) * unsigned(attend_row_tiles(p, rows_per_cta)));
 }
 
 // The same with the flat plan (AttendParams.flat_ctas key-CTAs x the row tiles) where it is on.
 inline dim3 attend_launch_grid(const AttendParams& p, int rows_per_cta) {
-  const int m_tiles = (p.heads * p.qlen + rows_per_cta - 1) / rows_per_cta;
-  return p.flat_ctas > 0 ? dim3(unsigned(p.flat_ctas) * unsigned(m_tiles)) : attend_grid(p, rows_per_cta);
+  return p.flat_ctas > 0 ? dim3(unsigned(p.flat_ctas) * unsigned(attend_row_tiles(p, rows_per_cta)))
+                         : attend_grid(p, rows_per_cta);
 }
 
 // A launch as clusters of 2 CTAs along x (attr: its storage): with an even number of row tiles a

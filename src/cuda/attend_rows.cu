@@ -152,7 +152,7 @@ int max_pairs() {
 // a pair and warp, the clusters were up to 23% slower at page 64.)
 template <int kRowsN>
 bool rows_cluster(const AttendParams& p, dim3 grid) {
-  const int m_tiles = (p.heads * p.qlen + kRowsN - 1) / kRowsN;
+  const int m_tiles = attend_row_tiles(p, kRowsN);
   return kRowsN != 32 && p.page_size == 1 && rows_multicast_env() && m_tiles % 2 == 0 &&
          int(grid.x / 2) <= max_pairs<kRowsN>();
 }

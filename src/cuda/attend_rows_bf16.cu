@@ -183,7 +183,8 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // waits box by box). Measured (session 44, two H100s, each twice, kLean / kSlabBars µs): D 300.8 / 279.7 and
 // 305.5 / 283.8, G 170.4 / 159.1 and 169.3 / 160.0, 96 heads 297.5 / 276.9, F 223.4 / 218.3, uneven 646.1 /
 // 608.9, D at page 128 299.1 / 281.5; the tests, racecheck and memcheck passed under it (synccheck's report
-// on the long step test is every instance's: docs/attention.md's queue, item 3). Not yet timed on an H200.
+// on the long step test is every instance's: docs/attention.md's queue, item 3). H200 (session 47's README table,
+// under s44b and s44c): D 271.8 µs against session 42's 287.2.
 // s44c (the default since session 46; MLA_ROWS_BF16_SLABS=1: kLeanWarps' part barriers at pages of 16 and 32
 // keys, as sessions 44-45): kLeanWarps' twin at pages of 16 and 32 keys, each issuing warp arming every slab
 // with its box's rows (slots(p) arrivals a slab barrier). H100 session 46 (GPU-e259d0e5, 5 runs over two calls,
@@ -730,8 +731,7 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  const int m_tiles = (p.heads * p.qlen + kRowsM - 1) / kRowsM;
-  if (bf16_cluster_env() && p.flat_ctas == 0 && m_tiles % 2 == 0) {
+  if (bf16_cluster_env() && p.flat_ctas == 0 && attend_row_tiles(p, kRowsM) % 2 == 0) {
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = cluster_pair_config(grid, dim3(kThreadsB), bf16_rows_smem_bytes(), stream, attr);
     MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, bf16_rows_kernel(p.page_size), p, map));
