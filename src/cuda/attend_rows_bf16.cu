@@ -205,12 +205,20 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // MMAs (the scores zero: every load, wait and barrier as by default, the tensor pipe out). Session 16's probes
 // (s16c) split the fp8 kernel's time so; these ask whether bf16 D's tile waits are the loads' pace or the lock step's
 // (docs/attention.md's queue, item 3 (g)).
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0>
+// kSoftEarly (s48a, MLA_ROWS_BF16_SOFT_EARLY=1, prepared in session 48, off; kSlabBars' instances at pages of 64+
+// keys): a round waits for q.k(t) alone (wgmma.wait_group 1: the other's p.v(t - 1), committed after it, may still
+// run), runs the owner's softmax of t under that p.v, then waits for it, reloads t - 1's buffer and publishes. Why:
+// s47b's probes on the H200 (session 48, GPU-d65c293c): D without loads 245 µs (76% of the matmul, under the
+// issue's 82% with no load at all), so the lock step of the compute half binds by itself; in it each warpgroup's
+// softmax waited for its own pv_other's MMAs (~512 tensor clocks a round) as well as its q.k. Cost: t + 1's part
+// leaves a softmax later where the p.v ends first.
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kSoftEarly = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
+  static_assert(!kSoftEarly || (kSlabBars && !kLeanWarps), "kSoftEarly (s48a) is kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -521,15 +529,23 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if (__any_sync(0xffffffffu, moved)) rescale(alpha);
       pv_smem(j);
     };
-    // The owner's softmax of tile t (q.k done, nothing in flight), its maxima and P published, then
-    // its p.v with P from registers.
-    auto own = [&](int t, float (&s)[32]) {
+    // The owner's softmax of tile t (q.k done; o untouched, so the other's p.v may still run under
+    // kSoftEarly): the tile's mask, its maxima (written to m_pub), P in bf16 as register fragments
+    // and in the tile's rope slab. own_pv then publishes and adds P(t) V(t) to o.
+    struct Owned {
+      uint64_t mask;
+      float alpha[2];
+      bool moved;
+      uint32_t pa[kPvSteps][4];
+    };
+    auto own_softmax = [&](int t, float (&s)[32], Owned& w) __attribute__((always_inline)) {
       wgmma::fence_operand(s);
-      const uint64_t mask = mask_scores(t, s, key_mask(t));
+      w.mask = mask_scores(t, s, key_mask(t));
       // The rows' maxima over the tile and the lazy rescale: a row's maximum moves only past
       // m_run + 2^3 (weights stay <= 2^8), to the tile's maximum; -inf stays -inf while a row sees nothing.
-      float alpha[2];
-      bool moved = false;
+      float (&alpha)[2] = w.alpha;
+      bool& moved = w.moved;
+      moved = false;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float tile_max = row_tile_max(s, h);
@@ -546,7 +562,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // +1; a[1] row0 + 8; a[2], a[3] the keys + 8: accumulator elements 8 ks + 2e, + 1), and into
       // the tile's rope slab for the other warpgroup (K-major core matrices, a thread's 4 bytes a
       // chunk row): this q.k was its last reader.
-      uint32_t pa[kPvSteps][4];
+      uint32_t (&pa)[kPvSteps][4] = w.pa;
       const float neg_m[2] = {m_run[0] == -INFINITY ? 0.0f : -m_run[0], m_run[1] == -INFINITY ? 0.0f : -m_run[1]};
       const uint32_t kv = kv_of(t);
       const uint32_t p_mine = kv + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
@@ -563,6 +579,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, pa[ks][e]);
         }
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
+    };
+    // The owner's publication of tile t (its maxima and P, own_softmax's) and its p.v with P from registers.
+    auto own_pv = [&](int t, Owned& w) __attribute__((always_inline)) {
+      const uint32_t kv = kv_of(t);
       // The publisher waits at its barrier too (bar.sync, not bar.arrive; session 42): the other
       // warpgroup's reads of m_pub in pv_other(t - 1) are then ordered before this tile's write of
       // m_pub[t & 1] by barriers racecheck sees. With bar.arrive the order held too (the reader's own
@@ -575,16 +595,21 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // and synccheck reported on it as on bar.sync, so its "divergent thread(s) in block" reports do not come
       // from this barrier id's two bar.sync sites.)
       ptx::named_sync(kBarPublished + wg, kThreadsB);
-      if (__any_sync(0xffffffffu, moved)) {
+      if (__any_sync(0xffffffffu, w.moved)) {
         wgmma::fence_operand(o);
-        rescale(alpha);
+        rescale(w.alpha);
       }
-      zero_masked(t, mask);
+      zero_masked(t, w.mask);
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks)
-        if constexpr (kProbe != 2) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
+        if constexpr (kProbe != 2) wgmma::mma_m64n256k16_bf16_rs(o, w.pa[ks], v_desc(kv, ks));
       wgmma::commit();
+    };
+    auto own = [&](int t, float (&s)[32]) __attribute__((always_inline)) {
+      Owned w;
+      own_softmax(t, s, w);
+      own_pv(t, w);
     };
 
     // Warpgroup wg owns tiles t = wg, wg + 2, ...; a round issues q.k(t) first (it runs while the
@@ -621,9 +646,18 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       float s[32];
       qk(t, s);
       pv_other(t - 1);
-      wgmma::wait<0>();
-      if (t + 1 < n_tiles) reload(t + 1);
-      own(t, s);
+      if constexpr (kSoftEarly) {  // (s48a: the softmax under the other's p.v, then the reload of its buffer)
+        Owned w;
+        wgmma::wait<1>();
+        own_softmax(t, s, w);
+        wgmma::wait<0>();
+        if (t + 1 < n_tiles) reload(t + 1);
+        own_pv(t, w);
+      } else {
+        wgmma::wait<0>();
+        if (t + 1 < n_tiles) reload(t + 1);
+        own(t, s);
+      }
       wgmma::wait<0>();
       if (t + 2 < n_tiles) reload(t + 2);
     }
@@ -700,6 +734,12 @@ int bf16_probe_env() {
   }();
   return probe;
 }
+// s48a (MLA_ROWS_BF16_SOFT_EARLY=1, prepared in session 48, off): kSlabBars' instance at pages of 64+ keys with the
+// owner's softmax under the other's p.v (kSoftEarly above); with MLA_ROWS_BF16_PROBE=noload its probe twin.
+bool bf16_soft_early_env() {
+  static const bool on = env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
 // s47c (MLA_ROWS_BF16_CLUSTER=1, prepared in session 47, off; a probe of the queue's item 3 (f)): a (request, split)'s
 // two 64-row CTAs, adjacent in the grid, launched as one 2-CTA cluster, each still loading every tile itself (no
 // multicast, the kernel unchanged): whether placing the pair on one GPC changes how the second finds the first's
@@ -713,9 +753,13 @@ bool bf16_cluster_env() {
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  return bf16_lean_env() != 0 && slabs   ? (bf16_probe_env() == 1   ? attend_rows_bf16_kernel<true, false, true, 1>
-                                            : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
-                                                                    : attend_rows_bf16_kernel<true, false, true>)
+  const bool early = bf16_soft_early_env();
+  return bf16_lean_env() != 0 && slabs
+             ? (bf16_probe_env() == 1   ? (early ? attend_rows_bf16_kernel<true, false, true, 1, true>
+                                                 : attend_rows_bf16_kernel<true, false, true, 1>)
+                : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
+                : early                 ? attend_rows_bf16_kernel<true, false, true, 0, true>
+                                        : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
          : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<true>
