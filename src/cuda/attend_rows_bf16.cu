@@ -740,15 +740,9 @@ bool bf16_soft_early_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}}, 0) == 1;
   return on;
 }
-// s47c (MLA_ROWS_BF16_CLUSTER=1, prepared in session 47, off; a probe of the queue's item 3 (f)): a (request, split)'s
-// two 64-row CTAs, adjacent in the grid, launched as one 2-CTA cluster, each still loading every tile itself (no
-// multicast, the kernel unchanged): whether placing the pair on one GPC changes how the second finds the first's
-// tiles in L2 (bf16 D streams 2 x 604 MB from L2 to the SMs). Where the row tiles a (request, split) are even and
-// the plan fixed (the flat plan's grid is not probed).
-bool bf16_cluster_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_CLUSTER", {{"0", 0}, {"1", 1}}, 0) == 1;
-  return on;
-}
+// (s47c, MLA_ROWS_BF16_CLUSTER=1, session 47, removed in session 48 after its H200 timing; its code at 74f0c5e: a
+// (request, split)'s two 64-row CTAs launched as one 2-CTA cluster, each loading its own tiles: D, G and 96 heads
+// within 1% of the default, H200 GPU-d65c293c; docs/attention.md's versions table.)
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -775,12 +769,6 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  if (bf16_cluster_env() && p.flat_ctas == 0 && attend_row_tiles(p, kRowsM) % 2 == 0) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cluster_pair_config(grid, dim3(kThreadsB), bf16_rows_smem_bytes(), stream, attr);
-    MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, bf16_rows_kernel(p.page_size), p, map));
-    return;
-  }
   bf16_rows_kernel(p.page_size)<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
