@@ -211,8 +211,11 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // s47b's probes on the H200 (session 48, GPU-d65c293c): D without loads 245 µs (76% of the matmul, under the
 // issue's 82% with no load at all), so the lock step of the compute half binds by itself; in it each warpgroup's
 // softmax waited for its own pv_other's MMAs (~512 tensor clocks a round) as well as its q.k. Cost: t + 1's part
-// leaves a softmax later where the p.v ends first.
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kSoftEarly = false>
+// leaves a softmax later where the p.v ends first. = 2 (s48b, MLA_ROWS_BF16_SOFT_EARLY=2): the same with the
+// publication a bar.arrive right after the softmax (a bar.sync there would deadlock: the other warpgroup reaches
+// its pv_other only once its q.k(t + 1) has read this warpgroup's part of t + 1, reloaded after the wait), so
+// neither the other's p.v nor the reload sits between two softmaxes of the maxima chain.
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
@@ -649,7 +652,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
     };
     // The owner's publication of tile t (its maxima and P, own_softmax's) and its p.v with P from registers.
-    auto own_pv = [&](int t, Owned& w) __attribute__((always_inline)) {
+    auto own_pv = [&](int t, Owned& w, bool publish) __attribute__((always_inline)) {
       const uint32_t kv = w.kv;
       // The publisher waits at its barrier too (bar.sync, not bar.arrive; session 42): the other
       // warpgroup's reads of m_pub in pv_other(t - 1) are then ordered before this tile's write of
@@ -662,7 +665,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // (s45a, session 46: a bar.arrive here again, under s44b's slab waits, was 2-3% slower at D and 96 heads,
       // and synccheck reported on it as on bar.sync, so its "divergent thread(s) in block" reports do not come
       // from this barrier id's two bar.sync sites.)
-      ptx::named_sync(kBarPublished + wg, kThreadsB);
+      if (publish) ptx::named_sync(kBarPublished + wg, kThreadsB);
       if (__any_sync(0xffffffffu, w.moved)) {
         wgmma::fence_operand(o);
         rescale(w.alpha);
@@ -708,13 +711,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       float s[32];
       qk(t, s);
       pv_other(t - 1);
-      if constexpr (kSoftEarly) {  // (s48a: the softmax under the other's p.v, then the reload of its buffer)
+      if constexpr (kSoftEarly > 0) {  // (s48a: the softmax under the other's p.v, then the reload of its buffer)
         Owned w;
         wgmma::wait<1>();
         own_softmax(t, s, w);
+        if constexpr (kSoftEarly == 2) ptx::named_arrive(kBarPublished + wg, kThreadsB);  // (s48b)
         wgmma::wait<0>();
         if (t + 1 < n_tiles) reload(t + 1);
-        own_pv(t, w);
+        own_pv(t, w, kSoftEarly != 2);
       } else {
         wgmma::wait<0>();
         if (t + 1 < n_tiles) reload(t + 1);
@@ -798,9 +802,10 @@ int bf16_probe_env() {
 }
 // s48a (MLA_ROWS_BF16_SOFT_EARLY=1, prepared in session 48, off): kSlabBars' instance at pages of 64+ keys with the
 // owner's softmax under the other's p.v (kSoftEarly above); with MLA_ROWS_BF16_PROBE=noload its probe twin.
-bool bf16_soft_early_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}}, 0) == 1;
-  return on;
+// =2: s48b, its publication a bar.arrive right after the softmax.
+int bf16_soft_early_env() {
+  static const int early = env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
+  return early;
 }
 // (s47c, MLA_ROWS_BF16_CLUSTER=1, session 47, removed in session 48 after its H200 timing; its code at 74f0c5e: a
 // (request, split)'s two 64-row CTAs launched as one 2-CTA cluster, each loading its own tiles: D, G and 96 heads
@@ -809,12 +814,14 @@ bool bf16_soft_early_env() {
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  const bool early = bf16_soft_early_env();
+  const int early = bf16_soft_early_env();
   return bf16_lean_env() != 0 && slabs
-             ? (bf16_probe_env() == 1   ? (early ? attend_rows_bf16_kernel<true, false, true, 1, true>
-                                                 : attend_rows_bf16_kernel<true, false, true, 1>)
+             ? (bf16_probe_env() == 1   ? (early == 1   ? attend_rows_bf16_kernel<true, false, true, 1, 1>
+                                           : early == 2 ? attend_rows_bf16_kernel<true, false, true, 1, 2>
+                                                        : attend_rows_bf16_kernel<true, false, true, 1>)
                 : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
-                : early                 ? attend_rows_bf16_kernel<true, false, true, 0, true>
+                : early == 1            ? attend_rows_bf16_kernel<true, false, true, 0, 1>
+                : early == 2            ? attend_rows_bf16_kernel<true, false, true, 0, 2>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
