@@ -654,17 +654,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // The owner's publication of tile t (its maxima and P, own_softmax's) and its p.v with P from registers.
     auto own_pv = [&](int t, Owned& w, bool publish) __attribute__((always_inline)) {
       const uint32_t kv = w.kv;
-      // The publisher waits at its barrier too (bar.sync, not bar.arrive; session 42): the other
-      // warpgroup's reads of m_pub in pv_other(t - 1) are then ordered before this tile's write of
-      // m_pub[t & 1] by barriers racecheck sees. With bar.arrive the order held too (the reader's own
-      // publication of t - 1 came after its read, and this warpgroup waited for it in pv_other(t - 1)),
-      // but racecheck reported 28 hazard lines on ManyRows.Bf16StepMatchesCpu (m_pub's and red[]'s); with
-      // bar.sync none (H200 session 42). A lock step, no deadlock: each warpgroup's pv_other follows one
-      // q.k of its own. Cost within noise (H200 GPU-f172db40: D 289.9, 296.6 / 291.7, 294.4 us; G 163.6,
-      // 163.3 / 162.9, 164.3, arrive / sync).
-      // (s45a, session 46: a bar.arrive here again, under s44b's slab waits, was 2-3% slower at D and 96 heads,
-      // and synccheck reported on it as on bar.sync, so its "divergent thread(s) in block" reports do not come
-      // from this barrier id's two bar.sync sites.)
+      // (publish: own's bar.sync, its comment above; s48b published with a bar.arrive after the softmax instead,
+      // which racecheck may report on as it did in session 41: m_pub's order holds either way, as there.)
       if (publish) ptx::named_sync(kBarPublished + wg, kThreadsB);
       if (__any_sync(0xffffffffu, w.moved)) {
         wgmma::fence_operand(o);
