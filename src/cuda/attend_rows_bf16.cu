@@ -214,7 +214,11 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // leaves a softmax later where the p.v ends first. = 2 (s48b, MLA_ROWS_BF16_SOFT_EARLY=2): the same with the
 // publication a bar.arrive right after the softmax (a bar.sync there would deadlock: the other warpgroup reaches
 // its pv_other only once its q.k(t + 1) has read this warpgroup's part of t + 1, reloaded after the wait), so
-// neither the other's p.v nor the reload sits between two softmaxes of the maxima chain.
+// neither the other's p.v nor the reload sits between two softmaxes of the maxima chain. = 3 (s48c,
+// MLA_ROWS_BF16_SOFT_EARLY=3): s45b's order (q.k(t) over this warpgroup's slabs, pv_other(t - 1), the rest of q.k(t))
+// with t - 1's buffer reloaded once the first two groups are done (wait_group 1), while the rest of q.k(t) runs:
+// H100 session 48 had s48a 10% faster without loads and 7% slower with them (its reload a softmax later), so the
+// reload's time is on the critical path; here it comes earlier than by default, the softmax as under s45b.
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -700,6 +704,21 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
+      if constexpr (kSoftEarly == 3) {  // (s48c: s45b's order, the reload of t - 1's buffer before q.k(t)'s rest ends)
+        qk_slabs(t, s, wg, false);
+        wgmma::commit();
+        pv_other(t - 1);
+        qk_slabs(t, s, wg ^ 1, true);
+        qk_rope(t, s);
+        wgmma::commit();
+        wgmma::wait<1>();
+        if (t + 1 < n_tiles) reload(t + 1);
+        wgmma::wait<0>();
+        own(t, s);
+        wgmma::wait<0>();
+        if (t + 2 < n_tiles) reload(t + 2);
+        continue;
+      }
       qk(t, s);
       pv_other(t - 1);
       if constexpr (kSoftEarly > 0) {  // (s48a: the softmax under the other's p.v, then the reload of its buffer)
@@ -793,9 +812,9 @@ int bf16_probe_env() {
 }
 // s48a (MLA_ROWS_BF16_SOFT_EARLY=1, prepared in session 48, off): kSlabBars' instance at pages of 64+ keys with the
 // owner's softmax under the other's p.v (kSoftEarly above); with MLA_ROWS_BF16_PROBE=noload its probe twin.
-// =2: s48b, its publication a bar.arrive right after the softmax.
+// =2: s48b, its publication a bar.arrive right after the softmax; =3: s48c, the reload before q.k(t)'s rest ends.
 int bf16_soft_early_env() {
-  static const int early = env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
+  static const int early = env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}}, 0);
   return early;
 }
 // (s47c, MLA_ROWS_BF16_CLUSTER=1, session 47, removed in session 48 after its H200 timing; its code at 74f0c5e: a
@@ -809,10 +828,12 @@ auto bf16_rows_kernel(int page_size) {
   return bf16_lean_env() != 0 && slabs
              ? (bf16_probe_env() == 1   ? (early == 1   ? attend_rows_bf16_kernel<true, false, true, 1, 1>
                                            : early == 2 ? attend_rows_bf16_kernel<true, false, true, 1, 2>
+                                           : early == 3 ? attend_rows_bf16_kernel<true, false, true, 1, 3>
                                                         : attend_rows_bf16_kernel<true, false, true, 1>)
                 : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
                 : early == 1            ? attend_rows_bf16_kernel<true, false, true, 0, 1>
                 : early == 2            ? attend_rows_bf16_kernel<true, false, true, 0, 2>
+                : early == 3            ? attend_rows_bf16_kernel<true, false, true, 0, 3>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
