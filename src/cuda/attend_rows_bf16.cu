@@ -205,20 +205,19 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // MMAs (the scores zero: every load, wait and barrier as by default, the tensor pipe out). Session 16's probes
 // (s16c) split the fp8 kernel's time so; these ask whether bf16 D's tile waits are the loads' pace or the lock step's
 // (docs/attention.md's queue, item 3 (g)).
-// kSoftEarly (s48a, MLA_ROWS_BF16_SOFT_EARLY=1, prepared in session 48, off; kSlabBars' instances at pages of 64+
-// keys): a round waits for q.k(t) alone (wgmma.wait_group 1: the other's p.v(t - 1), committed after it, may still
-// run), runs the owner's softmax of t under that p.v, then waits for it, reloads t - 1's buffer and publishes. Why:
-// s47b's probes on the H200 (session 48, GPU-d65c293c): D without loads 245 µs (76% of the matmul, under the
-// issue's 82% with no load at all), so the lock step of the compute half binds by itself; in it each warpgroup's
-// softmax waited for its own pv_other's MMAs (~512 tensor clocks a round) as well as its q.k. Cost: t + 1's part
-// leaves a softmax later where the p.v ends first. = 2 (s48b, MLA_ROWS_BF16_SOFT_EARLY=2): the same with the
-// publication a bar.arrive right after the softmax (a bar.sync there would deadlock: the other warpgroup reaches
-// its pv_other only once its q.k(t + 1) has read this warpgroup's part of t + 1, reloaded after the wait), so
-// neither the other's p.v nor the reload sits between two softmaxes of the maxima chain. = 3 (s48c,
-// MLA_ROWS_BF16_SOFT_EARLY=3): s45b's order (q.k(t) over this warpgroup's slabs, pv_other(t - 1), the rest of q.k(t))
-// with t - 1's buffer reloaded once the first two groups are done (wait_group 1), while the rest of q.k(t) runs:
-// H100 session 48 had s48a 10% faster without loads and 7% slower with them (its reload a softmax later), so the
-// reload's time is on the critical path; here it comes earlier than by default, the softmax as under s45b.
+// kSoftEarly (session 48, MLA_ROWS_BF16_SOFT_EARLY, off; kSlabBars' instances at pages of 64+ keys): where a round
+// waits for the other's p.v(t - 1) and reloads t - 1's buffer. s47b's probes on the H200 (session 48, GPU-d65c293c):
+// D without loads 245 µs (76% of the matmul, under the issue's 82% with no load at all), without MMAs 231.
+// = 1 (s48a): wait for q.k(t) alone (wgmma.wait_group 1: the other's p.v(t - 1), committed after it, may still run),
+// the owner's softmax of t under that p.v, then wait for it, reload, publish. H100 (session 48, GPU-0d3b8e65, D):
+// 299.0 µs against 280.8, its noload twin 218.8 against 240.4: the compute half 9-10% faster, the kernel 6-7% slower
+// with t + 1's part leaving a softmax later. (s48b, =2, its publication a bar.arrive right after the softmax: the
+// same, 302.1; removed, its code at b386917.)
+// = 3 (s48c): s45b's order (q.k(t) over this warpgroup's slabs, pv_other(t - 1), the rest of q.k(t)) with t - 1's
+// buffer reloaded once the first two groups are done (wait_group 1), while the rest of q.k(t) runs. H100 (session
+// 48, GPU-9cd6183e, D): 276.1 µs against 283.5 (G, 96 heads, page 128 1.6-2.9% faster), its noload twin 260.1
+// against 244.1. So on the H100 the time a buffer's part goes back out is on D's critical path one for one (both
+// ways); neither is yet timed on the H200, where the compute half is the larger.
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -656,11 +655,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
     };
     // The owner's publication of tile t (its maxima and P, own_softmax's) and its p.v with P from registers.
-    auto own_pv = [&](int t, Owned& w, bool publish) __attribute__((always_inline)) {
+    auto own_pv = [&](int t, Owned& w) __attribute__((always_inline)) {
       const uint32_t kv = w.kv;
-      // (publish: own's bar.sync, its comment above; s48b published with a bar.arrive after the softmax instead,
-      // which racecheck may report on as it did in session 41: m_pub's order holds either way, as there.)
-      if (publish) ptx::named_sync(kBarPublished + wg, kThreadsB);
+      ptx::named_sync(kBarPublished + wg, kThreadsB);  // (own's publication: its comment above)
       if (__any_sync(0xffffffffu, w.moved)) {
         wgmma::fence_operand(o);
         rescale(w.alpha);
@@ -721,14 +718,13 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
       qk(t, s);
       pv_other(t - 1);
-      if constexpr (kSoftEarly > 0) {  // (s48a: the softmax under the other's p.v, then the reload of its buffer)
+      if constexpr (kSoftEarly == 1) {  // (s48a: the softmax under the other's p.v, then the reload of its buffer)
         Owned w;
         wgmma::wait<1>();
         own_softmax(t, s, w);
-        if constexpr (kSoftEarly == 2) ptx::named_arrive(kBarPublished + wg, kThreadsB);  // (s48b)
         wgmma::wait<0>();
         if (t + 1 < n_tiles) reload(t + 1);
-        own_pv(t, w, kSoftEarly != 2);
+        own_pv(t, w);
       } else {
         wgmma::wait<0>();
         if (t + 1 < n_tiles) reload(t + 1);
@@ -810,11 +806,11 @@ int bf16_probe_env() {
   }();
   return probe;
 }
-// s48a (MLA_ROWS_BF16_SOFT_EARLY=1, prepared in session 48, off): kSlabBars' instance at pages of 64+ keys with the
-// owner's softmax under the other's p.v (kSoftEarly above); with MLA_ROWS_BF16_PROBE=noload its probe twin.
-// =2: s48b, its publication a bar.arrive right after the softmax; =3: s48c, the reload before q.k(t)'s rest ends.
+// MLA_ROWS_BF16_SOFT_EARLY (session 48, off): kSlabBars' instance at pages of 64+ keys with =1 (s48a) the owner's
+// softmax under the other's p.v, =3 (s48c) t - 1's buffer reloaded before q.k(t)'s rest ends (kSoftEarly above);
+// with MLA_ROWS_BF16_PROBE=noload their probe twins.
 int bf16_soft_early_env() {
-  static const int early = env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}}, 0);
+  static const int early = env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"3", 3}}, 0);
   return early;
 }
 // (s47c, MLA_ROWS_BF16_CLUSTER=1, session 47, removed in session 48 after its H200 timing; its code at 74f0c5e: a
@@ -827,12 +823,10 @@ auto bf16_rows_kernel(int page_size) {
   const int early = bf16_soft_early_env();
   return bf16_lean_env() != 0 && slabs
              ? (bf16_probe_env() == 1   ? (early == 1   ? attend_rows_bf16_kernel<true, false, true, 1, 1>
-                                           : early == 2 ? attend_rows_bf16_kernel<true, false, true, 1, 2>
                                            : early == 3 ? attend_rows_bf16_kernel<true, false, true, 1, 3>
                                                         : attend_rows_bf16_kernel<true, false, true, 1>)
                 : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
                 : early == 1            ? attend_rows_bf16_kernel<true, false, true, 0, 1>
-                : early == 2            ? attend_rows_bf16_kernel<true, false, true, 0, 2>
                 : early == 3            ? attend_rows_bf16_kernel<true, false, true, 0, 3>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
