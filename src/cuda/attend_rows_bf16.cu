@@ -218,6 +218,12 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // 48, GPU-9cd6183e, D): 276.1 µs against 283.5 (G, 96 heads, page 128 1.6-2.9% faster), its noload twin 260.1
 // against 244.1. So on the H100 the time a buffer's part goes back out is on D's critical path one for one (both
 // ways); neither is yet timed on the H200, where the compute half is the larger.
+// = 4 (s48d, prepared in session 48): s48c with q.k(t)'s halves swapped, the other warpgroup's slabs first (they went
+// out after the other's pv_other(t - 2), its own after its p.v(t - 2): which lands first is not measured; the
+// profiles put 15-17% of the stall samples on q.k's first slab wait). = 5 (s48e, prepared in session 48): s48a with
+// the wait for the other's p.v and the reload halfway through the softmax's P (after the maxima and the first two
+// k16 steps' exponentials): between s48a (all of the softmax under that p.v, the reload a softmax later) and the
+// default (none of it, the reload at once).
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -612,7 +618,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       uint32_t pa[kPvSteps][4];
       uint32_t kv;  // kv_of(t)
     };
-    auto own_softmax = [&](int t, float (&s)[32], Owned& w) __attribute__((always_inline)) {
+    // (mid: s48e's wait for the other's p.v and reload, between the first and last two k16 steps' P)
+    auto own_softmax = [&](int t, float (&s)[32], Owned& w, auto&& mid) __attribute__((always_inline)) {
       wgmma::fence_operand(s);
       w.mask = mask_scores(t, s, key_mask(t));
       // The rows' maxima over the tile and the lazy rescale: a row's maximum moves only past
@@ -641,7 +648,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       const uint32_t kv = w.kv = kv_of(t);
       const uint32_t p_mine = kv + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
 #pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks)
+      for (int ks = 0; ks < kPvSteps; ++ks) {
+        if (ks == kPvSteps / 2) mid();
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 8 * ks + 2 * e, h = e & 1;
@@ -652,6 +660,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
           ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, pa[ks][e]);
         }
+      }
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
     };
     // The owner's publication of tile t (its maxima and P, own_softmax's) and its p.v with P from registers.
@@ -701,11 +710,11 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      if constexpr (kSoftEarly == 3) {  // (s48c: s45b's order, the reload of t - 1's buffer before q.k(t)'s rest ends)
-        qk_slabs(t, s, wg, false);
+      if constexpr (kSoftEarly == 3 || kSoftEarly == 4) {  // (s48c: s45b's order, the reload before q.k(t)'s rest ends)
+        qk_slabs(t, s, kSoftEarly == 3 ? wg : wg ^ 1, false);  // (s48d: the other's slabs first)
         wgmma::commit();
         pv_other(t - 1);
-        qk_slabs(t, s, wg ^ 1, true);
+        qk_slabs(t, s, kSoftEarly == 3 ? wg ^ 1 : wg, true);
         qk_rope(t, s);
         wgmma::commit();
         wgmma::wait<1>();
@@ -718,12 +727,19 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
       qk(t, s);
       pv_other(t - 1);
-      if constexpr (kSoftEarly == 1) {  // (s48a: the softmax under the other's p.v, then the reload of its buffer)
+      if constexpr (kSoftEarly == 1 || kSoftEarly == 5) {  // (s48a: the softmax under the other's p.v, then the reload)
         Owned w;
+        auto other_done = [&] {
+          wgmma::wait<0>();
+          if (t + 1 < n_tiles) reload(t + 1);
+        };
         wgmma::wait<1>();
-        own_softmax(t, s, w);
-        wgmma::wait<0>();
-        if (t + 1 < n_tiles) reload(t + 1);
+        if constexpr (kSoftEarly == 5) {  // (s48e: the wait and reload halfway through the softmax's P)
+          own_softmax(t, s, w, other_done);
+        } else {
+          own_softmax(t, s, w, [] {});
+          other_done();
+        }
         own_pv(t, w);
       } else {
         wgmma::wait<0>();
@@ -807,10 +823,12 @@ int bf16_probe_env() {
   return probe;
 }
 // MLA_ROWS_BF16_SOFT_EARLY (session 48, off): kSlabBars' instance at pages of 64+ keys with =1 (s48a) the owner's
-// softmax under the other's p.v, =3 (s48c) t - 1's buffer reloaded before q.k(t)'s rest ends (kSoftEarly above);
+// softmax under the other's p.v, =3 (s48c) t - 1's buffer reloaded before q.k(t)'s rest ends, =4 (s48d) s48c with
+// the other's slabs first, =5 (s48e) s48a with the wait and reload halfway through the softmax (kSoftEarly above);
 // with MLA_ROWS_BF16_PROBE=noload their probe twins.
 int bf16_soft_early_env() {
-  static const int early = env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"3", 3}}, 0);
+  static const int early =
+      env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"3", 3}, {"4", 4}, {"5", 5}}, 0);
   return early;
 }
 // (s47c, MLA_ROWS_BF16_CLUSTER=1, session 47, removed in session 48 after its H200 timing; its code at 74f0c5e: a
@@ -824,10 +842,14 @@ auto bf16_rows_kernel(int page_size) {
   return bf16_lean_env() != 0 && slabs
              ? (bf16_probe_env() == 1   ? (early == 1   ? attend_rows_bf16_kernel<true, false, true, 1, 1>
                                            : early == 3 ? attend_rows_bf16_kernel<true, false, true, 1, 3>
+                                           : early == 4 ? attend_rows_bf16_kernel<true, false, true, 1, 4>
+                                           : early == 5 ? attend_rows_bf16_kernel<true, false, true, 1, 5>
                                                         : attend_rows_bf16_kernel<true, false, true, 1>)
                 : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
                 : early == 1            ? attend_rows_bf16_kernel<true, false, true, 0, 1>
                 : early == 3            ? attend_rows_bf16_kernel<true, false, true, 0, 3>
+                : early == 4            ? attend_rows_bf16_kernel<true, false, true, 0, 4>
+                : early == 5            ? attend_rows_bf16_kernel<true, false, true, 0, 5>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
