@@ -204,7 +204,12 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // buffers keep stale tiles: every wait, barrier and MMA as by default, the memory system out); = 2 no q.k or p.v
 // MMAs (the scores zero: every load, wait and barrier as by default, the tensor pipe out). Session 16's probes
 // (s16c) split the fp8 kernel's time so; these ask whether bf16 D's tile waits are the loads' pace or the lock step's
-// (docs/attention.md's queue, item 3 (g)).
+// (docs/attention.md's queue, item 3 (g)). = 3 and 4 (s48f, prepared in session 48): = 2 with half the slabs loaded,
+// the other half's mbarriers armed with no bytes: = 3 the request's two 64-row CTAs complementary halves (even slabs
+// in the first row tile, odd in the second: each byte still read once from DRAM, the L2 -> SM stream halved, as a
+// multicast pair would have it), = 4 both CTAs the even slabs (DRAM halved too). Against = 2: whether the load half's
+// pace (s47b: 231 µs at D on the H200, 84% of the kernel's time) is the L2 -> SM stream (= 3 faster: multicast is the
+// lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)).
 // kSoftEarly (session 48, MLA_ROWS_BF16_SOFT_EARLY, off; kSlabBars' instances at pages of 64+ keys): where a round
 // waits for the other's p.v(t - 1) and reloads t - 1's buffer. s47b's probes on the H200 (session 48, GPU-d65c293c):
 // D without loads 245 µs (76% of the matmul, under the issue's 82% with no load at all), without MMAs 231.
@@ -230,6 +235,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
+  constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2 and s48f's = 3, 4)
   static_assert(!kSoftEarly || (kSlabBars && !kLeanWarps), "kSoftEarly (s48a) is kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
@@ -289,19 +295,23 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // (kSlabBars: each slab armed on its own mbarrier, slab_bar, and `bar` unused)
     auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok_, int rows) {
       const bool ok = ok_ && !(kProbe == 1 && j >= 2);  // (kProbe = 1: stale tiles past the first two)
+      // (kProbe = 3, 4: this CTA's half of the slabs, by its row tile's parity or the even ones)
+      auto loads = [&](int slab) {
+        return ok && !(kProbe == 3 && ((slab + m_base / kRowsM) & 1)) && !(kProbe == 4 && (slab & 1));
+      };
       if constexpr (!kSlabBars) tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
 #pragma unroll
       for (int s = 0; s < kDimSlabs; ++s) {
         const int slab = kDimSlabs * wg + s;
         const uint32_t slab_on = kSlabBars ? slab_bar(j, slab) : bar;
-        if constexpr (kSlabBars) tma::arrive_expect_tx(slab_on, ok ? uint32_t(rows * 128) : 0u);
-        if (ok) tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, slab_on);
+        if constexpr (kSlabBars) tma::arrive_expect_tx(slab_on, loads(slab) ? uint32_t(rows * 128) : 0u);
+        if (loads(slab)) tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, slab_on);
       }
       if ((j & 1) != wg) {
         const uint32_t rope_bar =  // bar_of(j, 2): full[.][2]
             kSlabBars ? slab_bar(j, kRopeSlab) : bar + uint32_t(sizeof(uint64_t)) * (2 - wg);
-        tma::arrive_expect_tx(rope_bar, ok ? uint32_t(rows * 128) : 0u);
-        if (ok) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
+        tma::arrive_expect_tx(rope_bar, loads(kRopeSlab) ? uint32_t(rows * 128) : 0u);
+        if (loads(kRopeSlab)) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
       }
     };
     // kLean at pages of 64+ keys (slots(p) = 1: warp 0 issues): every lane of warp 0 computes the
@@ -452,7 +462,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
             wgmma::fence();
           }
         }
-        if constexpr (kProbe != 2) wgmma::mma_m64n64k16_bf16(s, qd, kd, accumulate || k > 0);
+        if constexpr (!kNoMma) wgmma::mma_m64n64k16_bf16(s, qd, kd, accumulate || k > 0);
         // next step: two 16-byte chunks on in the query; 32 bytes on in the slab, or the next slab
         qd = wgmma::advance(qd, 2 * kChunkStrideM);
         kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
@@ -465,13 +475,13 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + kRopeSlab * kSlabBytes);
 #pragma unroll
       for (int k = 0; k < kRopeSteps; ++k) {
-        if constexpr (kProbe != 2) wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kd);
+        if constexpr (!kNoMma) wgmma::mma_m64n64k16_bf16_rs(s, q_rope[k], kd);
         kd = wgmma::advance(kd, 32);
       }
     };
     // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
     auto qk = [&](int t, float (&s)[32]) {
-      if constexpr (kProbe == 2)  // (no MMAs: zero scores)
+      if constexpr (kNoMma)  // (no MMAs: zero scores)
 #pragma unroll
         for (int i = 0; i < 32; ++i) s[i] = 0.0f;
 #pragma unroll
@@ -518,7 +528,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks)
-        if constexpr (kProbe != 2) wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
+        if constexpr (!kNoMma) wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
       wgmma::commit();
     };
     // p.v of the other warpgroup's tile j, once it has published the tile's maxima and P (in the
@@ -603,7 +613,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks)
-        if constexpr (kProbe != 2) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
+        if constexpr (!kNoMma) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
       wgmma::commit();
     };
 
@@ -675,7 +685,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks)
-        if constexpr (kProbe != 2) wgmma::mma_m64n256k16_bf16_rs(o, w.pa[ks], v_desc(kv, ks));
+        if constexpr (!kNoMma) wgmma::mma_m64n256k16_bf16_rs(o, w.pa[ks], v_desc(kv, ks));
       wgmma::commit();
     };
     // Warpgroup wg owns tiles t = wg, wg + 2, ...; a round issues q.k(t) first (it runs while the
@@ -810,11 +820,13 @@ int bf16_slabs_env() {
   static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 2);
   return slabs;
 }
-// s47b's timing probes (MLA_ROWS_BF16_PROBE=noload or nomma; wrong results by design, for the bench only): kSlabBars'
-// instance at pages of 64+ keys without its loads past a segment's first two tiles, or without its MMAs.
+// s47b's timing probes (MLA_ROWS_BF16_PROBE=noload or nomma; s48f's nomma_half, nomma_even; wrong results by design,
+// for the bench only): kSlabBars' instance at pages of 64+ keys without its loads past a segment's first two tiles, or
+// without its MMAs (and half its slabs' loads).
 int bf16_probe_env() {
   static const int probe = [] {
-    const int v = env_choice("MLA_ROWS_BF16_PROBE", {{"0", 0}, {"noload", 1}, {"nomma", 2}}, 0);
+    const int v = env_choice("MLA_ROWS_BF16_PROBE",
+                             {{"0", 0}, {"noload", 1}, {"nomma", 2}, {"nomma_half", 3}, {"nomma_even", 4}}, 0);
     if (v != 0)  // (said once a process: a caller who set it by mistake sees why its bf16 results are wrong)
       std::fprintf(stderr, "mla-decode: MLA_ROWS_BF16_PROBE is set: the bf16 many-rows attend's results are wrong by "
                            "design at pages of 64+ keys (a timing probe)\n");
@@ -846,6 +858,8 @@ auto bf16_rows_kernel(int page_size) {
                                            : early == 5 ? attend_rows_bf16_kernel<true, false, true, 1, 5>
                                                         : attend_rows_bf16_kernel<true, false, true, 1>)
                 : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
+                : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
+                : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : early == 1            ? attend_rows_bf16_kernel<true, false, true, 0, 1>
                 : early == 3            ? attend_rows_bf16_kernel<true, false, true, 0, 3>
                 : early == 4            ? attend_rows_bf16_kernel<true, false, true, 0, 4>
