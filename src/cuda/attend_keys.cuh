@@ -45,23 +45,6 @@ inline dim3 attend_launch_grid(const AttendParams& p, int rows_per_cta) {
                          : attend_grid(p, rows_per_cta);
 }
 
-// A launch as clusters of 2 CTAs along x (attr: its storage): with an even number of row tiles a
-// (request, split), each cluster is two row tiles of the same keys (the many-rows kernels).
-inline cudaLaunchConfig_t cluster_pair_config(dim3 grid, dim3 block, int smem, cudaStream_t stream,
-                                              cudaLaunchAttribute& attr) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = stream;
-  attr = cudaLaunchAttribute{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
 // What a CTA serves: request b, split `split` and query rows m_base .. m_base + rows_per_cta - 1
 // (rows m = i*G + h: query i, head h). The row tiles of one (request, split) are adjacent in the
 // grid, so the CTAs that read the same keys run together and all but the first find them in L2.

@@ -122,7 +122,17 @@ void prepare_rows_height() {
 }
 // A launch of the many-rows kernel with TMA tiles as clusters of 2 CTAs along x (attr: its storage).
 cudaLaunchConfig_t pair_config(dim3 grid, int smem, cudaStream_t stream, cudaLaunchAttribute& attr) {
-  return cluster_pair_config(grid, dim3(kRowsCtaThreads<true>), smem, stream, attr);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kRowsCtaThreads<true>);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  attr = cudaLaunchAttribute{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
 }
 // Its clusters of 2 that fit at once on the device (one CTA an SM). (The occupancy query counts
 // the kernel's dynamic shared memory against its attribute: set first, else it answers 0.)

@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       const bool ok = ok_ && !(kProbe == 1 && j >= 2);  // (kProbe = 1: stale tiles past the first two)
       // (kProbe = 3, 4: this CTA's half of the slabs, by its row tile's parity or the even ones)
       auto loads = [&](int slab) {
-        return ok && !(kProbe == 3 && ((slab + m_base / kRowsM) & 1)) && !(kProbe == 4 && (slab & 1));
+        return ok && !(kProbe == 3 && ((slab + cta.m_tile) & 1)) && !(kProbe == 4 && (slab & 1));
       };
       if constexpr (!kSlabBars) tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
 #pragma unroll
@@ -731,13 +731,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         if (t + 1 < n_tiles) reload(t + 1);
         wgmma::wait<0>();
         own(t, s);
-        wgmma::wait<0>();
-        if (t + 2 < n_tiles) reload(t + 2);
-        continue;
-      }
-      qk(t, s);
-      pv_other(t - 1);
-      if constexpr (kSoftEarly == 1 || kSoftEarly == 5) {  // (s48a: the softmax under the other's p.v, then the reload)
+      } else if constexpr (kSoftEarly == 1 || kSoftEarly == 5) {  // (s48a: the softmax under the other's p.v)
+        qk(t, s);
+        pv_other(t - 1);
         Owned w;
         auto other_done = [&] {
           wgmma::wait<0>();
@@ -752,6 +748,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         }
         own_pv(t, w);
       } else {
+        qk(t, s);
+        pv_other(t - 1);
         wgmma::wait<0>();
         if (t + 1 < n_tiles) reload(t + 1);
         own(t, s);
