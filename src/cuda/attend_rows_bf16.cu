@@ -223,9 +223,8 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // 48, GPU-9cd6183e, D): 276.1 µs against 283.5 (G, 96 heads, page 128 1.6-2.9% faster), its noload twin 260.1
 // against 244.1. So on the H100 the time a buffer's part goes back out is on D's critical path one for one (both
 // ways); neither is yet timed on the H200, where the compute half is the larger.
-// = 4 (s48d, prepared in session 48): s48c with q.k(t)'s halves swapped, the other warpgroup's slabs first (they went
-// out after the other's pv_other(t - 2), its own after its p.v(t - 2): which lands first is not measured; the
-// profiles put 15-17% of the stall samples on q.k's first slab wait). = 5 (s48e, prepared in session 48): s48a with
+// (= 4, s48d, s48c with the other warpgroup's slabs first: 19% slower at D on an H100, session 49, GPU-f4595d85;
+// removed, its code at 98b28cc.) = 5 (s48e, prepared in session 48): s48a with
 // the wait for the other's p.v and the reload halfway through the softmax's P (after the maxima and the first two
 // k16 steps' exponentials): between s48a (all of the softmax under that p.v, the reload a softmax later) and the
 // default (none of it, the reload at once).
@@ -720,11 +719,11 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      if constexpr (kSoftEarly == 3 || kSoftEarly == 4) {  // (s48c: s45b's order, the reload before q.k(t)'s rest ends)
-        qk_slabs(t, s, kSoftEarly == 3 ? wg : wg ^ 1, false);  // (s48d: the other's slabs first)
+      if constexpr (kSoftEarly == 3) {  // (s48c: s45b's order, the reload before q.k(t)'s rest ends)
+        qk_slabs(t, s, wg, false);
         wgmma::commit();
         pv_other(t - 1);
-        qk_slabs(t, s, kSoftEarly == 3 ? wg ^ 1 : wg, true);
+        qk_slabs(t, s, wg ^ 1, true);
         qk_rope(t, s);
         wgmma::commit();
         wgmma::wait<1>();
@@ -833,12 +832,11 @@ int bf16_probe_env() {
   return probe;
 }
 // MLA_ROWS_BF16_SOFT_EARLY (session 48, off): kSlabBars' instance at pages of 64+ keys with =1 (s48a) the owner's
-// softmax under the other's p.v, =3 (s48c) t - 1's buffer reloaded before q.k(t)'s rest ends, =4 (s48d) s48c with
-// the other's slabs first, =5 (s48e) s48a with the wait and reload halfway through the softmax (kSoftEarly above);
+// softmax under the other's p.v, =3 (s48c) t - 1's buffer reloaded before q.k(t)'s rest ends, =5 (s48e) s48a with the wait and reload halfway through the softmax (kSoftEarly above);
 // with MLA_ROWS_BF16_PROBE=noload their probe twins.
 int bf16_soft_early_env() {
   static const int early =
-      env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"3", 3}, {"4", 4}, {"5", 5}}, 0);
+      env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"3", 3}, {"5", 5}}, 0);
   return early;
 }
 // (s47c, MLA_ROWS_BF16_CLUSTER=1, session 47, removed in session 48 after its H200 timing; its code at 74f0c5e: a
@@ -852,7 +850,6 @@ auto bf16_rows_kernel(int page_size) {
   return bf16_lean_env() != 0 && slabs
              ? (bf16_probe_env() == 1   ? (early == 1   ? attend_rows_bf16_kernel<true, false, true, 1, 1>
                                            : early == 3 ? attend_rows_bf16_kernel<true, false, true, 1, 3>
-                                           : early == 4 ? attend_rows_bf16_kernel<true, false, true, 1, 4>
                                            : early == 5 ? attend_rows_bf16_kernel<true, false, true, 1, 5>
                                                         : attend_rows_bf16_kernel<true, false, true, 1>)
                 : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
@@ -860,7 +857,6 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : early == 1            ? attend_rows_bf16_kernel<true, false, true, 0, 1>
                 : early == 3            ? attend_rows_bf16_kernel<true, false, true, 0, 3>
-                : early == 4            ? attend_rows_bf16_kernel<true, false, true, 0, 4>
                 : early == 5            ? attend_rows_bf16_kernel<true, false, true, 0, 5>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
