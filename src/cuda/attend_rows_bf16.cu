@@ -224,10 +224,10 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // against 244.1. So on the H100 the time a buffer's part goes back out is on D's critical path one for one (both
 // ways); neither is yet timed on the H200, where the compute half is the larger.
 // (= 4, s48d, s48c with the other warpgroup's slabs first: 19% slower at D on an H100, session 49, GPU-f4595d85;
-// removed, its code at 98b28cc.) = 5 (s48e, prepared in session 48): s48a with
-// the wait for the other's p.v and the reload halfway through the softmax's P (after the maxima and the first two
-// k16 steps' exponentials): between s48a (all of the softmax under that p.v, the reload a softmax later) and the
-// default (none of it, the reload at once).
+// removed, its code at 98b28cc.) = 5 (s48e, prepared in session 48): s48a with the wait for the other's p.v and the
+// reload halfway through the softmax's P (after the maxima and the first two k16 steps' exponentials): between s48a
+// (all of the softmax under that p.v, the reload a softmax later) and the default (none of it, the reload at once);
+// 3% slower at D on an H100 (session 49, GPU-f4595d85).
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -832,8 +832,9 @@ int bf16_probe_env() {
   return probe;
 }
 // MLA_ROWS_BF16_SOFT_EARLY (session 48, off): kSlabBars' instance at pages of 64+ keys with =1 (s48a) the owner's
-// softmax under the other's p.v, =3 (s48c) t - 1's buffer reloaded before q.k(t)'s rest ends, =5 (s48e) s48a with the wait and reload halfway through the softmax (kSoftEarly above);
-// with MLA_ROWS_BF16_PROBE=noload their probe twins.
+// softmax under the other's p.v, =3 (s48c) t - 1's buffer reloaded before q.k(t)'s rest ends, =5 (s48e) s48a with
+// the wait and reload halfway through the softmax (kSoftEarly above); with MLA_ROWS_BF16_PROBE=noload their probe
+// twins.
 int bf16_soft_early_env() {
   static const int early =
       env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"3", 3}, {"5", 5}}, 0);
