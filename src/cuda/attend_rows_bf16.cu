@@ -551,8 +551,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       pv_smem(j);
     };
     // The owner's softmax of tile t (q.k done, nothing in flight), its maxima and P published, then
-    // its p.v with P from registers.
-    auto own = [&](int t, float (&s)[32]) {
+    // its p.v with P from registers. (s48a and s48e, kSoftEarly: q.k(t) alone done, the other's p.v of t - 1
+    // still running, which o does not see before the publication; `mid` runs halfway through P (s48e) and
+    // `published_after` right before the publication (s48a): the wait for that p.v and t - 1's reload.)
+    auto own = [&](int t, float (&s)[32], auto&& mid, auto&& published_after) __attribute__((always_inline)) {
       wgmma::fence_operand(s);
       const uint64_t mask = mask_scores(t, s, key_mask(t));
       // The rows' maxima over the tile and the lazy rescale: a row's maximum moves only past
@@ -580,83 +582,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       const uint32_t kv = kv_of(t);
       const uint32_t p_mine = kv + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
 #pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 8 * ks + 2 * e, h = e & 1;
-          // (exp2_ftz rather than exp2f's subnormal fix-up: D with 128 heads 2.6% faster, s16e)
-          const float w0 = exp2_ftz(fmaf(s[i], scale_log2, neg_m[h])), w1 = exp2_ftz(fmaf(s[i + 1], scale_log2, neg_m[h]));
-          d_run[h] += w0 + w1;
-          pa[ks][e] = ptx::pack_bf16x2(w0, w1);
-          // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
-          ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, pa[ks][e]);
-        }
-      wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
-      // The publisher waits at its barrier too (bar.sync, not bar.arrive; session 42): the other
-      // warpgroup's reads of m_pub in pv_other(t - 1) are then ordered before this tile's write of
-      // m_pub[t & 1] by barriers racecheck sees. With bar.arrive the order held too (the reader's own
-      // publication of t - 1 came after its read, and this warpgroup waited for it in pv_other(t - 1)),
-      // but racecheck reported 28 hazard lines on ManyRows.Bf16StepMatchesCpu (m_pub's and red[]'s); with
-      // bar.sync none (H200 session 42). A lock step, no deadlock: each warpgroup's pv_other follows one
-      // q.k of its own. Cost within noise (H200 GPU-f172db40: D 289.9, 296.6 / 291.7, 294.4 us; G 163.6,
-      // 163.3 / 162.9, 164.3, arrive / sync).
-      // (s45a, session 46: a bar.arrive here again, under s44b's slab waits, was 2-3% slower at D and 96 heads,
-      // and synccheck reported on it as on bar.sync, so its "divergent thread(s) in block" reports do not come
-      // from this barrier id's two bar.sync sites.)
-      ptx::named_sync(kBarPublished + wg, kThreadsB);
-      if (__any_sync(0xffffffffu, moved)) {
-        wgmma::fence_operand(o);
-        rescale(alpha);
-      }
-      zero_masked(t, mask);
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks)
-        if constexpr (!kNoMma) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
-      wgmma::commit();
-    };
-
-    // s48a (kSoftEarly): own's two halves apart, the softmax of tile t (q.k done; o untouched, so the other's
-    // p.v may still run): the tile's mask, its maxima (to m_pub), P in bf16 as register fragments and in the
-    // tile's rope slab; then own_pv publishes and adds P(t) V(t) to o. (own stays whole for the default
-    // instances: the same code through Owned changed their register allocation.)
-    struct Owned {
-      uint64_t mask;
-      float alpha[2];
-      bool moved;
-      uint32_t pa[kPvSteps][4];
-      uint32_t kv;  // kv_of(t)
-    };
-    // (mid: s48e's wait for the other's p.v and reload, between the first and last two k16 steps' P)
-    auto own_softmax = [&](int t, float (&s)[32], Owned& w, auto&& mid) __attribute__((always_inline)) {
-      wgmma::fence_operand(s);
-      w.mask = mask_scores(t, s, key_mask(t));
-      // The rows' maxima over the tile and the lazy rescale: a row's maximum moves only past
-      // m_run + 2^3 (weights stay <= 2^8), to the tile's maximum; -inf stays -inf while a row sees nothing.
-      float (&alpha)[2] = w.alpha;
-      bool& moved = w.moved;
-      moved = false;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float tile_max = row_tile_max(s, h);
-        alpha[h] = 1.0f;
-        if (tile_max > m_run[h] + kLazyRescale) {
-          alpha[h] = exp2_ftz(m_run[h] - tile_max);  // 0 from -inf (the same function as the owner's rule above)
-          m_run[h] = tile_max;
-          d_run[h] *= alpha[h];
-          moved = true;
-        }
-        if (c == 0) sm.m_pub[t & 1][row0 + 8 * h] = m_run[h];
-      }
-      // P = exp2(s scale - m) in bf16 as p.v's A fragments (k16 step ks: a[0] row0 keys 16 ks + 2c,
-      // +1; a[1] row0 + 8; a[2], a[3] the keys + 8: accumulator elements 8 ks + 2e, + 1), and into
-      // the tile's rope slab for the other warpgroup (K-major core matrices, a thread's 4 bytes a
-      // chunk row): this q.k was its last reader.
-      uint32_t (&pa)[kPvSteps][4] = w.pa;
-      const float neg_m[2] = {m_run[0] == -INFINITY ? 0.0f : -m_run[0], m_run[1] == -INFINITY ? 0.0f : -m_run[1]};
-      const uint32_t kv = w.kv = kv_of(t);
-      const uint32_t p_mine = kv + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
-#pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks) {
         if (ks == kPvSteps / 2) mid();
 #pragma unroll
@@ -671,22 +596,31 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         }
       }
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
-    };
-    // The owner's publication of tile t (its maxima and P, own_softmax's) and its p.v with P from registers.
-    auto own_pv = [&](int t, Owned& w) __attribute__((always_inline)) {
-      const uint32_t kv = w.kv;
-      ptx::named_sync(kBarPublished + wg, kThreadsB);  // (own's publication: its comment above)
-      if (__any_sync(0xffffffffu, w.moved)) {
+      // The publisher waits at its barrier too (bar.sync, not bar.arrive; session 42): the other
+      // warpgroup's reads of m_pub in pv_other(t - 1) are then ordered before this tile's write of
+      // m_pub[t & 1] by barriers racecheck sees. With bar.arrive the order held too (the reader's own
+      // publication of t - 1 came after its read, and this warpgroup waited for it in pv_other(t - 1)),
+      // but racecheck reported 28 hazard lines on ManyRows.Bf16StepMatchesCpu (m_pub's and red[]'s); with
+      // bar.sync none (H200 session 42). A lock step, no deadlock: each warpgroup's pv_other follows one
+      // q.k of its own. Cost within noise (H200 GPU-f172db40: D 289.9, 296.6 / 291.7, 294.4 us; G 163.6,
+      // 163.3 / 162.9, 164.3, arrive / sync).
+      // (s45a, session 46: a bar.arrive here again, under s44b's slab waits, was 2-3% slower at D and 96 heads,
+      // and synccheck reported on it as on bar.sync, so its "divergent thread(s) in block" reports do not come
+      // from this barrier id's two bar.sync sites.)
+      published_after();
+      ptx::named_sync(kBarPublished + wg, kThreadsB);
+      if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
-        rescale(w.alpha);
+        rescale(alpha);
       }
-      zero_masked(t, w.mask);
+      zero_masked(t, mask);
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks)
-        if constexpr (!kNoMma) wgmma::mma_m64n256k16_bf16_rs(o, w.pa[ks], v_desc(kv, ks));
+        if constexpr (!kNoMma) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
       wgmma::commit();
     };
+
     // Warpgroup wg owns tiles t = wg, wg + 2, ...; a round issues q.k(t) first (it runs while the
     // other warpgroup finishes tile t - 1's softmax), then adds the other's tile t - 1 to o once it
     // is published (p.v with its P), reloads t - 1's buffer with tile t + 1 (the other's) as soon
@@ -712,7 +646,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       float s[32];
       qk(0, s);
       wgmma::wait<0>();
-      own(0, s);
+      own(0, s, [] {}, [] {});
       wgmma::wait<0>();
       if (2 < n_tiles) reload(2);
       t = 2;
@@ -729,29 +663,23 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         wgmma::wait<1>();
         if (t + 1 < n_tiles) reload(t + 1);
         wgmma::wait<0>();
-        own(t, s);
+        own(t, s, [] {}, [] {});
       } else if constexpr (kSoftEarly == 1 || kSoftEarly == 5) {  // (s48a: the softmax under the other's p.v)
         qk(t, s);
         pv_other(t - 1);
-        Owned w;
         auto other_done = [&] {
           wgmma::wait<0>();
           if (t + 1 < n_tiles) reload(t + 1);
         };
         wgmma::wait<1>();
-        if constexpr (kSoftEarly == 5) {  // (s48e: the wait and reload halfway through the softmax's P)
-          own_softmax(t, s, w, other_done);
-        } else {
-          own_softmax(t, s, w, [] {});
-          other_done();
-        }
-        own_pv(t, w);
+        if constexpr (kSoftEarly == 5) own(t, s, other_done, [] {});  // (s48e: halfway through the softmax's P)
+        else own(t, s, [] {}, other_done);
       } else {
         qk(t, s);
         pv_other(t - 1);
         wgmma::wait<0>();
         if (t + 1 < n_tiles) reload(t + 1);
-        own(t, s);
+        own(t, s, [] {}, [] {});
       }
       wgmma::wait<0>();
       if (t + 2 < n_tiles) reload(t + 2);
