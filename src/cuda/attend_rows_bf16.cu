@@ -76,6 +76,7 @@ struct Bf16RowsSmem {
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment;
   alignas(8) uint64_t slab_full[2][kRowSlabs];           // kSlabBars: [buffer][slab] (0-3 warpgroup 0's, 4-7 1's, 8 rope)
+  alignas(8) uint64_t empty[2][kGroups];                  // kMulticast: [buffer][w] warpgroup w's part released (both CTAs)
 };
 constexpr int bf16_rows_smem_bytes() { return int(sizeof(Bf16RowsSmem)) + 1024; }
 static_assert(bf16_rows_smem_bytes() <= 227 * 1024, "over the H200's shared memory a block");
@@ -228,7 +229,17 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // reload halfway through the softmax's P (after the maxima and the first two k16 steps' exponentials): between s48a
 // (all of the softmax under that p.v, the reload a softmax later) and the default (none of it, the reload at once);
 // 3% slower at D on an H100 (session 49, GPU-f4595d85).
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0>
+// kMulticast (s50a, prepared in session 50, MLA_ROWS_BF16_MULTICAST=1, off; kSlabBars' instance at pages of 64+ keys,
+// the fixed plan, an even number of row tiles a (request, split): docs/attention.md's queue, item 3 (i)): the two
+// 64-row CTAs of a (request, split), which read the same tiles in the same order, run as one 2-CTA cluster and each
+// loads half of every part (warpgroup w's dims slabs 4w + 2r and 4w + 2r + 1 in CTA r, the rope slab in CTA (j >> 1)
+// & 1) into both CTAs' buffers (TMA multicast): the L2 -> SM stream halves, every DRAM byte is still read once.
+// Each CTA arms every slab of its parts with the whole slab's bytes. A part goes back out only once both CTAs'
+// warpgroup w is done with it: at its reload each warpgroup arrives on the part's `empty` mbarrier in both CTAs
+// (count 2) and its issuing lane waits on its own before the copies. s48f's probes (session 49, H100 GPU-f4595d85):
+// the load half 11% faster with the L2 -> SM stream halved (nomma_half against nomma).
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0,
+          bool kMulticast = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
@@ -236,6 +247,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2 and s48f's = 3, 4)
   static_assert(!kSoftEarly || (kSlabBars && !kLeanWarps), "kSoftEarly (s48a) is kSlabBars' at pages of 64+ keys");
+  static_assert(!kMulticast || (kSlabBars && !kLeanWarps && !kProbe), "kMulticast (s50a) is kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -254,11 +266,16 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if constexpr (kSlabBars)  // (an arrival a tile from each issuing warp's elected lane: one at pages of 64+ keys)
         for (int slab = 0; slab < kRowSlabs; ++slab)
           tma::mbarrier_init(ptx::smem_addr(&sm.slab_full[b][slab]), kLeanWarps ? TmaTiles::slots(p) : 1);
-      for (int w = 0; w < kGroups; ++w)
+      for (int w = 0; w < kGroups; ++w) {
         for (int k = 0; k < 4; ++k) sm.key_mask[b][w][k] = 0;  // slots past TmaTiles::slots(p) stay 0
+        if constexpr (kMulticast) tma::mbarrier_init(ptx::smem_addr(&sm.empty[b][w]), 2);  // (this CTA's and the peer's)
+      }
     }
-    tma::fence_barrier_init();  // published by the first segment's CTA barrier
+    tma::fence_barrier_init();  // published by the first segment's CTA barrier (kMulticast: the cluster's, below)
   }
+  // (kMulticast: the peer's mbarriers initialized before this CTA's first copies complete on them)
+  if constexpr (kMulticast) tma::cluster_sync();
+  const uint32_t peer = kMulticast ? tma::cluster_rank() ^ 1u : 0u;  // (kMulticast: this CTA's rank is peer ^ 1)
   int done = 0;  // tiles consumed by earlier segments (buffer and parity run on)
   const TmaTiles tiles(p, &cache_map, lane, warp);  // each warpgroup's warps issue its own parts
 
@@ -298,19 +315,27 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       auto loads = [&](int slab) {
         return ok && !(kProbe == 3 && ((slab + cta.m_tile) & 1)) && !(kProbe == 4 && (slab & 1));
       };
+      // (kMulticast: this CTA's share of the copies, into both CTAs; every slab armed here with its bytes)
+      auto copy = [&](uint32_t dst, int slab, uint32_t on, bool mine) {
+        if constexpr (kMulticast) {
+          if (mine) tma::load_2d_multicast(dst, &cache_map, 128 * slab, y, on, uint16_t(0b11));
+        } else {
+          tma::load_2d(dst, &cache_map, 128 * slab, y, on);
+        }
+      };
       if constexpr (!kSlabBars) tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
 #pragma unroll
       for (int s = 0; s < kDimSlabs; ++s) {
         const int slab = kDimSlabs * wg + s;
         const uint32_t slab_on = kSlabBars ? slab_bar(j, slab) : bar;
         if constexpr (kSlabBars) tma::arrive_expect_tx(slab_on, loads(slab) ? uint32_t(rows * 128) : 0u);
-        if (loads(slab)) tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, slab_on);
+        if (loads(slab)) copy(at + slab * kSlabBytes, slab, slab_on, uint32_t(s >> 1) != peer);
       }
       if ((j & 1) != wg) {
         const uint32_t rope_bar =  // bar_of(j, 2): full[.][2]
             kSlabBars ? slab_bar(j, kRopeSlab) : bar + uint32_t(sizeof(uint64_t)) * (2 - wg);
         tma::arrive_expect_tx(rope_bar, loads(kRopeSlab) ? uint32_t(rows * 128) : 0u);
-        if (loads(kRopeSlab)) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
+        if (loads(kRopeSlab)) copy(at + kRopeSlab * kSlabBytes, kRopeSlab, rope_bar, uint32_t((j >> 1) & 1) != peer);
       }
     };
     // kLean at pages of 64+ keys (slots(p) = 1: warp 0 issues): every lane of warp 0 computes the
@@ -328,6 +353,17 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if (ptx::elect_one()) {
         if (have && !ok) atomicOr(p.error, kBadPage);
         sm.key_mask[buffer(j)][wg][0] = ok ? (left >= kTileKeys ? ~0ull : (1ull << left) - 1) : 0ull;
+        if constexpr (kMulticast) {
+          // (a reload: this warpgroup is done with the buffer's part here; the peer's copies into it, and this
+          // CTA's into the peer's, wait for both. The buffer's uses j >> 1 = 1, 2, ...: phases 0, 1, ...; done is 0,
+          // the fixed plan's one segment a CTA.)
+          if (j >= 2) {
+            const uint32_t empty = ptx::smem_addr(&sm.empty[buffer(j)][wg]);
+            tma::arrive(empty);
+            tma::arrive_cluster(empty, peer);
+            tma::wait_parity_forever(empty, uint32_t((j >> 1) - 1) & 1);
+          }
+        }
         issue_rows(j, kv, bar, y, ok, kTileKeys);
       }
       __syncwarp();
@@ -717,6 +753,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
 
   serve_segments<kThreadsB, kRowsM, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr,
                                           &sm.segment, serve);
+  if constexpr (kMulticast) tma::cluster_sync();  // (no CTA exits while its peer may still copy into it)
 }
 
 }  // namespace
@@ -771,6 +808,19 @@ int bf16_soft_early_env() {
 // (s47c, MLA_ROWS_BF16_CLUSTER=1, session 47, removed in session 48 after its H200 timing; its code at 74f0c5e: a
 // (request, split)'s two 64-row CTAs launched as one 2-CTA cluster, each loading its own tiles: D, G and 96 heads
 // within 1% of the default, H200 GPU-d65c293c; docs/attention.md's versions table.)
+// MLA_ROWS_BF16_MULTICAST=1 (s50a, session 50, off): kMulticast's instance where it applies (multicast_applies).
+bool bf16_multicast_env() {
+  static const bool on = env_choice("MLA_ROWS_BF16_MULTICAST", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
+// Where kMulticast's pairs read the same tiles: the fixed plan (one segment a CTA, the same keys in both row tiles of a
+// (request, split)), an even number of row tiles, one-box tiles (pages of 64+ keys) under kSlabBars and no probe.
+bool multicast_applies(const AttendParams& p) {
+  return bf16_multicast_env() && p.flat_ctas == 0 && attend_row_tiles(p, kRowsM) % 2 == 0 &&
+         p.page_size >= kTileKeys && bf16_slabs_env() > 0 && bf16_lean_env() != 0 && bf16_probe_env() == 0 &&
+         bf16_soft_early_env() == 0;
+}
+constexpr auto kMulticastKernel = attend_rows_bf16_kernel<true, false, true, 0, 0, true>;
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -799,10 +849,32 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
   for (const int page_size : {8, 16, 64})
     MLA_CUDA_CHECK(cudaFuncSetAttribute(bf16_rows_kernel(page_size), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         bf16_rows_smem_bytes()));
+  if (bf16_multicast_env())
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kMulticastKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
+  if (multicast_applies(p)) {  // (a (request, split)'s row tiles adjacent in the grid: its pairs are clusters along x)
+    static const bool said = [] {  // (once a process: the tests under the switch show it ran)
+      std::fprintf(stderr, "mla-decode: MLA_ROWS_BF16_MULTICAST=1: the bf16 many-rows attend runs as 2-CTA multicast clusters\n");
+      return true;
+    }();
+    (void)said;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreadsB);
+    cfg.dynamicSmemBytes = size_t(bf16_rows_smem_bytes());
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kMulticastKernel, p, map));
+    return;
+  }
   bf16_rows_kernel(p.page_size)<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
