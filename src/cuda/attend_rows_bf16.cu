@@ -238,8 +238,9 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // warpgroup w is done with it: at its reload each warpgroup arrives on the part's `empty` mbarrier in both CTAs
 // (count 2) and its issuing lane waits on its own before the copies. s48f's probes (session 49, H100 GPU-f4595d85):
 // the load half 11% faster with the L2 -> SM stream halved (nomma_half against nomma).
+// = 2 (a probe of its cost, right results): the pairs' handshake alone, every CTA loading every slab itself.
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0,
-          bool kMulticast = false>
+          int kMulticast = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       };
       // (kMulticast: this CTA's share of the copies, into both CTAs; every slab armed here with its bytes)
       auto copy = [&](uint32_t dst, int slab, uint32_t on, bool mine) {
-        if constexpr (kMulticast) {
+        if constexpr (kMulticast == 1) {
           if (mine) tma::load_2d_multicast(dst, &cache_map, 128 * slab, y, on, uint16_t(0b11));
         } else {
           tma::load_2d(dst, &cache_map, 128 * slab, y, on);
@@ -809,18 +810,22 @@ int bf16_soft_early_env() {
 // (request, split)'s two 64-row CTAs launched as one 2-CTA cluster, each loading its own tiles: D, G and 96 heads
 // within 1% of the default, H200 GPU-d65c293c; docs/attention.md's versions table.)
 // MLA_ROWS_BF16_MULTICAST=1 (s50a, session 50, off): kMulticast's instance where it applies (multicast_applies).
-bool bf16_multicast_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_MULTICAST", {{"0", 0}, {"1", 1}}, 0) == 1;
+// =2: its handshake alone (kMulticast = 2).
+int bf16_multicast_env() {
+  static const int on = env_choice("MLA_ROWS_BF16_MULTICAST", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
   return on;
 }
 // Where kMulticast's pairs read the same tiles: the fixed plan (one segment a CTA, the same keys in both row tiles of a
 // (request, split)), an even number of row tiles, one-box tiles (pages of 64+ keys) under kSlabBars and no probe.
 bool multicast_applies(const AttendParams& p) {
-  return bf16_multicast_env() && p.flat_ctas == 0 && attend_row_tiles(p, kRowsM) % 2 == 0 &&
+  return bf16_multicast_env() > 0 && p.flat_ctas == 0 && attend_row_tiles(p, kRowsM) % 2 == 0 &&
          p.page_size >= kTileKeys && bf16_slabs_env() > 0 && bf16_lean_env() != 0 && bf16_probe_env() == 0 &&
          bf16_soft_early_env() == 0;
 }
-constexpr auto kMulticastKernel = attend_rows_bf16_kernel<true, false, true, 0, 0, true>;
+auto multicast_kernel() {
+  return bf16_multicast_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, 0, 2>
+                                   : attend_rows_bf16_kernel<true, false, true, 0, 0, 1>;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -849,8 +854,8 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
   for (const int page_size : {8, 16, 64})
     MLA_CUDA_CHECK(cudaFuncSetAttribute(bf16_rows_kernel(page_size), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         bf16_rows_smem_bytes()));
-  if (bf16_multicast_env())
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kMulticastKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (bf16_multicast_env() > 0)
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(multicast_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         bf16_rows_smem_bytes()));
 }
 
@@ -858,7 +863,8 @@ void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cuda
   const dim3 grid = attend_launch_grid(p, kRowsM);
   if (multicast_applies(p)) {  // (a (request, split)'s row tiles adjacent in the grid: its pairs are clusters along x)
     static const bool said = [] {  // (once a process: the tests under the switch show it ran)
-      std::fprintf(stderr, "mla-decode: MLA_ROWS_BF16_MULTICAST=1: the bf16 many-rows attend runs as 2-CTA multicast clusters\n");
+      std::fprintf(stderr, "mla-decode: MLA_ROWS_BF16_MULTICAST=%d: the bf16 many-rows attend runs as 2-CTA multicast clusters\n",
+                   bf16_multicast_env());
       return true;
     }();
     (void)said;
@@ -872,7 +878,7 @@ void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cuda
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kMulticastKernel, p, map));
+    MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, multicast_kernel(), p, map));
     return;
   }
   bf16_rows_kernel(p.page_size)<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
