@@ -239,8 +239,12 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // (count 2) and its issuing lane waits on its own before the copies. s48f's probes (session 49, H100 GPU-f4595d85):
 // the load half 11% faster with the L2 -> SM stream halved (nomma_half against nomma).
 // = 2 (a probe of its cost, right results): the pairs' handshake alone, every CTA loading every slab itself.
+// kL2Hint (s50b, prepared in session 50, MLA_ROWS_BF16_L2_HINT=first|last, off; kSlabBars' instance at pages of 64+
+// keys): the tile loads with an L2 cache policy, evict-first (1, FlashMLA's for K: "improves L2 cache hit rates") or
+// evict-last (2). Here a tile's second reader is the request's other row tile, whose CTA runs beside it; the fp8
+// 16-row kernel's evict-first (s22f, session 23) was no better there, where no tile has a second reader.
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0,
-          int kMulticast = 0>
+          int kMulticast = 0, int kL2Hint = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
@@ -249,6 +253,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2 and s48f's = 3, 4)
   static_assert(!kSoftEarly || (kSlabBars && !kLeanWarps), "kSoftEarly (s48a) is kSlabBars' at pages of 64+ keys");
   static_assert(!kMulticast || (kSlabBars && !kLeanWarps && !kProbe), "kMulticast (s50a) is kSlabBars' at pages of 64+ keys");
+  static_assert(!kL2Hint || (kSlabBars && !kLeanWarps && !kMulticast), "kL2Hint (s50b) is kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -320,6 +325,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       auto copy = [&](uint32_t dst, int slab, uint32_t on, bool mine) {
         if constexpr (kMulticast == 1) {
           if (mine) tma::load_2d_multicast(dst, &cache_map, 128 * slab, y, on, uint16_t(0b11));
+        } else if constexpr (kL2Hint > 0) {
+          tma::load_2d_hint(dst, &cache_map, 128 * slab, y, on, kL2Hint == 1 ? tma::kEvictFirst : tma::kEvictLast);
         } else {
           tma::load_2d(dst, &cache_map, 128 * slab, y, on);
         }
@@ -826,6 +833,11 @@ auto multicast_kernel() {
   return bf16_multicast_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, 0, 2>
                                    : attend_rows_bf16_kernel<true, false, true, 0, 0, 1>;
 }
+// MLA_ROWS_BF16_L2_HINT (s50b, session 50, off): first / last, kL2Hint's instances at pages of 64+ keys.
+int bf16_l2_hint_env() {
+  static const int hint = env_choice("MLA_ROWS_BF16_L2_HINT", {{"0", 0}, {"first", 1}, {"last", 2}}, 0);
+  return hint;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -842,6 +854,8 @@ auto bf16_rows_kernel(int page_size) {
                 : early == 1            ? attend_rows_bf16_kernel<true, false, true, 0, 1>
                 : early == 3            ? attend_rows_bf16_kernel<true, false, true, 0, 3>
                 : early == 5            ? attend_rows_bf16_kernel<true, false, true, 0, 5>
+                : bf16_l2_hint_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, 0, 0, 1>
+                : bf16_l2_hint_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, 0, 0, 2>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
