@@ -76,7 +76,6 @@ struct Bf16RowsSmem {
   int32_t flat_start[kMaxFlatBatch + 1];
   KeyStream segment;
   alignas(8) uint64_t slab_full[2][kRowSlabs];           // kSlabBars: [buffer][slab] (0-3 warpgroup 0's, 4-7 1's, 8 rope)
-  alignas(8) uint64_t empty[2][kGroups];                  // kMulticast: [buffer][w] warpgroup w's part released (both CTAs)
 };
 constexpr int bf16_rows_smem_bytes() { return int(sizeof(Bf16RowsSmem)) + 1024; }
 static_assert(bf16_rows_smem_bytes() <= 227 * 1024, "over the H200's shared memory a block");
@@ -211,49 +210,27 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // multicast pair would have it), = 4 both CTAs the even slabs (DRAM halved too). Against = 2: whether the load half's
 // pace (s47b: 231 µs at D on the H200, 84% of the kernel's time) is the L2 -> SM stream (= 3 faster: multicast is the
 // lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)).
-// kSoftEarly (session 48, MLA_ROWS_BF16_SOFT_EARLY, off; kSlabBars' instances at pages of 64+ keys): where a round
-// waits for the other's p.v(t - 1) and reloads t - 1's buffer. s47b's probes on the H200 (session 48, GPU-d65c293c):
-// D without loads 245 µs (76% of the matmul, under the issue's 82% with no load at all), without MMAs 231.
-// = 1 (s48a): wait for q.k(t) alone (wgmma.wait_group 1: the other's p.v(t - 1), committed after it, may still run),
-// the owner's softmax of t under that p.v, then wait for it, reload, publish. H100 (session 48, GPU-0d3b8e65, D):
-// 299.0 µs against 280.8, its noload twin 218.8 against 240.4: the compute half 9-10% faster, the kernel 6-7% slower
-// with t + 1's part leaving a softmax later. (s48b, =2, its publication a bar.arrive right after the softmax: the
-// same, 302.1; removed, its code at b386917.)
-// = 3 (s48c): s45b's order (q.k(t) over this warpgroup's slabs, pv_other(t - 1), the rest of q.k(t)) with t - 1's
-// buffer reloaded once the first two groups are done (wait_group 1), while the rest of q.k(t) runs. H100 (session
-// 48, GPU-9cd6183e, D): 276.1 µs against 283.5 (G, 96 heads, page 128 1.6-2.9% faster), its noload twin 260.1
-// against 244.1. So on the H100 the time a buffer's part goes back out is on D's critical path one for one (both
-// ways); neither is yet timed on the H200, where the compute half is the larger.
-// (= 4, s48d, s48c with the other warpgroup's slabs first: 19% slower at D on an H100, session 49, GPU-f4595d85;
-// removed, its code at 98b28cc.) = 5 (s48e, prepared in session 48): s48a with the wait for the other's p.v and the
-// reload halfway through the softmax's P (after the maxima and the first two k16 steps' exponentials): between s48a
-// (all of the softmax under that p.v, the reload a softmax later) and the default (none of it, the reload at once);
-// 3% slower at D on an H100 (session 49, GPU-f4595d85).
-// kMulticast (s50a, prepared in session 50, MLA_ROWS_BF16_MULTICAST=1, off; kSlabBars' instance at pages of 64+ keys,
-// the fixed plan, an even number of row tiles a (request, split): docs/attention.md's queue, item 3 (i)): the two
-// 64-row CTAs of a (request, split), which read the same tiles in the same order, run as one 2-CTA cluster and each
-// loads half of every part (warpgroup w's dims slabs 4w + 2r and 4w + 2r + 1 in CTA r, the rope slab in CTA (j >> 1)
-// & 1) into both CTAs' buffers (TMA multicast): the L2 -> SM stream halves, every DRAM byte is still read once.
-// Each CTA arms every slab of its parts with the whole slab's bytes. A part goes back out only once both CTAs'
-// warpgroup w is done with it: at its reload each warpgroup arrives on the part's `empty` mbarrier in both CTAs
-// (count 2) and its issuing lane waits on its own before the copies. s48f's probes (session 49, H100 GPU-f4595d85):
-// the load half 11% faster with the L2 -> SM stream halved (nomma_half against nomma).
-// = 2 (a probe of its cost, right results): the pairs' handshake alone, every CTA loading every slab itself.
-// kL2Hint (s50b, prepared in session 50, MLA_ROWS_BF16_L2_HINT=first|last, off; kSlabBars' instance at pages of 64+
-// keys): the tile loads with an L2 cache policy, evict-first (1, FlashMLA's for K: "improves L2 cache hit rates") or
-// evict-last (2). Here a tile's second reader is the request's other row tile, whose CTA runs beside it; the fp8
-// 16-row kernel's evict-first (s22f, session 23) was no better there, where no tile has a second reader.
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kSoftEarly = 0,
-          int kMulticast = 0, int kL2Hint = 0>
+// (kSoftEarly, sessions 48-49, removed in session 50 after its H200 timings; its code at 2f30dba, MLA_ROWS_BF16_SOFT_EARLY:
+// where a round waits for the other's p.v(t - 1) and reloads t - 1's buffer. = 1 (s48a) the owner's softmax of t under
+// that p.v, the wait and reload after it: the compute half 9-10% faster (noload twin, H100), the kernel 6-7% slower on
+// the H200 (session 50, GPU-8d0f768c: D 293.6 against 273.3 µs) with t + 1's part leaving a softmax later; = 3 (s48c)
+// s45b's order (q.k(t) over this warpgroup's slabs, pv_other(t - 1), the rest) with the reload once the first two
+// groups retired: 1-3% faster at G, 96 heads and page 128 on H100s, 2% slower at D, 96 heads and page 128 on the H200
+// (279.7 µs at D), G equal; = 5 (s48e) s48a with the wait and reload halfway through P: 3% slower on an H100.
+// (s48b, =2, and s48d, =4, removed in sessions 48-49; their code at b386917 and 98b28cc.) docs/attention.md.)
+// (kMulticast, s50a, and kL2Hint, s50b, session 50, removed after their H200 timings; their code at 2f30dba,
+// MLA_ROWS_BF16_MULTICAST=1|2 and MLA_ROWS_BF16_L2_HINT=first|last: a (request, split)'s two 64-row CTAs as one
+// 2-CTA cluster, each loading half of every part into both by TMA multicast, a part reloaded once both CTAs'
+// warpgroup released it (an `empty` mbarrier a buffer and warpgroup, a local and a remote arrival): 7-8% slower on
+// the H200 (D 295.2 µs), 4-7% on an H100, and its handshake alone (=2, every CTA loading all its slabs) as slow there:
+// the remote arrival's latency sits on every reload's path; the tile loads evict-first or evict-last: within 1.5%.)
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2 and s48f's = 3, 4)
-  static_assert(!kSoftEarly || (kSlabBars && !kLeanWarps), "kSoftEarly (s48a) is kSlabBars' at pages of 64+ keys");
-  static_assert(!kMulticast || (kSlabBars && !kLeanWarps && !kProbe), "kMulticast (s50a) is kSlabBars' at pages of 64+ keys");
-  static_assert(!kL2Hint || (kSlabBars && !kLeanWarps && !kMulticast), "kL2Hint (s50b) is kSlabBars' at pages of 64+ keys");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -272,16 +249,11 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if constexpr (kSlabBars)  // (an arrival a tile from each issuing warp's elected lane: one at pages of 64+ keys)
         for (int slab = 0; slab < kRowSlabs; ++slab)
           tma::mbarrier_init(ptx::smem_addr(&sm.slab_full[b][slab]), kLeanWarps ? TmaTiles::slots(p) : 1);
-      for (int w = 0; w < kGroups; ++w) {
+      for (int w = 0; w < kGroups; ++w)
         for (int k = 0; k < 4; ++k) sm.key_mask[b][w][k] = 0;  // slots past TmaTiles::slots(p) stay 0
-        if constexpr (kMulticast) tma::mbarrier_init(ptx::smem_addr(&sm.empty[b][w]), 2);  // (this CTA's and the peer's)
-      }
     }
-    tma::fence_barrier_init();  // published by the first segment's CTA barrier (kMulticast: the cluster's, below)
+    tma::fence_barrier_init();  // published by the first segment's CTA barrier
   }
-  // (kMulticast: the peer's mbarriers initialized before this CTA's first copies complete on them)
-  if constexpr (kMulticast) tma::cluster_sync();
-  const uint32_t peer = kMulticast ? tma::cluster_rank() ^ 1u : 0u;  // (kMulticast: this CTA's rank is peer ^ 1)
   int done = 0;  // tiles consumed by earlier segments (buffer and parity run on)
   const TmaTiles tiles(p, &cache_map, lane, warp);  // each warpgroup's warps issue its own parts
 
@@ -321,29 +293,19 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       auto loads = [&](int slab) {
         return ok && !(kProbe == 3 && ((slab + cta.m_tile) & 1)) && !(kProbe == 4 && (slab & 1));
       };
-      // (kMulticast: this CTA's share of the copies, into both CTAs; every slab armed here with its bytes)
-      auto copy = [&](uint32_t dst, int slab, uint32_t on, bool mine) {
-        if constexpr (kMulticast == 1) {
-          if (mine) tma::load_2d_multicast(dst, &cache_map, 128 * slab, y, on, uint16_t(0b11));
-        } else if constexpr (kL2Hint > 0) {
-          tma::load_2d_hint(dst, &cache_map, 128 * slab, y, on, kL2Hint == 1 ? tma::kEvictFirst : tma::kEvictLast);
-        } else {
-          tma::load_2d(dst, &cache_map, 128 * slab, y, on);
-        }
-      };
       if constexpr (!kSlabBars) tma::arrive_expect_tx(bar, ok ? uint32_t(rows * 128 * kDimSlabs) : 0u);
 #pragma unroll
       for (int s = 0; s < kDimSlabs; ++s) {
         const int slab = kDimSlabs * wg + s;
         const uint32_t slab_on = kSlabBars ? slab_bar(j, slab) : bar;
         if constexpr (kSlabBars) tma::arrive_expect_tx(slab_on, loads(slab) ? uint32_t(rows * 128) : 0u);
-        if (loads(slab)) copy(at + slab * kSlabBytes, slab, slab_on, uint32_t(s >> 1) != peer);
+        if (loads(slab)) tma::load_2d(at + slab * kSlabBytes, &cache_map, 128 * slab, y, slab_on);
       }
       if ((j & 1) != wg) {
         const uint32_t rope_bar =  // bar_of(j, 2): full[.][2]
             kSlabBars ? slab_bar(j, kRopeSlab) : bar + uint32_t(sizeof(uint64_t)) * (2 - wg);
         tma::arrive_expect_tx(rope_bar, loads(kRopeSlab) ? uint32_t(rows * 128) : 0u);
-        if (loads(kRopeSlab)) copy(at + kRopeSlab * kSlabBytes, kRopeSlab, rope_bar, uint32_t((j >> 1) & 1) != peer);
+        if (loads(kRopeSlab)) tma::load_2d(at + kRopeSlab * kSlabBytes, &cache_map, 128 * kRopeSlab, y, rope_bar);
       }
     };
     // kLean at pages of 64+ keys (slots(p) = 1: warp 0 issues): every lane of warp 0 computes the
@@ -361,17 +323,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if (ptx::elect_one()) {
         if (have && !ok) atomicOr(p.error, kBadPage);
         sm.key_mask[buffer(j)][wg][0] = ok ? (left >= kTileKeys ? ~0ull : (1ull << left) - 1) : 0ull;
-        if constexpr (kMulticast) {
-          // (a reload: this warpgroup is done with the buffer's part here; the peer's copies into it, and this
-          // CTA's into the peer's, wait for both. The buffer's uses j >> 1 = 1, 2, ...: phases 0, 1, ...; done is 0,
-          // the fixed plan's one segment a CTA.)
-          if (j >= 2) {
-            const uint32_t empty = ptx::smem_addr(&sm.empty[buffer(j)][wg]);
-            tma::arrive(empty);
-            tma::arrive_cluster(empty, peer);
-            tma::wait_parity_forever(empty, uint32_t((j >> 1) - 1) & 1);
-          }
-        }
         issue_rows(j, kv, bar, y, ok, kTileKeys);
       }
       __syncwarp();
@@ -595,10 +546,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       pv_smem(j);
     };
     // The owner's softmax of tile t (q.k done, nothing in flight), its maxima and P published, then
-    // its p.v with P from registers. (s48a and s48e, kSoftEarly: q.k(t) alone done, the other's p.v of t - 1
-    // still running, which o does not see before the publication; `mid` runs halfway through P (s48e) and
-    // `published_after` right before the publication (s48a): the wait for that p.v and t - 1's reload.)
-    auto own = [&](int t, float (&s)[32], auto&& mid, auto&& published_after) __attribute__((always_inline)) {
+    // its p.v with P from registers.
+    auto own = [&](int t, float (&s)[32]) {
       wgmma::fence_operand(s);
       const uint64_t mask = mask_scores(t, s, key_mask(t));
       // The rows' maxima over the tile and the lazy rescale: a row's maximum moves only past
@@ -627,7 +576,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       const uint32_t p_mine = kv + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
 #pragma unroll
       for (int ks = 0; ks < kPvSteps; ++ks) {
-        if (ks == kPvSteps / 2) mid();
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 8 * ks + 2 * e, h = e & 1;
@@ -651,7 +599,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // (s45a, session 46: a bar.arrive here again, under s44b's slab waits, was 2-3% slower at D and 96 heads,
       // and synccheck reported on it as on bar.sync, so its "divergent thread(s) in block" reports do not come
       // from this barrier id's two bar.sync sites.)
-      published_after();
       ptx::named_sync(kBarPublished + wg, kThreadsB);
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
@@ -690,41 +637,18 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       float s[32];
       qk(0, s);
       wgmma::wait<0>();
-      own(0, s, [] {}, [] {});
+      own(0, s);
       wgmma::wait<0>();
       if (2 < n_tiles) reload(2);
       t = 2;
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      if constexpr (kSoftEarly == 3) {  // (s48c: s45b's order, the reload before q.k(t)'s rest ends)
-        qk_slabs(t, s, wg, false);
-        wgmma::commit();
-        pv_other(t - 1);
-        qk_slabs(t, s, wg ^ 1, true);
-        qk_rope(t, s);
-        wgmma::commit();
-        wgmma::wait<1>();
-        if (t + 1 < n_tiles) reload(t + 1);
-        wgmma::wait<0>();
-        own(t, s, [] {}, [] {});
-      } else if constexpr (kSoftEarly == 1 || kSoftEarly == 5) {  // (s48a: the softmax under the other's p.v)
-        qk(t, s);
-        pv_other(t - 1);
-        auto other_done = [&] {
-          wgmma::wait<0>();
-          if (t + 1 < n_tiles) reload(t + 1);
-        };
-        wgmma::wait<1>();
-        if constexpr (kSoftEarly == 5) own(t, s, other_done, [] {});  // (s48e: halfway through the softmax's P)
-        else own(t, s, [] {}, other_done);
-      } else {
-        qk(t, s);
-        pv_other(t - 1);
-        wgmma::wait<0>();
-        if (t + 1 < n_tiles) reload(t + 1);
-        own(t, s, [] {}, [] {});
-      }
+      qk(t, s);
+      pv_other(t - 1);
+      wgmma::wait<0>();
+      if (t + 1 < n_tiles) reload(t + 1);
+      own(t, s);
       wgmma::wait<0>();
       if (t + 2 < n_tiles) reload(t + 2);
     }
@@ -761,7 +685,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
 
   serve_segments<kThreadsB, kRowsM, true>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, nullptr,
                                           &sm.segment, serve);
-  if constexpr (kMulticast) tma::cluster_sync();  // (no CTA exits while its peer may still copy into it)
 }
 
 }  // namespace
@@ -804,58 +727,19 @@ int bf16_probe_env() {
   }();
   return probe;
 }
-// MLA_ROWS_BF16_SOFT_EARLY (session 48, off): kSlabBars' instance at pages of 64+ keys with =1 (s48a) the owner's
-// softmax under the other's p.v, =3 (s48c) t - 1's buffer reloaded before q.k(t)'s rest ends, =5 (s48e) s48a with
-// the wait and reload halfway through the softmax (kSoftEarly above); with MLA_ROWS_BF16_PROBE=noload their probe
-// twins.
-int bf16_soft_early_env() {
-  static const int early =
-      env_choice("MLA_ROWS_BF16_SOFT_EARLY", {{"0", 0}, {"1", 1}, {"3", 3}, {"5", 5}}, 0);
-  return early;
-}
 // (s47c, MLA_ROWS_BF16_CLUSTER=1, session 47, removed in session 48 after its H200 timing; its code at 74f0c5e: a
 // (request, split)'s two 64-row CTAs launched as one 2-CTA cluster, each loading its own tiles: D, G and 96 heads
 // within 1% of the default, H200 GPU-d65c293c; docs/attention.md's versions table.)
-// MLA_ROWS_BF16_MULTICAST=1 (s50a, session 50, off): kMulticast's instance where it applies (multicast_applies).
-// =2: its handshake alone (kMulticast = 2).
-int bf16_multicast_env() {
-  static const int on = env_choice("MLA_ROWS_BF16_MULTICAST", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
-  return on;
-}
-// Where kMulticast's pairs read the same tiles: the fixed plan (one segment a CTA, the same keys in both row tiles of a
-// (request, split)), an even number of row tiles, one-box tiles (pages of 64+ keys) under kSlabBars and no probe.
-bool multicast_applies(const AttendParams& p) {
-  return bf16_multicast_env() > 0 && p.flat_ctas == 0 && attend_row_tiles(p, kRowsM) % 2 == 0 &&
-         p.page_size >= kTileKeys && bf16_slabs_env() > 0 && bf16_lean_env() != 0 && bf16_probe_env() == 0 &&
-         bf16_soft_early_env() == 0;
-}
-auto multicast_kernel() {
-  return bf16_multicast_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, 0, 2>
-                                   : attend_rows_bf16_kernel<true, false, true, 0, 0, 1>;
-}
-// MLA_ROWS_BF16_L2_HINT (s50b, session 50, off): first / last, kL2Hint's instances at pages of 64+ keys.
-int bf16_l2_hint_env() {
-  static const int hint = env_choice("MLA_ROWS_BF16_L2_HINT", {{"0", 0}, {"first", 1}, {"last", 2}}, 0);
-  return hint;
-}
+// (MLA_ROWS_BF16_SOFT_EARLY, MLA_ROWS_BF16_MULTICAST and MLA_ROWS_BF16_L2_HINT: removed in session 50, above.)
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
-  const int early = bf16_soft_early_env();
   return bf16_lean_env() != 0 && slabs
-             ? (bf16_probe_env() == 1   ? (early == 1   ? attend_rows_bf16_kernel<true, false, true, 1, 1>
-                                           : early == 3 ? attend_rows_bf16_kernel<true, false, true, 1, 3>
-                                           : early == 5 ? attend_rows_bf16_kernel<true, false, true, 1, 5>
-                                                        : attend_rows_bf16_kernel<true, false, true, 1>)
+             ? (bf16_probe_env() == 1   ? attend_rows_bf16_kernel<true, false, true, 1>
                 : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
-                : early == 1            ? attend_rows_bf16_kernel<true, false, true, 0, 1>
-                : early == 3            ? attend_rows_bf16_kernel<true, false, true, 0, 3>
-                : early == 5            ? attend_rows_bf16_kernel<true, false, true, 0, 5>
-                : bf16_l2_hint_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, 0, 0, 1>
-                : bf16_l2_hint_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, 0, 0, 2>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
@@ -868,33 +752,10 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
   for (const int page_size : {8, 16, 64})
     MLA_CUDA_CHECK(cudaFuncSetAttribute(bf16_rows_kernel(page_size), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         bf16_rows_smem_bytes()));
-  if (bf16_multicast_env() > 0)
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(multicast_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  if (multicast_applies(p)) {  // (a (request, split)'s row tiles adjacent in the grid: its pairs are clusters along x)
-    static const bool said = [] {  // (once a process: the tests under the switch show it ran)
-      std::fprintf(stderr, "mla-decode: MLA_ROWS_BF16_MULTICAST=%d: the bf16 many-rows attend runs as 2-CTA multicast clusters\n",
-                   bf16_multicast_env());
-      return true;
-    }();
-    (void)said;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreadsB);
-    cfg.dynamicSmemBytes = size_t(bf16_rows_smem_bytes());
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    MLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, multicast_kernel(), p, map));
-    return;
-  }
   bf16_rows_kernel(p.page_size)<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }

@@ -70,18 +70,6 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
       : "memory");
 }
 
-// The same with an L2 cache policy (`createpolicy`'s 64-bit form; CUTLASS's CacheHintSm90 constants:
-// kEvictFirst, kEvictLast), the bf16 many-rows kernel's s50b.
-inline constexpr uint64_t kEvictFirst = 0x12F0000000000000ull, kEvictLast = 0x14F0000000000000ull;
-__device__ __forceinline__ void load_2d_hint(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar,
-                                             uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy)
-      : "memory");
-}
-
 // The same box into shared address dst of every CTA of the cluster in cta_mask (the same offset in
 // each), completing on the mbarrier at bar's offset in each (the many-rows kernel's 2-CTA clusters,
 // whose row tiles read the same keys: one CTA issues a tile for both).
