@@ -224,12 +224,21 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // warpgroup released it (an `empty` mbarrier a buffer and warpgroup, a local and a remote arrival): 7-8% slower on
 // the H200 (D 295.2 µs), 4-7% on an H100, and its handshake alone (=2, every CTA loading all its slabs) as slow there:
 // the remote arrival's latency sits on every reload's path; the tile loads evict-first or evict-last: within 1.5%.)
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0>
+// kPrefetch (s50c, prepared in session 50, MLA_ROWS_BF16_L2_PREFETCH=1|2, off; kSlabBars' instance at pages of 64+
+// keys): each warpgroup's issue of its part of tile j also sends its part of tile j + kPrefetch to L2
+// (`cp.async.bulk.prefetch.tensor`, from the even row tile's CTA only: its partner finds the lines there too; the page
+// id loaded a call ahead, so nothing waits for it). Why: the load half is a load's latency a tile (two 72 KB buffers,
+// no shared memory for a third); s48f's probes on the H100 put 28% of it on DRAM (nomma_even) and 11% on the L2 -> SM
+// stream (nomma_half), and a tile whose lines are in L2 before its load skips DRAM's latency for both CTAs. (v16c and
+// v18d prefetched a tile ahead in 2026-12-03's kernels and lost 10-14%, not understood: their loads were issued
+// through TmaTiles' loop then, before s39a's lean issue and s44b's slab waits.)
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kPrefetch = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
+  static_assert(!kPrefetch || (kSlabBars && !kLeanWarps && !kProbe), "kPrefetch (s50c) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2 and s48f's = 3, 4)
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
@@ -312,6 +321,15 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // same values (made warp-uniform by a shuffle, so the boxes' operands sit in uniform registers
     // without a loop over the lanes) and one elected lane arms and issues: the same bytes, key mask,
     // bad-page report and next page id as TmaTiles::issue and page_of with one box a tile.
+    // kPrefetch: the page id of tile j + kPrefetch at load(j), loaded a call ahead (-1: none; a segment's first
+    // call prefetches nothing).
+    int32_t pf_page = -1;
+    auto page_at = [&](int jt) -> int32_t {
+      const int64_t k0 = keys.k_begin + int64_t(jt) * kTileKeys;
+      return jt < n_tiles && k0 < keys.k_end && (k0 >> keys.page_shift) < keys.pages_avail
+                 ? p.kv_indices[keys.page_begin + (k0 >> keys.page_shift)]
+                 : -1;
+    };
     auto load_whole_tile = [&](int j) {
       const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys;
       const bool have = j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail;
@@ -324,6 +342,20 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         if (have && !ok) atomicOr(p.error, kBadPage);
         sm.key_mask[buffer(j)][wg][0] = ok ? (left >= kTileKeys ? ~0ull : (1ull << left) - 1) : 0ull;
         issue_rows(j, kv, bar, y, ok, kTileKeys);
+      }
+      if constexpr (kPrefetch > 0) {  // (s50c: this warpgroup's part of tile j + kPrefetch to L2)
+        const int jp = j + kPrefetch;
+        const int32_t pp = warp_uniform(pf_page);
+        if (cta.m_tile % 2 == 0 && pp >= 0 && pp < p.num_pages) {
+          const int yp = warp_uniform(
+              int(int64_t(pp) * p.page_size + ((keys.k_begin + int64_t(jp) * kTileKeys) & (p.page_size - 1))));
+          if (ptx::elect_one()) {
+#pragma unroll
+            for (int s = 0; s < kDimSlabs; ++s) tma::prefetch_2d(&cache_map, 128 * (kDimSlabs * wg + s), yp);
+            if ((jp & 1) != wg) tma::prefetch_2d(&cache_map, 128 * kRopeSlab, yp);
+          }
+        }
+        pf_page = page_at(jp + 1);
       }
       __syncwarp();
       const int64_t j1 = j0 + kTileKeys;
@@ -731,6 +763,11 @@ int bf16_probe_env() {
 // (request, split)'s two 64-row CTAs launched as one 2-CTA cluster, each loading its own tiles: D, G and 96 heads
 // within 1% of the default, H200 GPU-d65c293c; docs/attention.md's versions table.)
 // (MLA_ROWS_BF16_SOFT_EARLY, MLA_ROWS_BF16_MULTICAST and MLA_ROWS_BF16_L2_HINT: removed in session 50, above.)
+// MLA_ROWS_BF16_L2_PREFETCH=1|2 (s50c, session 50, off): kPrefetch's instances at pages of 64+ keys.
+int bf16_prefetch_env() {
+  static const int ahead = env_choice("MLA_ROWS_BF16_L2_PREFETCH", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
+  return ahead;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -740,6 +777,8 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
+                : bf16_prefetch_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, 1>
+                : bf16_prefetch_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, 2>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
