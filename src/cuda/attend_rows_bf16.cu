@@ -322,7 +322,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // without a loop over the lanes) and one elected lane arms and issues: the same bytes, key mask,
     // bad-page report and next page id as TmaTiles::issue and page_of with one box a tile.
     // kPrefetch: the page id of tile j + kPrefetch at load(j), loaded a call ahead (-1: none; a segment's first
-    // call prefetches nothing).
+    // call prefetches nothing). (page_at is load_page's test below for any tile; load_page keeps its own copy so
+    // the measured default instance's SASS stays as it was, as warp_box_page's does.)
     int32_t pf_page = -1;
     auto page_at = [&](int jt) -> int32_t {
       const int64_t k0 = keys.k_begin + int64_t(jt) * kTileKeys;
