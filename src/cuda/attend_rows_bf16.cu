@@ -228,8 +228,9 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // keys): each warpgroup's issue of its part of tile j also sends its part of tile j + kPrefetch to L2
 // (`cp.async.bulk.prefetch.tensor`, from the even row tile's CTA only: its partner finds the lines there too; the page
 // id loaded a call ahead, so nothing waits for it). Why: the load half is a load's latency a tile (two 72 KB buffers,
-// no shared memory for a third); s48f's probes on the H100 put 28% of it on DRAM (nomma_even) and 11% on the L2 -> SM
-// stream (nomma_half), and a tile whose lines are in L2 before its load skips DRAM's latency for both CTAs. (v16c and
+// no shared memory for a third); on the H100 (s48f's probes, session 49) halving the L2 -> SM stream took 11% off it
+// (nomma_half) and halving DRAM's bytes as well 28% (nomma_even), and a tile whose lines are in L2 before its load
+// skips DRAM's latency for both CTAs. (v16c and
 // v18d prefetched a tile ahead in 2026-12-03's kernels and lost 10-14%, not understood: their loads were issued
 // through TmaTiles' loop then, before s39a's lean issue and s44b's slab waits.)
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kPrefetch = 0>
