@@ -142,9 +142,12 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
   }
 }
 
-// (FlashMLA's round, s35b and s38b, MLA_ROWS_BF16_ROUND=1 until session 45: tied with v18c at D on the H200
-// (337.1 against 336.2 us), 1-6% slower elsewhere on H100s; never adopted and removed in session 45, its code,
-// scripts/bf16-round-model and device-check's bf16-round mode at 0a07c5a; docs/attention.md's versions table.)
+// The instances below are the round's adopted forms and its probes. The forms tried and removed, each with its
+// prediction, outcome and the commit that holds its code, are in docs/attention.md's versions table: FlashMLA's
+// round (s35b, s38b; 0a07c5a), the lean issue at pages of 8-32 keys from warp 0 (s40b; a5a6497), the publication a
+// bar.arrive and pv_other between q.k's halves (s45a-c; 284f332), pv_other before q.k (s46b; a9c0da4), p.v in chains
+// a slab (s47a; 40cedd5), a request's CTAs as one cluster (s47c; 74f0c5e), where a round waits for the other's p.v
+// (s48a-e; b386917, 98b28cc, 2f30dba), multicast pairs and L2 hints (s50a-b; 2f30dba).
 // kLean (s39a, the default since session 40; MLA_ROWS_BF16_LEAN=0: v18c as before): at pages of 64+ keys
 // (one box a tile) one elected lane of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box
 // arithmetic, warp reductions, lane loop and slots(p) division (~195 and ~160 SASS instructions in warp 0 for
@@ -155,9 +158,6 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // H100 8.7-11.7% at D, G, 96 heads, uneven, E, F 1.3%. (The one-box issue stays a lambda here
 // beside TmaTiles::issue: its rope part shares the tile's page row and one elected lane with the
 // dims' part, which TmaTiles' one-part-a-call interface does not express.)
-// (s40b, the lean issue at pages of 8-32 keys too, warp 0 alone issuing a tile's 2-8 boxes, lost on
-// an H100 in session 41: page 8 356 -> 419-426 us at D, pages 16 and 32 within noise; its code is at
-// a5a6497, MLA_ROWS_BF16_LEAN=2.)
 // kLeanWarps (s41d, the default since session 42; MLA_ROWS_BF16_LEAN=1: kLean alone; kLean's instance): at
 // pages of 16 and 32 keys (2-4 boxes a tile, one an issuing warp, as TmaTiles gives them) each warp
 // issues its own box as load_whole_tile does its tile: warp-uniform operands, one elected lane arming
@@ -191,14 +191,6 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // part / slab barriers, mean µs): D at page 16 312.1 / 301.1, at page 32 308.5 / 293.8, G at page 16 175.7 /
 // 169.5; 3 runs: uneven at page 16 693.2 / 665.7, F at page 16 235.3 / 233.6; its tests, racecheck and memcheck
 // passed.
-// (s45a-c, session 45, removed in session 46 after its H100 timings; their code at 284f332: the publication a
-// bar.arrive again, 2-3% slower at D and 96 heads; pv_other(t - 1) between q.k(t)'s halves, always or where the
-// second half had not landed: 0.9-1.3% faster at G and 96 heads, 0.5-1% slower at D; docs/attention.md.)
-// (s46b, session 46, removed in session 47 after its H200 timings; its code at a9c0da4: pv_other(t - 1) before q.k(t)
-// every round, v18b's order under s44b's slab waits: 11-14% slower at D, G and 96 heads, 2% faster at F; docs/attention.md.)
-// (s47a, session 47, removed after its H100 timings; its code at 40cedd5: p.v in four m64n64 chains (or two m64n128) a
-// warpgroup and the owner's slabs of its next tile reloaded as each chain retires: 12% slower at D with single slabs
-// (the tiles landed later, not earlier: ncu), 2% with the chains alone, 1.6-2.8% with two-slab chains; docs/attention.md.)
 // kProbe (s47b, a timing probe: WRONG RESULTS BY DESIGN, MLA_ROWS_BF16_PROBE, the bench only; kSlabBars' instances at
 // pages of 64+ keys): = 1 no tile loads after a segment's first two (the boxes' mbarriers armed with no bytes, the
 // buffers keep stale tiles: every wait, barrier and MMA as by default, the memory system out); = 2 no q.k or p.v
@@ -210,20 +202,6 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // multicast pair would have it), = 4 both CTAs the even slabs (DRAM halved too). Against = 2: whether the load half's
 // pace (s47b: 231 µs at D on the H200, 84% of the kernel's time) is the L2 -> SM stream (= 3 faster: multicast is the
 // lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)).
-// (kSoftEarly, sessions 48-49, removed in session 50 after its H200 timings; its code at 2f30dba, MLA_ROWS_BF16_SOFT_EARLY:
-// where a round waits for the other's p.v(t - 1) and reloads t - 1's buffer. = 1 (s48a) the owner's softmax of t under
-// that p.v, the wait and reload after it: the compute half 9-10% faster (noload twin, H100), the kernel 6-7% slower on
-// the H200 (session 50, GPU-8d0f768c: D 293.6 against 273.3 µs) with t + 1's part leaving a softmax later; = 3 (s48c)
-// s45b's order (q.k(t) over this warpgroup's slabs, pv_other(t - 1), the rest) with the reload once the first two
-// groups retired: 1-3% faster at G, 96 heads and page 128 on H100s, 2% slower at D, 96 heads and page 128 on the H200
-// (279.7 µs at D), G equal; = 5 (s48e) s48a with the wait and reload halfway through P: 3% slower on an H100.
-// (s48b, =2, and s48d, =4, removed in sessions 48-49; their code at b386917 and 98b28cc.) docs/attention.md.)
-// (kMulticast, s50a, and kL2Hint, s50b, session 50, removed after their H200 timings; their code at 2f30dba,
-// MLA_ROWS_BF16_MULTICAST=1|2 and MLA_ROWS_BF16_L2_HINT=first|last: a (request, split)'s two 64-row CTAs as one
-// 2-CTA cluster, each loading half of every part into both by TMA multicast, a part reloaded once both CTAs'
-// warpgroup released it (an `empty` mbarrier a buffer and warpgroup, a local and a remote arrival): 7-8% slower on
-// the H200 (D 295.2 µs), 4-7% on an H100, and its handshake alone (=2, every CTA loading all its slabs) as slow there:
-// the remote arrival's latency sits on every reload's path; the tile loads evict-first or evict-last: within 1.5%.)
 // kPrefetch (s50c, prepared in session 50, MLA_ROWS_BF16_L2_PREFETCH=1|2, off; kSlabBars' instance at pages of 64+
 // keys): each warpgroup's issue of its part of tile j also sends its part of tile j + kPrefetch to L2
 // (`cp.async.bulk.prefetch.tensor`, from the even row tile's CTA only: its partner finds the lines there too; the page
@@ -761,10 +739,7 @@ int bf16_probe_env() {
   }();
   return probe;
 }
-// (s47c, MLA_ROWS_BF16_CLUSTER=1, session 47, removed in session 48 after its H200 timing; its code at 74f0c5e: a
-// (request, split)'s two 64-row CTAs launched as one 2-CTA cluster, each loading its own tiles: D, G and 96 heads
-// within 1% of the default, H200 GPU-d65c293c; docs/attention.md's versions table.)
-// (MLA_ROWS_BF16_SOFT_EARLY, MLA_ROWS_BF16_MULTICAST and MLA_ROWS_BF16_L2_HINT: removed in session 50, above.)
+// (MLA_ROWS_BF16_CLUSTER, _SOFT_EARLY, _MULTICAST, _L2_HINT: removed, sessions 48-50; the index above the instances.)
 // MLA_ROWS_BF16_L2_PREFETCH=1|2 (s50c, session 50, off): kPrefetch's instances at pages of 64+ keys.
 int bf16_prefetch_env() {
   static const int ahead = env_choice("MLA_ROWS_BF16_L2_PREFETCH", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
