@@ -208,9 +208,10 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // id loaded a call ahead, so nothing waits for it). Why: the load half is a load's latency a tile (two 72 KB buffers,
 // no shared memory for a third); on the H100 (s48f's probes, session 49) halving the L2 -> SM stream took 11% off it
 // (nomma_half) and halving DRAM's bytes as well 28% (nomma_even), and a tile whose lines are in L2 before its load
-// skips DRAM's latency for both CTAs. (v16c and
-// v18d prefetched a tile ahead in 2026-12-03's kernels and lost 10-14%, not understood: their loads were issued
-// through TmaTiles' loop then, before s39a's lean issue and s44b's slab waits.)
+// skips DRAM's latency for both CTAs. (v16c and v18d prefetched a tile ahead in 2026-12-03's kernels and lost
+// 10-14%, not understood: their loads were issued through TmaTiles' loop then, before s39a's lean issue and s44b's
+// slab waits.) Not yet pared: page_at loads tile j + kPrefetch + 1's page id beside load_page's load of tile j + 1's
+// (both from kv_indices' same lines, neither waited for); a queue of kPrefetch ids could serve both once it pays.
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kPrefetch = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
@@ -587,7 +588,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       const uint32_t kv = kv_of(t);
       const uint32_t p_mine = kv + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
 #pragma unroll
-      for (int ks = 0; ks < kPvSteps; ++ks) {
+      for (int ks = 0; ks < kPvSteps; ++ks)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 8 * ks + 2 * e, h = e & 1;
@@ -598,7 +599,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
           ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, pa[ks][e]);
         }
-      }
       wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
       // The publisher waits at its barrier too (bar.sync, not bar.arrive; session 42): the other
       // warpgroup's reads of m_pub in pv_other(t - 1) are then ordered before this tile's write of
