@@ -201,7 +201,9 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // in the first row tile, odd in the second: each byte still read once from DRAM, the L2 -> SM stream halved, as a
 // multicast pair would have it), = 4 both CTAs the even slabs (DRAM halved too). Against = 2: whether the load half's
 // pace (s47b: 231 µs at D on the H200, 84% of the kernel's time) is the L2 -> SM stream (= 3 faster: multicast is the
-// lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)).
+// lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)). = 5 (s51a, session 51): neither
+// (= 1's stale tiles and = 2's missing MMAs): the skeleton's time alone (waits, barriers, softmax, the loads' issue),
+// the floor that neither half's overlap can go under (session 50: loads alone 231.8 µs at D, MMAs alone 245).
 // kPrefetch (s50c, prepared in session 50, MLA_ROWS_BF16_L2_PREFETCH=1|2, off; kSlabBars' instance at pages of 64+
 // keys): each warpgroup's issue of its part of tile j also sends its part of tile j + kPrefetch to L2
 // (`cp.async.bulk.prefetch.tensor`, from the even row tile's CTA only: its partner finds the lines there too; the page
@@ -219,7 +221,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   static_assert(!kPrefetch || (kSlabBars && !kLeanWarps && !kProbe), "kPrefetch (s50c) is kSlabBars' at pages of 64+ keys");
-  constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2 and s48f's = 3, 4)
+  constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<Bf16RowsSmem*>(smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
@@ -277,7 +279,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // shared address `at` from cache row y; the same for the rope part of a tile the other warpgroup owns.
     // (kSlabBars: each slab armed on its own mbarrier, slab_bar, and `bar` unused)
     auto issue_rows = [&](int j, uint32_t at, uint32_t bar, int y, bool ok_, int rows) {
-      const bool ok = ok_ && !(kProbe == 1 && j >= 2);  // (kProbe = 1: stale tiles past the first two)
+      const bool ok = ok_ && !((kProbe == 1 || kProbe == 5) && j >= 2);  // (kProbe = 1, 5: stale tiles past the first two)
       // (kProbe = 3, 4: this CTA's half of the slabs, by its row tile's parity or the even ones)
       auto loads = [&](int slab) {
         return ok && !(kProbe == 3 && ((slab + cta.m_tile) & 1)) && !(kProbe == 4 && (slab & 1));
@@ -725,13 +727,14 @@ int bf16_slabs_env() {
   static const int slabs = env_choice("MLA_ROWS_BF16_SLABS", {{"0", 0}, {"1", 1}, {"2", 2}}, 2);
   return slabs;
 }
-// s47b's timing probes (MLA_ROWS_BF16_PROBE=noload or nomma; s48f's nomma_half, nomma_even; wrong results by design,
-// for the bench only): kSlabBars' instance at pages of 64+ keys without its loads past a segment's first two tiles, or
-// without its MMAs (and half its slabs' loads).
+// s47b's timing probes (MLA_ROWS_BF16_PROBE=noload or nomma; s48f's nomma_half, nomma_even; s51a's skeleton; wrong
+// results by design, for the bench only): kSlabBars' instance at pages of 64+ keys without its loads past a segment's
+// first two tiles, or without its MMAs (and half its slabs' loads), or without both.
 int bf16_probe_env() {
   static const int probe = [] {
     const int v = env_choice("MLA_ROWS_BF16_PROBE",
-                             {{"0", 0}, {"noload", 1}, {"nomma", 2}, {"nomma_half", 3}, {"nomma_even", 4}}, 0);
+                             {{"0", 0}, {"noload", 1}, {"nomma", 2}, {"nomma_half", 3}, {"nomma_even", 4}, {"skeleton", 5}},
+                             0);
     if (v != 0)  // (said once a process: a caller who set it by mistake sees why its bf16 results are wrong)
       std::fprintf(stderr, "mla-decode: MLA_ROWS_BF16_PROBE is set: the bf16 many-rows attend's results are wrong by "
                            "design at pages of 64+ keys (a timing probe)\n");
@@ -754,6 +757,7 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 2>
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
+                : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
                 : bf16_prefetch_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, 1>
                 : bf16_prefetch_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, 2>
                                         : attend_rows_bf16_kernel<true, false, true>)
