@@ -147,7 +147,8 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // round (s35b, s38b; 0a07c5a), the lean issue at pages of 8-32 keys from warp 0 (s40b; a5a6497), the publication a
 // bar.arrive and pv_other between q.k's halves (s45a-c; 284f332), pv_other before q.k (s46b; a9c0da4), p.v in chains
 // a slab (s47a; 40cedd5), a request's CTAs as one cluster (s47c; 74f0c5e), where a round waits for the other's p.v
-// (s48a-e; b386917, 98b28cc, 2f30dba), multicast pairs and L2 hints (s50a-b; 2f30dba).
+// (s48a-e; b386917, 98b28cc, 2f30dba), multicast pairs and L2 hints (s50a-b; 2f30dba), tiles sent to L2 ahead (s50c;
+// 204d5d4).
 // kLean (s39a, the default since session 40; MLA_ROWS_BF16_LEAN=0: v18c as before): at pages of 64+ keys
 // (one box a tile) one elected lane of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box
 // arithmetic, warp reductions, lane loop and slots(p) division (~195 and ~160 SASS instructions in warp 0 for
@@ -204,23 +205,12 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)). = 5 (s51a, session 51): neither
 // (= 1's stale tiles and = 2's missing MMAs): the skeleton's time alone (waits, barriers, softmax, the loads' issue),
 // the floor that neither half's overlap can go under (session 50: loads alone 231.8 µs at D, MMAs alone 245).
-// kPrefetch (s50c, prepared in session 50, MLA_ROWS_BF16_L2_PREFETCH=1|2, off; kSlabBars' instance at pages of 64+
-// keys): each warpgroup's issue of its part of tile j also sends its part of tile j + kPrefetch to L2
-// (`cp.async.bulk.prefetch.tensor`, from the even row tile's CTA only: its partner finds the lines there too; the page
-// id loaded a call ahead, so nothing waits for it). Why: the load half is a load's latency a tile (two 72 KB buffers,
-// no shared memory for a third); on the H100 (s48f's probes, session 49) halving the L2 -> SM stream took 11% off it
-// (nomma_half) and halving DRAM's bytes as well 28% (nomma_even), and a tile whose lines are in L2 before its load
-// skips DRAM's latency for both CTAs. (v16c and v18d prefetched a tile ahead in 2026-12-03's kernels and lost
-// 10-14%, not understood: their loads were issued through TmaTiles' loop then, before s39a's lean issue and s44b's
-// slab waits.) Not yet pared: page_at loads tile j + kPrefetch + 1's page id beside load_page's load of tile j + 1's
-// (both from kv_indices' same lines, neither waited for); a queue of kPrefetch ids could serve both once it pays.
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, int kPrefetch = 0>
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
-  static_assert(!kPrefetch || (kSlabBars && !kLeanWarps && !kProbe), "kPrefetch (s50c) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw (attend_rows_kernel.cuh: why).
   extern __shared__ uint8_t smem_raw[];
@@ -303,16 +293,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // same values (made warp-uniform by a shuffle, so the boxes' operands sit in uniform registers
     // without a loop over the lanes) and one elected lane arms and issues: the same bytes, key mask,
     // bad-page report and next page id as TmaTiles::issue and page_of with one box a tile.
-    // kPrefetch: the page id of tile j + kPrefetch at load(j), loaded a call ahead (-1: none; a segment's first
-    // call prefetches nothing). (page_at is load_page's test below for any tile; load_page keeps its own copy so
-    // the measured default instance's SASS stays as it was, as warp_box_page's does.)
-    int32_t pf_page = -1;
-    auto page_at = [&](int jt) -> int32_t {
-      const int64_t k0 = keys.k_begin + int64_t(jt) * kTileKeys;
-      return jt < n_tiles && k0 < keys.k_end && (k0 >> keys.page_shift) < keys.pages_avail
-                 ? p.kv_indices[keys.page_begin + (k0 >> keys.page_shift)]
-                 : -1;
-    };
     auto load_whole_tile = [&](int j) {
       const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys;
       const bool have = j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail;
@@ -325,20 +305,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         if (have && !ok) atomicOr(p.error, kBadPage);
         sm.key_mask[buffer(j)][wg][0] = ok ? (left >= kTileKeys ? ~0ull : (1ull << left) - 1) : 0ull;
         issue_rows(j, kv, bar, y, ok, kTileKeys);
-      }
-      if constexpr (kPrefetch > 0) {  // (s50c: this warpgroup's part of tile j + kPrefetch to L2)
-        const int jp = j + kPrefetch;
-        const int32_t pp = warp_uniform(pf_page);
-        if (cta.m_tile % 2 == 0 && pp >= 0 && pp < p.num_pages) {
-          const int yp = warp_uniform(
-              int(int64_t(pp) * p.page_size + ((keys.k_begin + int64_t(jp) * kTileKeys) & (p.page_size - 1))));
-          if (ptx::elect_one()) {
-#pragma unroll
-            for (int s = 0; s < kDimSlabs; ++s) tma::prefetch_2d(&cache_map, 128 * (kDimSlabs * wg + s), yp);
-            if ((jp & 1) != wg) tma::prefetch_2d(&cache_map, 128 * kRopeSlab, yp);
-          }
-        }
-        pf_page = page_at(jp + 1);
       }
       __syncwarp();
       const int64_t j1 = j0 + kTileKeys;
@@ -742,12 +708,8 @@ int bf16_probe_env() {
   }();
   return probe;
 }
-// (MLA_ROWS_BF16_CLUSTER, _SOFT_EARLY, _MULTICAST, _L2_HINT: removed, sessions 48-50; the index above the instances.)
-// MLA_ROWS_BF16_L2_PREFETCH=1|2 (s50c, session 50, off): kPrefetch's instances at pages of 64+ keys.
-int bf16_prefetch_env() {
-  static const int ahead = env_choice("MLA_ROWS_BF16_L2_PREFETCH", {{"0", 0}, {"1", 1}, {"2", 2}}, 0);
-  return ahead;
-}
+// (MLA_ROWS_BF16_CLUSTER, _SOFT_EARLY, _MULTICAST, _L2_HINT, _L2_PREFETCH: removed, sessions 48-51; the index above
+// the instances.)
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -758,8 +720,6 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
-                : bf16_prefetch_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, 1>
-                : bf16_prefetch_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, 2>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>

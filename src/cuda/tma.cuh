@@ -70,13 +70,6 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
       : "memory");
 }
 
-// The box of `map` at (x, y) into L2 only (no shared memory, no mbarrier): the bf16 many-rows kernel's s50c.
-__device__ __forceinline__ void prefetch_2d(const CUtensorMap* map, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
-               "r"(x), "r"(y)
-               : "memory");
-}
-
 // The same box into shared address dst of every CTA of the cluster in cta_mask (the same offset in
 // each), completing on the mbarrier at bar's offset in each (the many-rows kernel's 2-CTA clusters,
 // whose row tiles read the same keys: one CTA issues a tile for both).
