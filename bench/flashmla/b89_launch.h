@@ -1,0 +1,33 @@
+// The one call flashmla_bench.cu makes into FlashMLA's b89eee2 dense decode kernel (b89_launch.cu), with plain
+// types so the bench does not include FlashMLA's headers beside each other (two params.h of different layouts).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+// FlashMLA's DecodingSchedMeta (b89eee2): one SM part's work, requests begin_req..end_req (inclusive), blocks of
+// 64 keys begin_block.. of the first and ..end_block of the last; the first request's split index; whether the
+// first / last request is also worked on by another part (then this part writes split partials).
+struct alignas(32) FlashmlaSchedMeta {
+  int begin_req, end_req, begin_block, end_block, begin_split, first_split, last_split, pad;
+};
+
+struct FlashmlaDecodeArgs {
+  int batch, heads, num_blocks, num_sm_parts, total_num_splits;
+  float scale;
+  const void* q;   // [batch, heads, 576] bf16
+  const void* kv;  // [num_blocks, 64, 576] bf16
+  void* o;         // [batch, heads, 512] bf16
+  float* lse;      // [batch, heads]
+  const int* block_table;
+  int64_t block_table_stride;
+  const int* seqlens;
+  const FlashmlaSchedMeta* sched;  // [num_sm_parts]
+  const int* num_splits;           // [batch + 1]: split index prefix
+  float* lse_accum;                // [total_num_splits, heads]
+  float* o_accum;                  // [total_num_splits, heads, 512]
+  cudaStream_t stream;
+};
+
+// FlashMLA's splitkv kernel (bf16) alone; its combine is mla_combine.cu's (69f3193), launched by the bench.
+void flashmla_b89_splitkv(const FlashmlaDecodeArgs& a);
