@@ -29,6 +29,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "b89_launch.h"
+#include "cuda/bench_kernels.cuh"
 #include "kernels/config.h"
 #include "kernels/mla_combine.h"
 #include "kernels/params.h"
@@ -42,30 +43,12 @@
     }                                                                                               \
   } while (0)
 
+using mla::cuda::bench_kernels::clock_probe_kernel;
+using mla::cuda::bench_kernels::read_all;
+
 namespace {
 
 constexpr int kDk = 576, kDv = 512;
-
-__global__ void read_all_kernel(const uint4* __restrict__ data, int64_t n, uint32_t* out) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldg(data + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) out[0] = acc;
-}
-
-__global__ void clock_probe_kernel(uint64_t spin_ns, unsigned long long* out) {
-  uint64_t t0, t1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  const long long c0 = clock64();
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-  } while (t1 - t0 < spin_ns);
-  const long long c1 = clock64();
-  out[0] = static_cast<unsigned long long>(c1 - c0);
-  out[1] = t1 - t0;
-}
 
 // Deterministic pseudo-random bf16 in [-1, 1) (a hash of the index and a seed).
 __global__ void fill_kernel(__nv_bfloat16* x, int64_t n, uint32_t seed, float scale) {
@@ -357,8 +340,7 @@ int main(int argc, char** argv) {
   std::vector<cudaEvent_t> ev(2 * a.iters);
   for (auto& e : ev) CK(cudaEventCreate(&e));
   for (int i = 0; i < a.iters; ++i) {
-    read_all_kernel<<<1024, 512, 0, stream>>>(static_cast<const uint4*>(flush), flush_bytes / 16,
-                                              static_cast<uint32_t*>(flush));
+    read_all(flush, size_t(flush_bytes), stream);
     CK(cudaEventRecord(ev[2 * i], stream));
     CK(cudaGraphLaunch(exec, stream));
     CK(cudaEventRecord(ev[2 * i + 1], stream));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/backend.hpp"
+#include "cuda/bench_kernels.cuh"
 #include "cuda/check.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/handles.hpp"
@@ -120,37 +121,8 @@ const char* l2_flush_description(L2Flush mode) {
   }
 }
 
-// Reads every 16-byte word of the buffer (folded into a word stored only if it matches a value
-// the zeroed buffer never gives, so the loads stay).
-__global__ void read_all_kernel(const uint4* __restrict__ data, int64_t n, uint32_t* out) {
-  uint32_t acc = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldg(data + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) out[0] = acc;
-}
-
-void read_all(void* data, size_t bytes, cudaStream_t stream) {
-  // (the never-taken store would land on the buffer's first word)
-  read_all_kernel<<<1024, 512, 0, stream>>>(static_cast<const uint4*>(data), int64_t(bytes / 16),
-                                            static_cast<uint32_t*>(data));
-  MLA_CUDA_CHECK_LAUNCH();
-}
-
-// One thread counts SM cycles (clock64) while the global timer (ns) advances spin_ns: cycles and ns
-// out. (A single thread on one SM: the clock is chip-wide, and the probe adds no load of its own.)
-__global__ void clock_probe_kernel(uint64_t spin_ns, unsigned long long* out) {
-  uint64_t t0, t1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  const long long c0 = clock64();
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-  } while (t1 - t0 < spin_ns);
-  const long long c1 = clock64();
-  out[0] = static_cast<unsigned long long>(c1 - c0);
-  out[1] = t1 - t0;
-}
+using bench_kernels::clock_probe_kernel;
+using bench_kernels::read_all;
 
 }  // namespace
 
@@ -166,7 +138,10 @@ std::vector<double> CudaBackend::time_us(const std::function<void()>& fn, int wa
   for (int i = 0; i < iters; ++i) {
     // Twice the L2's size evicts every line the previous run left there.
     if (mode == L2Flush::kWrite) MLA_CUDA_CHECK(cudaMemsetAsync(flush_.get(), i & 0xFF, flush_.bytes(), stream_));
-    if (mode == L2Flush::kClean) read_all(flush_.get(), flush_.bytes(), stream_);
+    if (mode == L2Flush::kClean) {
+      read_all(flush_.get(), flush_.bytes(), stream_);
+      MLA_CUDA_CHECK_LAUNCH();
+    }
     MLA_CUDA_CHECK(cudaEventRecord(start[i].get(), stream_));
     fn();
     MLA_CUDA_CHECK(cudaEventRecord(stop[i].get(), stream_));
