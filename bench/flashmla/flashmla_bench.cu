@@ -4,7 +4,8 @@
 // replay, the median of `--iters` replays; its output checked against a float reference computed on the GPU.
 //
 // Why: issue 5 compares our bf16 many-rows kernel with FlashMLA's figures from another run (D: 224 us,
-// 82% of the bf16 matmul); this measures FlashMLA beside ours in the same call on the same H200.
+// 82% of the bf16 matmul); this measures FlashMLA beside ours in the same device call, on the same GPU (session 51:
+// three H100s; docs/attention.md's queue, item 3 (m)).
 //
 // FlashMLA's sources are not part of this repository (its license is MIT, but the project keeps other
 // libraries' code out): scripts/flashmla-bench builds it against FlashMLA's files (which, from where: that
@@ -300,7 +301,7 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(lse_got.data(), lse, lse_got.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(o_want.data(), o_ref, o_want.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(lse_want.data(), lse_ref, lse_want.size() * 4, cudaMemcpyDeviceToHost));
-  // FlashMLA's lse is log2-based or natural? compare both and report which matches.
+  // The LSE against both bases (FlashMLA's final LSE is natural-log, its split partials' log2: a mix-up shows here).
   double o_err = 0, o_max = 0, lse_err_ln = 0, lse_err_log2 = 0;
   for (int i = 0; i < n_check; ++i) {
     const int r = rows[i];  // out [b, heads, 1, 512] = row-major over (b, head)
@@ -313,7 +314,7 @@ int main(int argc, char** argv) {
     lse_err_log2 = std::max(lse_err_log2, double(std::fabs(lse_got[r] - lse_want[i] / std::log(2.0))));
   }
   const double o_rel = o_err / std::max(o_max, 1e-30);
-  const bool ok = o_rel < 2e-2 && std::min(lse_err_ln, lse_err_log2) < 1e-2;
+  const bool ok = o_rel < 2e-2 && lse_err_ln < 1e-2;  // (bf16 o: ~3e-3 of max |o| in session 51)
 
   // Timing: a graph of the two kernels, replayed after each flush.
   cudaGraph_t graph;
