@@ -1,5 +1,5 @@
 // flashmla_b89_splitkv: FlashMLA's dense decode kernel at b89eee2 (splitkv_mla.cuh, built from $FLASHMLA_B89_DIR
-// by scripts/flashmla-bench) from plain arguments. One kv head, qlen 1, not causal: issue 5's D, E and 96 heads.
+// by scripts/flashmla-bench) from plain arguments. One kv head; qlen 1-8, causal past 1 (flash_api.cpp's rule).
 #include "splitkv_mla.cuh"
 
 #include "b89_launch.h"
@@ -9,24 +9,24 @@ static_assert(sizeof(FlashmlaSchedMeta) == sizeof(DecodingSchedMeta), "FlashmlaS
 void flashmla_b89_splitkv(const FlashmlaDecodeArgs& a) {
   DenseAttnDecodeParams p = {};
   p.b = a.batch;
-  p.s_q = 1;
-  p.q_seq_per_hk = a.heads;
+  p.s_q = a.qlen;
+  p.q_seq_per_hk = a.qlen * a.heads;
   p.d = Config::HEAD_DIM_K;
   p.d_v = Config::HEAD_DIM_V;
   p.h_q = a.heads;
   p.h_k = 1;
   p.num_blocks = a.num_blocks;
   p.q_head_per_hk = a.heads;
-  p.is_causal = false;
+  p.is_causal = a.qlen > 1;
   p.scale_softmax = a.scale;
   p.scale_softmax_log2 = float(a.scale * M_LOG2E);
   p.q_ptr = const_cast<void*>(a.q);
   p.k_ptr = const_cast<void*>(a.kv);
   p.o_ptr = a.o;
   p.softmax_lse_ptr = a.lse;
-  p.q_batch_stride = int64_t(a.heads) * Config::HEAD_DIM_K;
+  p.q_batch_stride = int64_t(a.qlen) * a.heads * Config::HEAD_DIM_K;
   p.k_batch_stride = int64_t(Config::PAGE_BLOCK_SIZE) * Config::HEAD_DIM_K;
-  p.o_batch_stride = int64_t(a.heads) * Config::HEAD_DIM_V;
+  p.o_batch_stride = int64_t(a.qlen) * a.heads * Config::HEAD_DIM_V;
   p.q_row_stride = Config::HEAD_DIM_K;
   p.k_row_stride = Config::HEAD_DIM_K;
   p.o_row_stride = Config::HEAD_DIM_V;

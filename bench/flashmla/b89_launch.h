@@ -13,19 +13,19 @@ struct alignas(32) FlashmlaSchedMeta {
 };
 
 struct FlashmlaDecodeArgs {
-  int batch, heads, num_blocks, num_sm_parts, total_num_splits;
+  int batch, heads, qlen, num_blocks, num_sm_parts, total_num_splits;  // (qlen > 1: causal)
   float scale;
-  const void* q;   // [batch, heads, 576] bf16
+  const void* q;   // [batch, qlen x heads, 576] bf16
   const void* kv;  // [num_blocks, 64, 576] bf16
-  void* o;         // [batch, heads, 512] bf16
-  float* lse;      // [batch, heads]
+  void* o;         // [batch, qlen x heads, 512] bf16
+  float* lse;      // [batch, qlen x heads]
   const int* block_table;
   int64_t block_table_stride;
   const int* seqlens;
   const FlashmlaSchedMeta* sched;  // [num_sm_parts]
   const int* num_splits;           // [batch + 1]: split index prefix
-  float* lse_accum;                // [total_num_splits, heads]
-  float* o_accum;                  // [total_num_splits, heads, 512]
+  float* lse_accum;                // [total_num_splits, qlen x heads]
+  float* o_accum;                  // [total_num_splits, qlen x heads, 512]
   cudaStream_t stream;
 };
 

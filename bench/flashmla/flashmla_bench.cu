@@ -60,15 +60,17 @@ __global__ void fill_kernel(__nv_bfloat16* x, int64_t n, uint32_t seed, float sc
   }
 }
 
-// Float reference of one query row (b, head) over its request's keys: o [kDv] and the natural-log lse.
-// One CTA a row; the scores in shared memory (ctx <= 32768).
+// Float reference of one query row over its request's keys: o [kDv] and the natural-log lse. Row r of request b is
+// query token r / heads (of qlen), head r % heads (FlashMLA's [b, qlen x heads] rows); token s sees the first
+// ctx - (qlen - 1 - s) keys (causal). One CTA a row; the scores in shared memory (ctx <= 32768).
 __global__ void reference_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv, const int* block_table,
-                                 int table_stride, int heads, int ctx, int page, float scale, const int* rows,
-                                 float* o_ref, float* lse_ref) {
+                                 int table_stride, int heads, int qlen, int ctx_all, int page, float scale,
+                                 const int* rows, float* o_ref, float* lse_ref) {
   extern __shared__ float scores[];
   __shared__ float red[32];
-  const int row = rows[blockIdx.x], b = row / heads, h = row % heads;
-  const __nv_bfloat16* qr = q + (int64_t(b) * heads + h) * kDk;
+  const int rows_req = qlen * heads, row = rows[blockIdx.x], b = row / rows_req;
+  const int ctx = ctx_all - (qlen - 1 - (row % rows_req) / heads);
+  const __nv_bfloat16* qr = q + int64_t(row) * kDk;
   auto key_row = [&](int k) {
     return kv + (int64_t(block_table[int64_t(b) * table_stride + k / page]) * page + k % page) * kDk;
   };
@@ -145,7 +147,7 @@ std::vector<FlashmlaSchedMeta> schedule(const std::vector<int>& lens, int parts,
 }
 
 struct Args {
-  int batch = 64, heads = 128, ctx = 8192, iters = 50, check_rows = 256;
+  int batch = 64, heads = 128, ctx = 8192, qlen = 1, iters = 50, check_rows = 256;
   std::string json, probe;  // probe: a build whose results are wrong by design (its check reported, not failed)
 };
 
@@ -156,17 +158,19 @@ Args parse(int argc, char** argv) {
     if (k == "--batch") a.batch = std::atoi(v.c_str());
     else if (k == "--heads") a.heads = std::atoi(v.c_str());
     else if (k == "--context") a.ctx = std::atoi(v.c_str());
+    else if (k == "--qlen") a.qlen = std::atoi(v.c_str());
     else if (k == "--iters") a.iters = std::atoi(v.c_str());
     else if (k == "--check-rows") a.check_rows = std::atoi(v.c_str());
     else if (k == "--json") a.json = v;
     else if (k == "--probe") a.probe = v;
     else {
-      std::fprintf(stderr, "unknown argument %s (--batch --heads --context --iters --check-rows --json --probe)\n", k.c_str());
+      std::fprintf(stderr, "unknown argument %s (--batch --heads --context --qlen --iters --check-rows --json --probe)\n", k.c_str());
       std::exit(2);
     }
   }
-  if (a.batch < 1 || a.heads < 1 || a.heads > 128 || a.ctx < 1 || a.ctx > 32768 || a.iters < 1) {
-    std::fprintf(stderr, "need --batch >= 1, --heads 1..128, --context 1..32768, --iters >= 1\n");
+  if (a.batch < 1 || a.heads < 1 || a.heads > 128 || a.ctx < 1 || a.ctx > 32768 || a.qlen < 1 || a.qlen > 8 ||
+      a.ctx < a.qlen || a.iters < 1) {
+    std::fprintf(stderr, "need --batch >= 1, --heads 1..128, --context 1..32768, --qlen 1..8 (<= context), --iters >= 1\n");
     std::exit(2);
   }
   return a;
@@ -188,16 +192,17 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, dev));
 
-  // Inputs: q [b, 1, heads, 576] (as [b, heads, 1, 576]: one kv head), the cache [blocks, 64, 1, 576], every
+  // Inputs: q [b, qlen, heads, 576] (as [b, qlen x heads, 1, 576]: one kv head), the cache [blocks, 64, 1, 576], every
   // request's pages a random permutation of the cache's (as mla_graph_bench's default page order).
   __nv_bfloat16 *q, *kv, *out;
   float *lse, *lse_accum, *o_accum;
   int *seqlens, *table, *splits;
-  const int64_t q_elems = int64_t(a.batch) * a.heads * kDk, kv_elems = int64_t(num_blocks) * page * kDk;
+  const int rows_req = a.qlen * a.heads;  // query rows a request (FlashMLA's q_seq_per_hk with one kv head)
+  const int64_t q_elems = int64_t(a.batch) * rows_req * kDk, kv_elems = int64_t(num_blocks) * page * kDk;
   CK(cudaMalloc(&q, q_elems * 2));
   CK(cudaMalloc(&kv, kv_elems * 2));
-  CK(cudaMalloc(&out, int64_t(a.batch) * a.heads * kDv * 2));
-  CK(cudaMalloc(&lse, int64_t(a.batch) * a.heads * 4));
+  CK(cudaMalloc(&out, int64_t(a.batch) * rows_req * kDv * 2));
+  CK(cudaMalloc(&lse, int64_t(a.batch) * rows_req * 4));
   fill_kernel<<<1024, 256, 0, stream>>>(q, q_elems, 0x1234u, 1.0f);
   fill_kernel<<<4096, 256, 0, stream>>>(kv, kv_elems, 0x5678u, 1.0f);
   CK(cudaGetLastError());
@@ -211,8 +216,8 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&seqlens, a.batch * 4));
   CK(cudaMemcpy(seqlens, lens.data(), a.batch * 4, cudaMemcpyHostToDevice));
 
-  // The scheduler's metadata (flash_api.cpp's get_mla_metadata: one kv head, qlen 1, not causal), made on the host.
-  const int q_seq_per_hk = a.heads, h_k = 1;
+  // The scheduler's metadata (flash_api.cpp's get_mla_metadata: one kv head, no window), made on the host.
+  const int q_seq_per_hk = rows_req, h_k = 1;
   const int num_sm_parts = sms / h_k / ((q_seq_per_hk + Config::BLOCK_SIZE_M - 1) / Config::BLOCK_SIZE_M);
   std::vector<int> prefix;
   const std::vector<FlashmlaSchedMeta> meta =
@@ -235,6 +240,7 @@ int main(int argc, char** argv) {
   FlashmlaDecodeArgs fa = {};
   fa.batch = a.batch;
   fa.heads = a.heads;
+  fa.qlen = a.qlen;
   fa.num_blocks = num_blocks;
   fa.num_sm_parts = num_sm_parts;
   fa.total_num_splits = total_num_splits;
@@ -254,7 +260,7 @@ int main(int argc, char** argv) {
   // The combine's parameters (69f3193's Flash_fwd_mla_params: the fields mla_combine.cu reads).
   Flash_fwd_mla_params p = {};
   p.b = a.batch;
-  p.s_q = 1;
+  p.s_q = a.qlen;
   p.q_seq_per_hk = q_seq_per_hk;
   p.h_q = a.heads;
   p.h_k = h_k;
@@ -262,7 +268,7 @@ int main(int argc, char** argv) {
   p.d_v = kDv;
   p.o_ptr = out;
   p.softmax_lse_ptr = lse;
-  p.o_batch_stride = int64_t(a.heads) * kDv;
+  p.o_batch_stride = int64_t(rows_req) * kDv;
   p.o_row_stride = kDv;
   p.o_head_stride = kDv;
   p.num_sm_parts = num_sm_parts;
@@ -276,12 +282,12 @@ int main(int argc, char** argv) {
     run_flash_mla_combine_kernel<cutlass::bfloat16_t>(p, stream);
   };
   // Poison the outputs, run once, check against the reference on check_rows rows spread over the batch.
-  CK(cudaMemsetAsync(out, 0xFF, int64_t(a.batch) * a.heads * kDv * 2, stream));
-  CK(cudaMemsetAsync(lse, 0xFF, int64_t(a.batch) * a.heads * 4, stream));
+  CK(cudaMemsetAsync(out, 0xFF, int64_t(a.batch) * rows_req * kDv * 2, stream));
+  CK(cudaMemsetAsync(lse, 0xFF, int64_t(a.batch) * rows_req * 4, stream));
   step();
   CK(cudaStreamSynchronize(stream));
   CK(cudaGetLastError());
-  const int total_rows = a.batch * a.heads, n_check = std::min(a.check_rows, total_rows);
+  const int total_rows = a.batch * rows_req, n_check = std::min(a.check_rows, total_rows);
   std::vector<int> rows(n_check);
   for (int i = 0; i < n_check; ++i) rows[i] = int(int64_t(i) * total_rows / n_check + (i * 7919) % std::max(1, total_rows / n_check));
   int* d_rows;
@@ -291,12 +297,12 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&lse_ref, n_check * 4));
   CK(cudaMemcpy(d_rows, rows.data(), n_check * 4, cudaMemcpyHostToDevice));
   CK(cudaFuncSetAttribute(reference_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, a.ctx * 4));
-  reference_kernel<<<n_check, 256, a.ctx * 4, stream>>>(q, kv, table, pages_per_req, a.heads, a.ctx, page, scale, d_rows,
-                                                       o_ref, lse_ref);
+  reference_kernel<<<n_check, 256, a.ctx * 4, stream>>>(q, kv, table, pages_per_req, a.heads, a.qlen, a.ctx, page,
+                                                       scale, d_rows, o_ref, lse_ref);
   CK(cudaStreamSynchronize(stream));
   CK(cudaGetLastError());
-  std::vector<__nv_bfloat16> o_got(int64_t(a.batch) * a.heads * kDv);
-  std::vector<float> lse_got(int64_t(a.batch) * a.heads), o_want(int64_t(n_check) * kDv), lse_want(n_check);
+  std::vector<__nv_bfloat16> o_got(int64_t(a.batch) * rows_req * kDv);
+  std::vector<float> lse_got(int64_t(a.batch) * rows_req), o_want(int64_t(n_check) * kDv), lse_want(n_check);
   CK(cudaMemcpy(o_got.data(), out, o_got.size() * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(lse_got.data(), lse, lse_got.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(o_want.data(), o_ref, o_want.size() * 4, cudaMemcpyDeviceToHost));
@@ -304,7 +310,7 @@ int main(int argc, char** argv) {
   // The LSE against both bases (FlashMLA's final LSE is natural-log, its split partials' log2: a mix-up shows here).
   double o_err = 0, o_max = 0, lse_err_ln = 0, lse_err_log2 = 0;
   for (int i = 0; i < n_check; ++i) {
-    const int r = rows[i];  // out [b, heads, 1, 512] = row-major over (b, head)
+    const int r = rows[i];  // out [b, qlen x heads, 1, 512]: row-major over (b, row)
     for (int d = 0; d < kDv; ++d) {
       const double got = __bfloat162float(o_got[int64_t(r) * kDv + d]), want = o_want[int64_t(i) * kDv + d];
       o_err = std::max(o_err, std::isfinite(got) ? std::fabs(got - want) : INFINITY);
@@ -357,10 +363,11 @@ int main(int argc, char** argv) {
   std::vector<double> sorted = us;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[a.iters / 2], mean = std::accumulate(us.begin(), us.end(), 0.0) / a.iters;
-  const double flops = 2.0 * a.batch * a.heads * double(a.ctx) * (kDk + kDv);
+  const double flops = 2.0 * a.batch * rows_req * double(a.ctx) * (kDk + kDv);  // (the causal triangle counted whole)
   const double bytes = double(a.batch) * a.ctx * kDk * 2;
-  std::printf("flashmla%s%s bf16 decode: batch %d heads %d context %d page %d on %s (%d SMs, %d sm parts, up to %d splits "
-              "a request)\n", a.probe.empty() ? "" : " probe ", a.probe.c_str(), a.batch, a.heads, a.ctx, page, prop.name, sms, num_sm_parts, max_splits);
+  std::printf("flashmla%s%s bf16 decode: batch %d heads %d qlen %d context %d page %d on %s (%d SMs, %d sm parts, up to %d "
+              "splits a request)\n", a.probe.empty() ? "" : " probe ", a.probe.c_str(), a.batch, a.heads, a.qlen, a.ctx, page,
+              prop.name, sms, num_sm_parts, max_splits);
   std::printf("  check: %d rows, o max abs err %.3g (%.3g of max |o| %.3g), lse err %.3g (ln) / %.3g (log2) -> %s\n",
               n_check, o_err, o_rel, o_max, lse_err_ln, lse_err_log2,
               ok ? "ok" : a.probe.empty() ? "MISMATCH" : "mismatch (a probe: wrong by design)");
@@ -373,13 +380,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::fprintf(f,
-                 "{\"kernel\": \"flashmla_b89eee2_splitkv_mla_bf16+combine_69f3193\", \"probe\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"heads\": %d, "
+                 "{\"kernel\": \"flashmla_b89eee2_splitkv_mla_bf16+combine_69f3193\", \"probe\": \"%s\", \"device\": \"%s\", \"batch\": %d, \"heads\": %d, \"qlen\": %d, "
                  "\"context\": %d, \"page_size\": %d, \"num_sm_parts\": %d, \"max_splits\": %d, \"iters\": %d, \"median_us\": %.2f, "
                  "\"mean_us\": %.2f, \"tflops\": %.1f, \"sm_mhz_before\": %.0f, \"sm_mhz_after\": %.0f, "
                  "\"check_rows\": %d, \"o_max_abs_err\": %.4g, \"o_rel_err\": %.4g, \"lse_err_ln\": %.4g, "
                  "\"lse_err_log2\": %.4g, \"check_ok\": %s, \"l2_flush\": \"read a buffer of twice the L2 before each replay\", "
                  "\"us\": [",
-                 a.probe.c_str(), prop.name, a.batch, a.heads, a.ctx, page, num_sm_parts, max_splits, a.iters, median, mean, flops / median * 1e-6,
+                 a.probe.c_str(), prop.name, a.batch, a.heads, a.qlen, a.ctx, page, num_sm_parts, max_splits, a.iters, median, mean, flops / median * 1e-6,
                  mhz_before, mhz_after, n_check, o_err, o_rel, lse_err_ln, lse_err_log2, ok ? "true" : "false");
     for (int i = 0; i < a.iters; ++i) std::fprintf(f, "%s%.2f", i ? ", " : "", us[i]);
     std::fprintf(f, "]}\n");
