@@ -2,9 +2,12 @@
 // by scripts/flashmla-bench) from plain arguments. One kv head; qlen 1-8, causal past 1 (flash_api.cpp's rule).
 #include "splitkv_mla.cuh"
 
-#include "b89_launch.h"
+#include "flashmla_launch.h"
 
 static_assert(sizeof(FlashmlaSchedMeta) == sizeof(DecodingSchedMeta), "FlashmlaSchedMeta mirrors DecodingSchedMeta");
+static_assert(kFlashmlaPage == Config::PAGE_BLOCK_SIZE && kFlashmlaBlockM == Config::BLOCK_SIZE_M &&
+                  kFlashmlaFixedOverhead == Config::FIXED_OVERHEAD_NUM_BLOCKS,
+              "flashmla_launch.h's shapes are FlashMLA's config.h's");
 
 void flashmla_b89_splitkv(const FlashmlaDecodeArgs& a) {
   DenseAttnDecodeParams p = {};

@@ -27,13 +27,8 @@
 #include <string>
 #include <vector>
 
-#include <cutlass/numeric_types.h>
-
-#include "b89_launch.h"
 #include "cuda/bench_kernels.cuh"
-#include "kernels/config.h"
-#include "kernels/mla_combine.h"
-#include "kernels/params.h"
+#include "flashmla_launch.h"
 
 #define CK(x)                                                                                       \
   do {                                                                                              \
@@ -180,7 +175,7 @@ Args parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  const int page = Config::PAGE_BLOCK_SIZE;  // FlashMLA's dense decode: pages of 64 keys only
+  const int page = kFlashmlaPage;  // FlashMLA's dense decode: pages of 64 keys only
   const int pages_per_req = (a.ctx + page - 1) / page;
   const int num_blocks = a.batch * pages_per_req;
   cudaStream_t stream;
@@ -217,11 +212,10 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(seqlens, lens.data(), a.batch * 4, cudaMemcpyHostToDevice));
 
   // The scheduler's metadata (flash_api.cpp's get_mla_metadata: one kv head, no window), made on the host.
-  const int q_seq_per_hk = rows_req, h_k = 1;
-  const int num_sm_parts = sms / h_k / ((q_seq_per_hk + Config::BLOCK_SIZE_M - 1) / Config::BLOCK_SIZE_M);
+  const int num_sm_parts = sms / ((rows_req + kFlashmlaBlockM - 1) / kFlashmlaBlockM);
   std::vector<int> prefix;
   const std::vector<FlashmlaSchedMeta> meta =
-      schedule(lens, num_sm_parts, Config::PAGE_BLOCK_SIZE, Config::FIXED_OVERHEAD_NUM_BLOCKS, prefix);
+      schedule(lens, num_sm_parts, kFlashmlaPage, kFlashmlaFixedOverhead, prefix);
   FlashmlaSchedMeta* sched;
   CK(cudaMalloc(&sched, meta.size() * sizeof(FlashmlaSchedMeta)));
   CK(cudaMemcpy(sched, meta.data(), meta.size() * sizeof(FlashmlaSchedMeta), cudaMemcpyHostToDevice));
@@ -234,8 +228,8 @@ int main(int argc, char** argv) {
   }();
 
   const int total_num_splits = a.batch + num_sm_parts;
-  CK(cudaMalloc(&lse_accum, int64_t(total_num_splits) * q_seq_per_hk * 4));
-  CK(cudaMalloc(&o_accum, int64_t(total_num_splits) * q_seq_per_hk * kDv * 4));
+  CK(cudaMalloc(&lse_accum, int64_t(total_num_splits) * rows_req * 4));
+  CK(cudaMalloc(&o_accum, int64_t(total_num_splits) * rows_req * kDv * 4));
   const float scale = 1.0f / std::sqrt(float(kDk));
   FlashmlaDecodeArgs fa = {};
   fa.batch = a.batch;
@@ -257,29 +251,9 @@ int main(int argc, char** argv) {
   fa.lse_accum = lse_accum;
   fa.o_accum = o_accum;
   fa.stream = stream;
-  // The combine's parameters (69f3193's Flash_fwd_mla_params: the fields mla_combine.cu reads).
-  Flash_fwd_mla_params p = {};
-  p.b = a.batch;
-  p.s_q = a.qlen;
-  p.q_seq_per_hk = q_seq_per_hk;
-  p.h_q = a.heads;
-  p.h_k = h_k;
-  p.d = kDk;
-  p.d_v = kDv;
-  p.o_ptr = out;
-  p.softmax_lse_ptr = lse;
-  p.o_batch_stride = int64_t(rows_req) * kDv;
-  p.o_row_stride = kDv;
-  p.o_head_stride = kDv;
-  p.num_sm_parts = num_sm_parts;
-  p.num_splits_ptr = splits;
-  p.total_num_splits = total_num_splits;
-  p.softmax_lseaccum_ptr = lse_accum;
-  p.oaccum_ptr = o_accum;
-
   auto step = [&] {
     flashmla_b89_splitkv(fa);
-    run_flash_mla_combine_kernel<cutlass::bfloat16_t>(p, stream);
+    flashmla_combine(fa);
   };
   // Poison the outputs, run once, check against the reference on check_rows rows spread over the batch.
   CK(cudaMemsetAsync(out, 0xFF, int64_t(a.batch) * rows_req * kDv * 2, stream));

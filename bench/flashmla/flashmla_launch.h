@@ -1,9 +1,14 @@
-// The one call flashmla_bench.cu makes into FlashMLA's b89eee2 dense decode kernel (b89_launch.cu), with plain
-// types so the bench does not include FlashMLA's headers beside each other (two params.h of different layouts).
+// The two calls flashmla_bench.cu makes into FlashMLA: its b89eee2 dense decode kernel (b89_launch.cu) and its
+// 69f3193 split combine (combine_launch.cu), from one struct of plain types, so the bench includes neither
+// FlashMLA's headers (two params.h of different layouts) nor CUTLASS's.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+// FlashMLA's fixed shapes (its config.h; the launch files check them): pages of 64 keys, 64 query rows a CTA, the
+// scheduler's fixed overhead of 5 blocks a request.
+constexpr int kFlashmlaPage = 64, kFlashmlaBlockM = 64, kFlashmlaFixedOverhead = 5;
 
 // FlashMLA's DecodingSchedMeta (b89eee2): one SM part's work, requests begin_req..end_req (inclusive), blocks of
 // 64 keys begin_block.. of the first and ..end_block of the last; the first request's split index; whether the
@@ -29,5 +34,6 @@ struct FlashmlaDecodeArgs {
   cudaStream_t stream;
 };
 
-// FlashMLA's splitkv kernel (bf16) alone; its combine is mla_combine.cu's (69f3193), launched by the bench.
+// FlashMLA's splitkv kernel (bf16), then its combine of the split partials (a PDL launch after it).
 void flashmla_b89_splitkv(const FlashmlaDecodeArgs& a);
+void flashmla_combine(const FlashmlaDecodeArgs& a);
