@@ -142,13 +142,13 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
   }
 }
 
-// The instances below are the round's adopted forms, its probes and kRound (s51b, opt-in). The forms tried and
-// removed, each with its prediction, outcome and the commit that holds its code, are in docs/attention.md's versions
-// table: FlashMLA's round (s35b, s38b; 0a07c5a; back in session 51 as kRound on the lean issue and slab barriers),
-// the lean issue at pages of 8-32 keys from warp 0 (s40b; a5a6497), the publication a bar.arrive and pv_other
-// between q.k's halves (s45a-c; 284f332), pv_other before q.k (s46b; a9c0da4), p.v in chains a slab (s47a;
-// 40cedd5), a request's CTAs as one cluster (s47c; 74f0c5e), where a round waits for the other's p.v (s48a-e;
-// b386917, 98b28cc, 2f30dba), multicast pairs and L2 hints (s50a-b; 2f30dba), tiles sent to L2 ahead (s50c; 204d5d4).
+// The instances below are the round's adopted forms and its probes. The forms tried and removed, each with its
+// prediction, outcome and the commit that holds its code, are in docs/attention.md's versions table: FlashMLA's round
+// (s35b, s38b; 0a07c5a; s51b, on the lean issue and slab barriers; 66807d1), the lean issue at pages of 8-32 keys from
+// warp 0 (s40b; a5a6497), the publication a bar.arrive and pv_other between q.k's halves (s45a-c; 284f332), pv_other
+// before q.k (s46b; a9c0da4), p.v in chains a slab (s47a; 40cedd5), a request's CTAs as one cluster (s47c; 74f0c5e),
+// where a round waits for the other's p.v (s48a-e; b386917, 98b28cc, 2f30dba), multicast pairs and L2 hints (s50a-b;
+// 2f30dba), tiles sent to L2 ahead (s50c; 204d5d4).
 // kLean (s39a, the default since session 40; MLA_ROWS_BF16_LEAN=0: v18c as before): at pages of 64+ keys
 // (one box a tile) one elected lane of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box
 // arithmetic, warp reductions, lane loop and slots(p) division (~195 and ~160 SASS instructions in warp 0 for
@@ -205,11 +205,10 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)). = 5 (s51a, session 51): neither
 // (= 1's stale tiles and = 2's missing MMAs): the skeleton's time alone (waits, barriers, softmax, the loads' issue),
 // the floor that neither half's overlap can go under (session 50: loads alone 231.8 µs at D, MMAs alone 245).
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kRound = false>
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
-  static_assert(!kRound || (kSlabBars && !kLeanWarps && !kProbe), "kRound (s51b) is kSlabBars' at pages of 64+ keys");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -613,251 +612,28 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       ptx::named_sync(kBarGroup + wg, 128);
       load(j);
     };
-    if constexpr (kRound) {
-      // s51b (kRound, MLA_ROWS_BF16_ROUND=1, off; session 51): s35b's round (session 35: FlashMLA's SM90 decode
-      // round; code at 0a07c5a, removed in session 45 after tying with v18c under the old tile issue) on today's
-      // lean issue and slab barriers. Session 51 timed FlashMLA's own kernel beside ours on one H100: D 236 us
-      // against 281, and its no-MMA probe as fast as its whole kernel (docs/attention.md's queue, item 3 (m)).
-      // Rounds of two tiles, a = t (warpgroup 0's) and b = t + 1 (warpgroup 1's). A softmax waits for its own
-      // q.k and the previous tile's maxima only: warpgroup 0 publishes m(a) (kBarMax), warpgroup 1 takes it and
-      // publishes m(b); each then stores its P into its tile's rope slab (kBarP) for the other's p.v, warpgroup
-      // 0 scaled to m(b) first and after its p.v(a) is done and a + 2's part is out (so both p.v of a
-      // warpgroup in a round share one reference maximum), and queues its p.v before the next q.k, which it
-      // issues in two commit groups (its own dims' slabs, then the other's and the rope slab): warpgroup 0 with
-      // the load that the other tile's p.v frees between them (`wait<1>`), warpgroup 1 after both its loads.
-      // Who loads what is v18c's (warpgroup w its dims' slabs of every tile and the rope slab of the other's
-      // tiles), each part once the p.v that last read it retired, from page ids loaded a round ahead. An odd
-      // segment's last round pairs with a virtual tile n_tiles (every key masked: P 0, V rows zeroed by both
-      // warpgroups, nothing loaded or waited for), so the named barriers always pair. Each branch ends with
-      // no wgmma group in flight.
-      using std::integral_constant;
-      constexpr int kBarMax = 5, kBarP = 7;  // + w: warpgroup w published its tile's maxima / stored its P
-      auto page_at = [&](int j) -> int32_t {
-        const int64_t k0 = keys.k_begin + int64_t(j) * kTileKeys;
-        return j < n_tiles && k0 < keys.k_end && (k0 >> keys.page_shift) < keys.pages_avail
-                   ? p.kv_indices[keys.page_begin + (k0 >> keys.page_shift)]
-                   : -1;
-      };
-      // Warp 0's issue of this warpgroup's part of tile j from page id `page`: load_whole_tile's without its
-      // next-page load (the page ids come a round ahead here). (A lambda both call changed the measured
-      // instances' SASS, session 51, so the lines stay twice, as warp_box_page's do.) The warpgroup meets
-      // first (reload's s41b barrier: its warps' reads of the buffer's key mask before warp 0 writes the next).
-      auto load_at = [&](int j, int32_t page) {
-        if (j >= n_tiles) return;
-        ptx::named_sync(kBarGroup + wg, 128);
-        if (warp != 0) return;
-        const int64_t j0 = keys.k_begin + int64_t(j) * kTileKeys;
-        const bool have = j0 < keys.k_end && (j0 >> keys.page_shift) < keys.pages_avail;
-        const bool ok = warp_uniform(have && page >= 0 && page < p.num_pages);
-        const int y = warp_uniform(int(int64_t(page) * p.page_size + (j0 & (p.page_size - 1))));
-        const uint32_t kv = uint32_t(warp_uniform(int(kv_of(j)))), bar = uint32_t(warp_uniform(int(bar_of(j, wg))));
-        const int64_t left = keys.k_end - j0;
-        if (ptx::elect_one()) {
-          if (have && !ok) atomicOr(p.error, kBadPage);
-          sm.key_mask[buffer(j)][wg][0] = ok ? (left >= kTileKeys ? ~0ull : (1ull << left) - 1) : 0ull;
-          issue_rows(j, kv, bar, y, ok, kTileKeys);
-        }
-        __syncwarp();
-      };
-      // q.k(t) in two commit groups: part 0 this warpgroup's dims' slabs, part 1 the other's and the rope slab
-      // (the first MMA of part 0 overwrites s).
-      auto qk_part = [&](int t, float (&s)[32], auto part) {
-        qk_slabs(t, s, decltype(part)::value ^ wg, decltype(part)::value > 0);
-        if constexpr (decltype(part)::value == 1) qk_rope(t, s);
-        wgmma::commit();
-      };
-      auto qk2 = [&](int t, float (&s)[32]) {
-        qk_part(t, s, integral_constant<int, 0>{});
-        qk_part(t, s, integral_constant<int, 1>{});
-      };
-      // Tile t's scores masked and the rows' maxima from m_ref, lazily as own's (a row's maximum moves only past
-      // m_ref + 2^3; -inf stays while a row sees nothing). The virtual tile's mask is 0.
-      auto row_max = [&](int t, float (&s)[32], const float (&m_ref)[2], float (&m_new)[2]) {
-        wgmma::fence_operand(s);
-        const uint64_t mask = mask_scores(t, s, t < n_tiles ? key_mask(t) : 0);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float tile_max = row_tile_max(s, h);
-          m_new[h] = tile_max > m_ref[h] + kLazyRescale ? tile_max : m_ref[h];
-        }
-        return mask;
-      };
-      // o and the row sums from m_run to m (o idle), as pv_other's rule.
-      auto move_to = [&](const float (&m)[2]) {
-        float alpha[2];
-        bool moved = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          alpha[h] = 1.0f;
-          if (m[h] != m_run[h]) {
-            alpha[h] = exp2_ftz(m_run[h] - m[h]);
-            m_run[h] = m[h];
-            d_run[h] *= alpha[h];
-            moved = true;
-          }
-        }
-        if (__any_sync(0xffffffffu, moved)) {
-          wgmma::fence_operand(o);
-          rescale(alpha);
-        }
-      };
-      // The weights exp2(s scale - m_run) in place, their row sums into d_run, P as bf16 A fragments.
-      auto weights = [&](float (&s)[32], uint32_t (&pa)[kPvSteps][4]) {
-        const float neg_m[2] = {m_run[0] == -INFINITY ? 0.0f : -m_run[0], m_run[1] == -INFINITY ? 0.0f : -m_run[1]};
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = 8 * ks + 2 * e, h = e & 1;
-            s[i] = exp2_ftz(fmaf(s[i], scale_log2, neg_m[h]));
-            s[i + 1] = exp2_ftz(fmaf(s[i + 1], scale_log2, neg_m[h]));
-            d_run[h] += s[i] + s[i + 1];
-            pa[ks][e] = ptx::pack_bf16x2(s[i], s[i + 1]);
-          }
-      };
-      // P times beta (a row's factor to the next tile's maxima; 1: pa as it is) into tile t's rope slab for the
-      // other warpgroup's p.v (K-major core matrices, as own's), then published (kBarP).
-      auto store_p = [&](int t, const float (&w)[32], const uint32_t (&pa)[kPvSteps][4], const float (&beta)[2]) {
-        const uint32_t p_mine = kv_of(t) + kRopeSlab * kSlabBytes + 2 * warp * 128 + 16 * g + 4 * c;
-        const bool same = beta[0] == 1.0f && beta[1] == 1.0f;
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = 8 * ks + 2 * e, h = e & 1;
-            const uint32_t v = same ? pa[ks][e] : ptx::pack_bf16x2(w[i] * beta[h], w[i + 1] * beta[h]);
-            ptx::st_shared_b32(p_mine + (2 * ks + (e >> 1)) * kChunkStrideM + 128 * h, v);
-          }
-        wgmma::fence_proxy_async();  // P (st.shared) before the other warpgroup's tensor cores read it
-        ptx::named_arrive(kBarP + wg, kThreadsB);
-      };
-      auto pv_own = [&](int t, const uint32_t (&pa)[kPvSteps][4]) {
-        const uint32_t kv = kv_of(t);
-        wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks) wgmma::mma_m64n256k16_bf16_rs(o, pa[ks], v_desc(kv, ks));
-        wgmma::commit();
-      };
-      // The other warpgroup's tile j once its P is stored: pv_smem's, but the virtual tile past an odd segment's
-      // end (P 0, stored by its owner) has nothing loaded or waited for, and its V rows zeroed whole.
-      auto pv_theirs = [&](int j) {
-        ptx::named_sync(kBarP + (wg ^ 1), kThreadsB);
-        const bool real = j < n_tiles;
-        if (real) wait_dims(j, wg);
-        zero_masked(j, real ? key_mask(j) : 0);
-        const uint32_t kv = kv_of(j);
-        const uint64_t pd = wgmma::descriptor(kv + kRopeSlab * kSlabBytes, kChunkStrideM, 128);
-        wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < kPvSteps; ++ks)
-          wgmma::mma_m64n256k16_bf16_ss(o, wgmma::advance(pd, 2 * ks * kChunkStrideM), v_desc(kv, ks));
-        wgmma::commit();
-      };
-      auto publish_m = [&](const float (&m)[2]) {
-        if (c == 0) sm.m_pub[wg][row0] = m[0], sm.m_pub[wg][row0 + 8] = m[1];
-        ptx::named_arrive(kBarMax + wg, kThreadsB);
-      };
-      auto take_m = [&](float (&m)[2]) {  // the other warpgroup's published maxima
-        ptx::named_sync(kBarMax + (wg ^ 1), kThreadsB);
-        m[0] = sm.m_pub[wg ^ 1][row0], m[1] = sm.m_pub[wg ^ 1][row0 + 8];
-      };
+    int t = wg;
+    if (wg == 0 && n_tiles > 0) {
       float s[32];
-      uint32_t pa[kPvSteps][4];
-      // (The wait<0> after each loop retires nothing; s38b: without it ptxas kept s live across the warpgroups'
-      // merge and spilled.)
-      if (wg == 0) {
-        if (n_tiles > 0) {
-          int32_t pg[2] = {page_at(2), page_at(3)};
-          qk2(0, s);
-          for (int t = 0; t < n_tiles; t += 2) {  // (rounds: (n_tiles + 1) / 2)
-            const int32_t pn[2] = {page_at(t + 4), page_at(t + 5)};  // (-1 past the segment)
-            wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
-            float m_a[2];
-            const uint64_t mask = row_max(t, s, m_run, m_a);
-            publish_m(m_a);
-            move_to(m_a);
-            weights(s, pa);
-            zero_masked(t, mask);
-            pv_own(t, pa);
-            float beta[2], m_b[2];
-            take_m(m_b);  // (the virtual tile's: m_a itself)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) beta[h] = m_b[h] == m_a[h] ? 1.0f : exp2_ftz(m_a[h] - m_b[h]);
-            wgmma::wait<0>();  // p.v(t)
-            wgmma::fence_operand(o);
-            load_at(t + 2, pg[0]);  // (no-op past the segment)
-            store_p(t, s, pa, beta);
-            move_to(m_b);
-            pv_theirs(t + 1);
-            if (t + 2 < n_tiles) {
-              qk_part(t + 2, s, integral_constant<int, 0>{});
-              wgmma::wait<1>();  // p.v(t + 1)
-              load_at(t + 3, pg[1]);
-              qk_part(t + 2, s, integral_constant<int, 1>{});
-            } else {
-              wgmma::wait<0>();  // p.v(t + 1)
-            }
-            pg[0] = pn[0], pg[1] = pn[1];
-          }
-          wgmma::wait<0>();
-        }
-      } else {
-        if (n_tiles > 0) {
-          int32_t pg[2] = {page_at(2), page_at(3)};
-          if (n_tiles > 1) {
-            qk2(1, s);
-          } else {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] = 0.0f;  // (the virtual tile 1's scores: masked)
-          }
-          for (int t = 1; t <= n_tiles; t += 2) {  // (t - 1 < n_tiles: the same rounds)
-            const int32_t pn[2] = {page_at(t + 3), page_at(t + 4)};
-            wgmma::wait<0>();  // q.k(t) (and the previous round's p.v)
-            float m_a[2], m_b[2];
-            take_m(m_a);
-            const uint64_t mask = row_max(t, s, m_a, m_b);
-            publish_m(m_b);
-            move_to(m_b);
-            weights(s, pa);
-            const float one[2] = {1.0f, 1.0f};
-            store_p(t, s, pa, one);
-            zero_masked(t, mask);
-            pv_own(t, pa);
-            pv_theirs(t - 1);
-            wgmma::wait<1>();  // p.v(t)
-            load_at(t + 2, pg[1]);
-            wgmma::wait<0>();  // p.v(t - 1)
-            load_at(t + 1, pg[0]);
-            if (t + 2 < n_tiles) qk2(t + 2, s);  // (none for the virtual tile: its scores are all masked)
-            pg[0] = pn[0], pg[1] = pn[1];
-          }
-          wgmma::wait<0>();
-        }
-      }
-    } else {
-      int t = wg;
-      if (wg == 0 && n_tiles > 0) {
-        float s[32];
-        qk(0, s);
-        wgmma::wait<0>();
-        own(0, s);
-        wgmma::wait<0>();
-        if (2 < n_tiles) reload(2);
-        t = 2;
-      }
-      for (; t < n_tiles; t += 2) {
-        float s[32];
-        qk(t, s);
-        pv_other(t - 1);
-        wgmma::wait<0>();
-        if (t + 1 < n_tiles) reload(t + 1);
-        own(t, s);
-        wgmma::wait<0>();
-        if (t + 2 < n_tiles) reload(t + 2);
-      }
-      if (t == n_tiles && t >= 1) pv_other(t - 1);
+      qk(0, s);
       wgmma::wait<0>();
+      own(0, s);
+      wgmma::wait<0>();
+      if (2 < n_tiles) reload(2);
+      t = 2;
     }
+    for (; t < n_tiles; t += 2) {
+      float s[32];
+      qk(t, s);
+      pv_other(t - 1);
+      wgmma::wait<0>();
+      if (t + 1 < n_tiles) reload(t + 1);
+      own(t, s);
+      wgmma::wait<0>();
+      if (t + 2 < n_tiles) reload(t + 2);
+    }
+    if (t == n_tiles && t >= 1) pv_other(t - 1);
+    wgmma::wait<0>();
     wgmma::fence_operand(o);
 
     // Row sums: over the quad, then both warpgroups' shares through shared memory.
@@ -934,11 +710,6 @@ int bf16_probe_env() {
 }
 // (MLA_ROWS_BF16_CLUSTER, _SOFT_EARLY, _MULTICAST, _L2_HINT, _L2_PREFETCH: removed, sessions 48-51; the index above
 // the instances.)
-// MLA_ROWS_BF16_ROUND=1 (s51b, session 51, off): kRound's instance at pages of 64+ keys.
-int bf16_round_env() {
-  static const int round = env_choice("MLA_ROWS_BF16_ROUND", {{"0", 0}, {"1", 1}}, 0);
-  return round;
-}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -949,7 +720,6 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
-                : bf16_round_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, true>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
