@@ -3,12 +3,16 @@
 
     bench/readme_table.py bench/results/DATE-h200-cuda-sNN-table.json [--old README.md]
     bench/readme_table.py --configs     # the graph-bench configs of its rows (scripts/device-check table runs them)
+    bench/readme_table.py TABLE.json --flashmla DIR   # A-G against FlashMLA timed on the same GPU (session 52)
 
 Prints the Markdown table, every row from the one run: the attend kernel and plan the run names,
 attend µs (median of the run's CUDA-graph replays), % of the measured copy bandwidth (cache bytes
 once), TFLOP/s, the step's graph µs, and the issue's comparison computed from the same run: FlashMLA's
 bf16 time (issue 5's column) against ours for A-G, a page-1/16 row against its page-64 row, the
 uneven batch against its even twin. --old puts the figure README's table had for the row beside it.
+--flashmla DIR takes FlashMLA's times for A-G from scripts/flashmla-bench's JSONs in DIR (FlashMLA's own kernel
+timed on the GPU of the table's run, in the same device call) instead of issue 5's column, which another H200
+measured: the issue asks "faster than FlashMLA on the same GPU".
 
 Why: the table mixed rows of several sessions (each marked), so a change that moved every kernel left
 rows stale; one run rendered by one script keeps it true (session 41).
@@ -71,6 +75,26 @@ def config_of(r):
     return s
 
 
+def flashmla_measured(folder):
+    """FlashMLA's median µs by (batch, heads, context, qlen) from scripts/flashmla-bench's JSONs in `folder` (its
+    kernel's, not a probe's; the last file of a shape wins, in name order)."""
+    import glob
+    import os
+    out = {}
+    for f in sorted(glob.glob(os.path.join(folder, "flashmla-*.json"))):
+        r = json.load(open(f))
+        if r.get("probe") or not r.get("check_ok"):
+            continue
+        out[(r["batch"], r["heads"], r["context"], r["qlen"])] = r["median_us"]
+    return out
+
+
+def shape_of(cfg):
+    """(batch, heads, context, qlen) of a graph-bench config string."""
+    f = cfg.split(":")
+    return int(f[0]), int(f[5]) if len(f) > 5 else 12, int(f[1]), int(f[2])
+
+
 def old_figures(readme):
     """The attend µs README's H200 table had, by row label (its " (sNN)"-like note dropped): the first
     table whose header starts "| config | kernel | attend µs" (the H100 tables come after it)."""
@@ -92,6 +116,7 @@ def main():
     ap.add_argument("json", nargs="?")
     ap.add_argument("--old", help="README.md: its figures beside the new ones")
     ap.add_argument("--configs", action="store_true", help="print the rows' configs, one line, and stop")
+    ap.add_argument("--flashmla", help="a folder of scripts/flashmla-bench JSONs from the same GPU: A-G against them")
     a = ap.parse_args()
     if a.configs:
         print(" ".join(cfg for _, cfg, _, _ in ROWS))
@@ -105,10 +130,12 @@ def main():
     for r in d["results"]:
         by_cfg.setdefault(config_of(r), r)
     old = old_figures(a.old) if a.old else {}
+    measured = flashmla_measured(a.flashmla) if a.flashmla else None
     us = {}
     print(f'{d["device"]}, {d["git_revision"][:7]}; copy {d["copy_gbps"]:.0f} GB/s, bf16 matmul '
           f'{d["matmul_tflops"]:.0f} TFLOP/s, {d["iters"]} replays', file=sys.stderr)
-    print("| config | kernel | attend µs | % of copy | TFLOP/s | step µs (graph) | before | issue 5 |")
+    last = "FlashMLA on this GPU" if measured is not None else "issue 5"
+    print(f"| config | kernel | attend µs | % of copy | TFLOP/s | step µs (graph) | before | {last} |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, cfg, flashmla, base in ROWS:
         r = by_cfg.get(cfg)
@@ -118,8 +145,12 @@ def main():
         t = r["attend_graph_us"]
         us[label] = t
         note = ""
+        if flashmla and measured is not None:
+            flashmla = measured.get(shape_of(cfg))
+            if flashmla is None:
+                print(f"(no FlashMLA JSON for {cfg} in {a.flashmla})", file=sys.stderr)
         if flashmla:
-            note = f"{flashmla:g} ({flashmla / t:.2f}x ours)" if t < flashmla else f"{flashmla:g} ({t / flashmla:.3f}x slower)"
+            note = f"{flashmla:.1f} ({flashmla / t:.2f}x ours)" if t < flashmla else f"{flashmla:.1f} ({t / flashmla:.3f}x slower)"
         if base in us:
             note = f"{t / us[base]:.3f}x {'its even twin' if 'twin' in base else 'page 64' if 'page 1' in label or 'page 16' in label else base}"
         pct = f'{r["attend_pct_copy"]:.1f}%'
