@@ -30,6 +30,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <vector>
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
@@ -63,6 +65,21 @@ constexpr int kChunkStrideM = kRowsM / 8 * 128;        // K-major core-matrix ti
 constexpr int kQChunks = kLatent * 2 / 16;             // the query's 16-byte chunks in shared memory (64)
 constexpr int kBarPublished = 1;                       // + w: warpgroup w published a tile (named barrier)
 constexpr int kBarGroup = 3;                           // + w: warpgroup w's 128 threads
+// kStamps (s52a): a tile's events, each stamped once (SM clock) by the first thread of the warpgroup named.
+enum RowsStamp : int {
+  kStampIssueOwner,      // the owner warpgroup issued its part of the tile (its dims' slabs)
+  kStampIssueOther,      // the other warpgroup issued its part (its dims' slabs and the rope slab)
+  kStampQkStart,         // owner: q.k(t) called (before its first slab wait)
+  kStampFirstSlab,       // owner: q.k's first slab wait passed
+  kStampQkIssued,        // owner: every slab waited for and q.k's MMAs issued
+  kStampQkDone,          // owner: q.k(t) and the other tile's p.v retired (the wait after pv_other(t - 1))
+  kStampPublished,       // owner: the publication barrier of tile t passed (own)
+  kStampPvDone,          // owner: its p.v(t) retired
+  kStampOtherPublished,  // other: its pv_other(t) barrier passed
+  kStampSmid,            // tile 0's word: the SM id (+ 1, so 0 means "not stamped")
+  kStampWords
+};
+constexpr int kStampTiles = 512;  // tiles a CTA stamped (E's 512 a CTA at one split)
 static_assert(kTileKeys / 8 * kChunkStrideM == kSlabBytes, "P [64 rows x 64 keys] fills the rope slab");
 
 struct Bf16RowsSmem {
@@ -205,10 +222,17 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)). = 5 (s51a, session 51): neither
 // (= 1's stale tiles and = 2's missing MMAs): the skeleton's time alone (waits, barriers, softmax, the loads' issue),
 // the floor that neither half's overlap can go under (session 50: loads alone 231.8 µs at D, MMAs alone 245).
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0>
+// kStamps (s52a, session 52; MLA_ROWS_BF16_TIMELINE=FILE, a measurement: the host's launch_stamps below): the default
+// kSlabBars instance with each tile's events stamped from the SM clock (clock64) by the first thread of the warpgroup
+// that sees them, into p.timeline[(CTA x kStampTiles + tile) x kStampWords + event] (the first kStampTiles tiles of
+// a CTA's first segment; RowsStamp names the events). Why: sessions 46-51 inferred the round's timing from stall
+// samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the stamps measure it
+// tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each step after.
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
+  static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is the default's at pages of 64+ keys");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -236,6 +260,20 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     tma::fence_barrier_init();  // published by the first segment's CTA barrier
   }
   int done = 0;  // tiles consumed by earlier segments (buffer and parity run on)
+  // (kStamps: event k of tile j, by this warpgroup's first thread; the first segment only)
+  auto stamp = [&](int j, int k) {
+    if constexpr (kStamps) {
+      if (tid % 128 == 0 && done == 0 && j < kStampTiles)
+        p.timeline[(int64_t(blockIdx.x) * kStampTiles + j) * kStampWords + k] = uint64_t(clock64());
+    }
+  };
+  if constexpr (kStamps) {
+    if (tid == 0) {
+      uint32_t sm_id;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
+      p.timeline[int64_t(blockIdx.x) * kStampTiles * kStampWords + kStampSmid] = sm_id + 1;
+    }
+  }
   const TmaTiles tiles(p, &cache_map, lane, warp);  // each warpgroup's warps issue its own parts
 
   // (always_inline: ptxas may outline it, and wgmma across a call is serialized, C7510)
@@ -370,7 +408,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     query.load(p, b, m_base, rows_total, tid_q);
     if (n_tiles > 0 && tiles.issues()) {
       load_page = kLeanWarps && lean_warps ? warp_box_page(0) : tiles.page_of(keys, 0);
+      stamp(0, wg == 0 ? kStampIssueOwner : kStampIssueOther);
       load(0);
+      if (n_tiles > 1) stamp(1, wg == 1 ? kStampIssueOwner : kStampIssueOther);
       if (n_tiles > 1) load(1);
     }
     query.store(sm.q, tid_q);
@@ -435,6 +475,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           if (k % 4 == 0) {  // (a slab's four k16 steps once it landed)
             tma::wait_parity_forever(slab_bar(t, kDimSlabs * w + k / 4), parity(t));
             wgmma::fence();
+            if (k == 0 && !accumulate) stamp(t, kStampFirstSlab);
           }
         }
         if constexpr (!kNoMma) wgmma::mma_m64n64k16_bf16(s, qd, kd, accumulate || k > 0);
@@ -459,10 +500,12 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if constexpr (kNoMma)  // (no MMAs: zero scores)
 #pragma unroll
         for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+      stamp(t, kStampQkStart);
 #pragma unroll
       for (int half = 0; half < kGroups; ++half) qk_slabs(t, s, half ^ wg, half > 0);
       qk_rope(t, s);
       wgmma::commit();
+      stamp(t, kStampQkIssued);
     };
     // Tile t's scores masked by a select (a NaN of a masked key goes too): keys not loaded, and
     // the causal rule. Element i: row row0 + 8 h (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1).
@@ -510,6 +553,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // rope slab): o moves to the new maxima first (only q.k is in flight: nothing adds to o).
     auto pv_other = [&](int j) {
       ptx::named_sync(kBarPublished + (wg ^ 1), kThreadsB);
+      stamp(j, kStampOtherPublished);
       float alpha[2];
       bool moved = false;
 #pragma unroll
@@ -580,6 +624,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // and synccheck reported on it as on bar.sync, so its "divergent thread(s) in block" reports do not come
       // from this barrier id's two bar.sync sites.)
       ptx::named_sync(kBarPublished + wg, kThreadsB);
+      stamp(t, kStampPublished);
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
         rescale(alpha);
@@ -610,6 +655,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     // racecheck reports"); H100 session 41: bf16 G 1.2% slower, D and F within noise.
     auto reload = [&](int j) {
       ptx::named_sync(kBarGroup + wg, 128);
+      stamp(j, (j & 1) == wg ? kStampIssueOwner : kStampIssueOther);
       load(j);
     };
     int t = wg;
@@ -617,8 +663,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       float s[32];
       qk(0, s);
       wgmma::wait<0>();
+      stamp(0, kStampQkDone);
       own(0, s);
       wgmma::wait<0>();
+      stamp(0, kStampPvDone);
       if (2 < n_tiles) reload(2);
       t = 2;
     }
@@ -627,9 +675,11 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       qk(t, s);
       pv_other(t - 1);
       wgmma::wait<0>();
+      stamp(t, kStampQkDone);
       if (t + 1 < n_tiles) reload(t + 1);
       own(t, s);
       wgmma::wait<0>();
+      stamp(t, kStampPvDone);
       if (t + 2 < n_tiles) reload(t + 2);
     }
     if (t == n_tiles && t >= 1) pv_other(t - 1);
@@ -726,16 +776,78 @@ auto bf16_rows_kernel(int page_size) {
          : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<true>
                                           : attend_rows_bf16_kernel<false>;
 }
+// MLA_ROWS_BF16_TIMELINE=FILE (s52a, session 52; a measurement, bench/rows_timeline.py reads FILE): at pages of 64+
+// keys with the default switches, the kStamps instance (the default's round with each tile's events stamped, above).
+// A launch outside a graph capture waits for the kernel and rewrites FILE as CSV, a line a stamped tile: cta, smid,
+// tile, then the RowsStamp events in SM cycles from the CTA's first stamp (-1: not stamped), so the last eager launch
+// of a run is what FILE holds; inside a capture the graph stamps into the same buffer and FILE is left alone.
+const char* bf16_timeline_path() {
+  static const char* path = std::getenv("MLA_ROWS_BF16_TIMELINE");
+  return path && *path ? path : nullptr;
+}
+
+void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream) {
+  static uint64_t* buffer = nullptr;
+  static size_t capacity = 0;
+  const size_t words = size_t(grid.x) * kStampTiles * kStampWords;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (words > capacity && capture == cudaStreamCaptureStatusNone) {
+    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (buffer) MLA_CUDA_CHECK(cudaFree(buffer));
+    MLA_CUDA_CHECK(cudaMalloc(&buffer, words * sizeof(uint64_t)));
+    capacity = words;
+  }
+  MLA_REQUIRE(words <= capacity, "MLA_ROWS_BF16_TIMELINE: the first launch of a shape must be outside a graph capture");
+  AttendParams p = in;
+  p.timeline = buffer;
+  if (capture == cudaStreamCaptureStatusNone)
+    MLA_CUDA_CHECK(cudaMemsetAsync(buffer, 0, words * sizeof(uint64_t), stream));
+  attend_rows_bf16_kernel<true, false, true, 0, true><<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  MLA_CUDA_CHECK_LAUNCH();
+  if (capture != cudaStreamCaptureStatusNone) return;
+  std::vector<uint64_t> host(words);
+  MLA_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer, words * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::FILE* f = std::fopen(bf16_timeline_path(), "w");
+  MLA_REQUIRE(f != nullptr, "MLA_ROWS_BF16_TIMELINE: cannot write ", bf16_timeline_path());
+  std::fprintf(f, "cta,smid,tile,issue_owner,issue_other,qk_start,first_slab,qk_issued,qk_done,published,pv_done,"
+                  "other_published\n");
+  for (size_t cta = 0; cta < grid.x; ++cta) {
+    const uint64_t* r = &host[cta * kStampTiles * kStampWords];
+    uint64_t t0 = UINT64_MAX;
+    for (int i = 0; i < kStampTiles * kStampWords; ++i)
+      if (i % kStampWords != kStampSmid && r[i] != 0) t0 = std::min(t0, r[i]);
+    if (t0 == UINT64_MAX) continue;  // (a CTA with no tiles)
+    for (int j = 0; j < kStampTiles; ++j) {
+      const uint64_t* e = &r[j * kStampWords];
+      bool any = false;
+      for (int k = 0; k < kStampSmid; ++k) any = any || e[k] != 0;
+      if (!any) continue;
+      std::fprintf(f, "%zu,%llu,%d", cta, (unsigned long long)(r[kStampSmid] - 1), j);
+      for (int k = 0; k < kStampSmid; ++k) std::fprintf(f, ",%lld", e[k] ? (long long)(e[k] - t0) : -1ll);
+      std::fprintf(f, "\n");
+    }
+  }
+  std::fclose(f);
+}
 }  // namespace
 
 void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_bf16 launches: pages under 16, 16-32, 64+)
   for (const int page_size : {8, 16, 64})
     MLA_CUDA_CHECK(cudaFuncSetAttribute(bf16_rows_kernel(page_size), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         bf16_rows_smem_bytes()));
+  if (bf16_timeline_path())
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_kernel<true, false, true, 0, true>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
+  if (bf16_timeline_path() && bf16_rows_kernel(p.page_size) == attend_rows_bf16_kernel<true, false, true>) {
+    launch_stamps(p, grid, map, stream);
+    return;
+  }
   bf16_rows_kernel(p.page_size)<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Where a tile's time goes in the bf16 many-rows kernel, from MLA_ROWS_BF16_TIMELINE's CSV (s52a).
+
+    bench/rows_timeline.py FILE.csv [--mhz 1980] [--skip 2]
+
+FILE is what `MLA_ROWS_BF16_TIMELINE=FILE mla_graph_bench --iters 5 64:8192:1:64:bf16:128` leaves (the last eager
+launch's stamps: src/cuda/attend_rows_bf16.cu, kStamps): a line a tile, its events in SM cycles from the CTA's first
+stamp. Prints, over every CTA's tiles past the first and before the last `--skip` (the steady state), the median and
+the 10th / 90th percentiles of each interval in cycles (and µs at --mhz):
+
+  period            the owner's q.k(t + 2) start minus q.k(t)'s, halved: a tile's share of the round
+  load latency      the owner's part issued (tile t - 2's p.v retired) to q.k(t)'s first slab wait passed: the
+                    latency a load shows where q.k waited for it (an upper bound where q.k came later)
+  first slab wait   q.k(t) called to its first slab wait passed: what the owner waited for memory
+  q.k issue         first slab passed to every slab waited for and q.k issued
+  to q.k done       q.k issued to the wait after pv_other(t - 1) (q.k(t) and the other's p.v retired)
+  softmax + pub.    q.k done to the publication barrier passed (mask, maxima, P, the barrier's wait)
+  own p.v           published to the owner's p.v(t) retired (the tile's buffer part free)
+  other's p.v wait  the other warpgroup's pv_other(t) barrier passed minus the owner's publication (both at one
+                    bar.sync: ~0 unless a warpgroup was late)
+  other part later  the other warpgroup's issue of its part of t minus the owner's (when the tile's second half of
+                    its bytes left)
+
+Why: the stall samples (sessions 46-51) say where warps waited, not how long a tile's load took or which step of the
+round holds the next load back; these intervals do (docs/attention.md's queue, item 3 (n)).
+"""
+import argparse
+import csv
+import statistics
+import sys
+
+EVENTS = ["issue_owner", "issue_other", "qk_start", "first_slab", "qk_issued", "qk_done", "published", "pv_done",
+          "other_published"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--mhz", type=float, default=1980.0, help="SM clock for the µs column (the run's, from its JSON)")
+    ap.add_argument("--skip", type=int, default=2, help="tiles left out at each end of a CTA's segment")
+    a = ap.parse_args()
+    ctas = {}
+    for r in csv.DictReader(open(a.csv)):
+        ctas.setdefault(int(r["cta"]), {})[int(r["tile"])] = {k: int(r[k]) for k in EVENTS}
+    if not ctas:
+        sys.exit(f"{a.csv}: no stamped tiles")
+    intervals = {name: [] for name in ["period", "load latency", "first slab wait", "q.k issue", "to q.k done",
+                                       "softmax + pub.", "own p.v", "other's p.v wait", "other part later"]}
+    tiles_a_cta = []
+    for tiles in ctas.values():
+        n = max(tiles) + 1
+        tiles_a_cta.append(n)
+        for t in range(a.skip, n - a.skip):
+            e = tiles.get(t)
+            if e is None or any(e[k] < 0 for k in EVENTS):
+                continue
+            nxt = tiles.get(t + 2)
+
+            def add(name, v):
+                intervals[name].append(v)
+            if nxt and nxt["qk_start"] >= 0:
+                add("period", (nxt["qk_start"] - e["qk_start"]) / 2)
+            add("load latency", e["first_slab"] - e["issue_owner"])
+            add("first slab wait", e["first_slab"] - e["qk_start"])
+            add("q.k issue", e["qk_issued"] - e["first_slab"])
+            add("to q.k done", e["qk_done"] - e["qk_issued"])
+            add("softmax + pub.", e["published"] - e["qk_done"])
+            add("own p.v", e["pv_done"] - e["published"])
+            add("other's p.v wait", e["other_published"] - e["published"])
+            add("other part later", e["issue_other"] - e["issue_owner"])
+    print(f"{a.csv}: {len(ctas)} CTAs, {statistics.mean(tiles_a_cta):.1f} tiles a CTA; steady state (tiles "
+          f"{a.skip} .. n - {a.skip + 1}); cycles, and µs at {a.mhz:.0f} MHz")
+    print(f"  {'interval':<18} {'median':>8} {'p10':>8} {'p90':>8} {'median µs':>10}")
+    for name, v in intervals.items():
+        if not v:
+            continue
+        q = statistics.quantiles(v, n=10) if len(v) >= 10 else [min(v)] * 9
+        med = statistics.median(v)
+        print(f"  {name:<18} {med:8.0f} {q[0]:8.0f} {q[8]:8.0f} {med / a.mhz:10.3f}")
+
+
+if __name__ == "__main__":
+    main()
