@@ -228,11 +228,16 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // a CTA's first segment; RowsStamp names the events). Why: sessions 46-51 inferred the round's timing from stall
 // samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the stamps measure it
 // tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each step after.
-template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false>
+// kReloadFirst (s52b, session 52; MLA_ROWS_BF16_RELOAD_FIRST=1, off; kSlabBars' instance at pages of 64+ keys): a
+// round adds the other's tile t - 1 first, waits for that p.v alone and reloads t - 1's buffer with this warpgroup's
+// part of t + 1 before q.k(t) (why: at the loop below).
+template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false,
+          bool kReloadFirst = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
-  static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is the default's at pages of 64+ keys");
+  static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
+  static_assert(!kReloadFirst || (kSlabBars && !kLeanWarps && !kProbe), "kReloadFirst (s52b) is kSlabBars' at 64+ keys");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -672,11 +677,29 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      qk(t, s);
-      pv_other(t - 1);
-      wgmma::wait<0>();
-      stamp(t, kStampQkDone);
-      if (t + 1 < n_tiles) reload(t + 1);
+      if constexpr (kReloadFirst) {
+        // s52b: the other's tile t - 1 first, then this warpgroup's part of t + 1 out, then q.k(t). Why (session 52's
+        // stamps, s52a, H100 GPU-fb4909a4 at D): by default q.k(t)'s issue waits for every slab of t to land, and
+        // this warpgroup's reload of t + 1's part comes after it; the other's publication of t + 1 then waits for
+        // that part to land, the p.v of t + 1 for the publication, and t + 3's part for that p.v: one whole load
+        // (~2750 cycles from issue to q.k issued) and a p.v (~720) in every tile's period (~3980 cycles), the
+        // tiles' loads one after another. Here the reload needs only the other's publication of t - 1 and this p.v,
+        // so t + 1's part leaves while t's data are still landing. s46b (pv_other first with the reload still after
+        // q.k(t), session 47) kept the chain and lost 11-14%. Costs: q.k(t) waits behind this warpgroup's p.v of
+        // t - 1 in the tensor pipe, and the other's q.k no longer overlaps this softmax as fully (v18b's order).
+        pv_other(t - 1);
+        wgmma::wait<0>();
+        if (t + 1 < n_tiles) reload(t + 1);
+        qk(t, s);
+        wgmma::wait<0>();
+        stamp(t, kStampQkDone);
+      } else {
+        qk(t, s);
+        pv_other(t - 1);
+        wgmma::wait<0>();
+        stamp(t, kStampQkDone);
+        if (t + 1 < n_tiles) reload(t + 1);
+      }
       own(t, s);
       wgmma::wait<0>();
       stamp(t, kStampPvDone);
@@ -760,6 +783,11 @@ int bf16_probe_env() {
 }
 // (MLA_ROWS_BF16_CLUSTER, _SOFT_EARLY, _MULTICAST, _L2_HINT, _L2_PREFETCH: removed, sessions 48-51; the index above
 // the instances.)
+// MLA_ROWS_BF16_RELOAD_FIRST=1 (s52b, session 52, off): kReloadFirst's instance at pages of 64+ keys.
+int bf16_reload_first_env() {
+  static const int v = env_choice("MLA_ROWS_BF16_RELOAD_FIRST", {{"0", 0}, {"1", 1}}, 0);
+  return v;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -770,6 +798,7 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
+                : bf16_reload_first_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
@@ -777,7 +806,7 @@ auto bf16_rows_kernel(int page_size) {
                                           : attend_rows_bf16_kernel<false>;
 }
 // MLA_ROWS_BF16_TIMELINE=FILE (s52a, session 52; a measurement, bench/rows_timeline.py reads FILE): at pages of 64+
-// keys with the default switches, the kStamps instance (the default's round with each tile's events stamped, above).
+// keys with the default switches (or s52b's), the kStamps instance (that round with each tile's events stamped, above).
 // A launch outside a graph capture waits for the kernel and rewrites FILE as CSV, a line a stamped tile: cta, smid,
 // tile, then the RowsStamp events in SM cycles from the CTA's first stamp (-1: not stamped), so the last eager launch
 // of a run is what FILE holds; inside a capture the graph stamps into the same buffer and FILE is left alone.
@@ -803,7 +832,9 @@ void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cu
   p.timeline = buffer;
   if (capture == cudaStreamCaptureStatusNone)
     MLA_CUDA_CHECK(cudaMemsetAsync(buffer, 0, words * sizeof(uint64_t), stream));
-  attend_rows_bf16_kernel<true, false, true, 0, true><<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  auto* kernel = bf16_reload_first_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, true, true>
+                                             : attend_rows_bf16_kernel<true, false, true, 0, true>;
+  kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capture != cudaStreamCaptureStatusNone) return;
   std::vector<uint64_t> host(words);
@@ -838,13 +869,15 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
     MLA_CUDA_CHECK(cudaFuncSetAttribute(bf16_rows_kernel(page_size), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         bf16_rows_smem_bytes()));
   if (bf16_timeline_path())
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(attend_rows_bf16_kernel<true, false, true, 0, true>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
+    for (auto* kernel : {attend_rows_bf16_kernel<true, false, true, 0, true>,
+                         attend_rows_bf16_kernel<true, false, true, 0, true, true>})
+      MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  if (bf16_timeline_path() && bf16_rows_kernel(p.page_size) == attend_rows_bf16_kernel<true, false, true>) {
+  if (bf16_timeline_path() && (bf16_rows_kernel(p.page_size) == attend_rows_bf16_kernel<true, false, true> ||
+                               bf16_rows_kernel(p.page_size) == attend_rows_bf16_kernel<true, false, true, 0, false, true>)) {
     launch_stamps(p, grid, map, stream);
     return;
   }
