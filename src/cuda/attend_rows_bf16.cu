@@ -40,6 +40,7 @@
 #include "cuda/device_math.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
+#include "cuda/stamp_buffer.hpp"
 #include "cuda/tma.cuh"
 #include "cuda/tma.hpp"
 #include "cuda/wgmma.cuh"
@@ -816,30 +817,18 @@ const char* bf16_timeline_path() {
 }
 
 void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream) {
-  static uint64_t* buffer = nullptr;
-  static size_t capacity = 0;
+  static StampBuffer buffer;
   const size_t words = size_t(grid.x) * kStampTiles * kStampWords;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (words > capacity && capture == cudaStreamCaptureStatusNone) {
-    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (buffer) MLA_CUDA_CHECK(cudaFree(buffer));
-    MLA_CUDA_CHECK(cudaMalloc(&buffer, words * sizeof(uint64_t)));
-    capacity = words;
-  }
-  MLA_REQUIRE(words <= capacity, "MLA_ROWS_BF16_TIMELINE: the first launch of a shape must be outside a graph capture");
+  bool capturing = false;
   AttendParams p = in;
-  p.timeline = buffer;
-  if (capture == cudaStreamCaptureStatusNone)
-    MLA_CUDA_CHECK(cudaMemsetAsync(buffer, 0, words * sizeof(uint64_t), stream));
+  p.timeline = buffer.prepare(words, stream, "MLA_ROWS_BF16_TIMELINE", capturing);
+  if (!capturing) MLA_CUDA_CHECK(cudaMemsetAsync(p.timeline, 0, words * sizeof(uint64_t), stream));
   auto* kernel = bf16_reload_first_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, true, true>
                                              : attend_rows_bf16_kernel<true, false, true, 0, true>;
   kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
-  if (capture != cudaStreamCaptureStatusNone) return;
-  std::vector<uint64_t> host(words);
-  MLA_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer, words * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
-  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (capturing) return;
+  const std::vector<uint64_t> host = buffer.fetch(words, stream);
   std::FILE* f = std::fopen(bf16_timeline_path(), "w");
   MLA_REQUIRE(f != nullptr, "MLA_ROWS_BF16_TIMELINE: cannot write ", bf16_timeline_path());
   std::fprintf(f, "cta,smid,tile,issue_owner,issue_other,qk_start,first_slab,qk_issued,qk_done,published,pv_done,"

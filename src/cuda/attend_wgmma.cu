@@ -9,6 +9,7 @@
 #include "cuda/attend_wgmma_kernel.cuh"
 #include "cuda/check.hpp"
 #include "cuda/stages.hpp"
+#include "cuda/stamp_buffer.hpp"
 #include "cuda/tma.hpp"
 
 namespace mla::cuda {
@@ -92,29 +93,18 @@ const char* timeline_path() {
 }
 
 void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream) {
-  static uint64_t* buffer = nullptr;
-  static size_t capacity = 0;
+  static StampBuffer buffer;
   const size_t words = size_t(grid.x) * kTimelineWords;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MLA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (words > capacity && capture == cudaStreamCaptureStatusNone) {
-    MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (buffer) MLA_CUDA_CHECK(cudaFree(buffer));
-    MLA_CUDA_CHECK(cudaMalloc(&buffer, words * sizeof(uint64_t)));
-    capacity = words;
-  }
-  MLA_REQUIRE(words <= capacity, "MLA_ATTEND_TIMELINE: the first launch of a shape must be outside a graph capture");
+  bool capturing = false;
   AttendParams p = in;
-  p.timeline = buffer;
+  p.timeline = buffer.prepare(words, stream, "MLA_ATTEND_TIMELINE", capturing);
   MLA_REQUIRE(with_fast_divs(p, grid), "MLA_ATTEND_TIMELINE: a grid of ", grid.x,
               " CTAs is past the multiply-shifts' bound");
   attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true>
       <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
-  if (capture != cudaStreamCaptureStatusNone) return;
-  std::vector<uint64_t> host(words);
-  MLA_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer, words * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream));
-  MLA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (capturing) return;
+  const std::vector<uint64_t> host = buffer.fetch(words, stream);
   std::FILE* f = std::fopen(timeline_path(), "w");
   MLA_REQUIRE(f != nullptr, "MLA_ATTEND_TIMELINE: cannot write ", timeline_path());
   std::fprintf(f,
