@@ -75,14 +75,18 @@ def config_of(r):
     return s
 
 
-def flashmla_measured(folder):
-    """FlashMLA's median µs by (batch, heads, context, qlen) from scripts/flashmla-bench's JSONs in `folder` (its
-    kernel's, not a probe's; the last file of a shape wins, in name order)."""
+def flashmla_measured(where):
+    """FlashMLA's median µs by (batch, heads, context, qlen) from scripts/flashmla-bench's JSONs: the files in a folder,
+    or a session's combined JSON (bench/results' "...-flashmla-*.json": its "flashmla" object, by file name); its
+    kernel's, not a probe's, and only those whose check passed; the last of a shape wins, in name order."""
     import glob
     import os
+    if os.path.isdir(where):
+        runs = [(f, json.load(open(f))) for f in sorted(glob.glob(os.path.join(where, "flashmla-*.json")))]
+    else:
+        runs = sorted(json.load(open(where))["flashmla"].items())
     out = {}
-    for f in sorted(glob.glob(os.path.join(folder, "flashmla-*.json"))):
-        r = json.load(open(f))
+    for _, r in runs:
         if r.get("probe") or not r.get("check_ok"):
             continue
         out[(r["batch"], r["heads"], r["context"], r["qlen"])] = r["median_us"]
@@ -116,7 +120,8 @@ def main():
     ap.add_argument("json", nargs="?")
     ap.add_argument("--old", help="README.md: its figures beside the new ones")
     ap.add_argument("--configs", action="store_true", help="print the rows' configs, one line, and stop")
-    ap.add_argument("--flashmla", help="a folder of scripts/flashmla-bench JSONs from the same GPU: A-G against them")
+    ap.add_argument("--flashmla", help="scripts/flashmla-bench's JSONs from the same GPU (a folder, or a session's "
+                    "combined JSON with a 'flashmla' object): A-G against them")
     a = ap.parse_args()
     if a.configs:
         print(" ".join(cfg for _, cfg, _, _ in ROWS))
@@ -150,7 +155,8 @@ def main():
             if flashmla is None:
                 print(f"(no FlashMLA JSON for {cfg} in {a.flashmla})", file=sys.stderr)
         if flashmla:
-            note = f"{flashmla:.1f} ({flashmla / t:.2f}x ours)" if t < flashmla else f"{flashmla:.1f} ({t / flashmla:.3f}x slower)"
+            fm = f"{flashmla:.1f}" if measured is not None else f"{flashmla:g}"  # (the issue's figures as it gives them)
+            note = f"{fm} ({flashmla / t:.2f}x ours)" if t < flashmla else f"{fm} ({t / flashmla:.3f}x slower)"
         if base in us:
             note = f"{t / us[base]:.3f}x {'its even twin' if 'twin' in base else 'page 64' if 'page 1' in label or 'page 16' in label else base}"
         pct = f'{r["attend_pct_copy"]:.1f}%'
