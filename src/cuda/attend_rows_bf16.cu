@@ -73,7 +73,7 @@ enum RowsStamp : int {
   kStampQkStart,         // owner: q.k(t) called (before its first slab wait)
   kStampFirstSlab,       // owner: q.k's first slab wait passed
   kStampQkIssued,        // owner: every slab waited for and q.k's MMAs issued
-  kStampQkDone,          // owner: q.k(t) and the other tile's p.v retired (the wait after pv_other(t - 1))
+  kStampQkDone,          // owner: q.k(t) retired (by default with pv_other(t - 1)'s p.v, whose wait it is)
   kStampPublished,       // owner: the publication barrier of tile t passed (own)
   kStampPvDone,          // owner: its p.v(t) retired
   kStampOtherPublished,  // other: its pv_other(t) barrier passed
@@ -223,12 +223,13 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)). = 5 (s51a, session 51): neither
 // (= 1's stale tiles and = 2's missing MMAs): the skeleton's time alone (waits, barriers, softmax, the loads' issue),
 // the floor that neither half's overlap can go under (session 50: loads alone 231.8 µs at D, MMAs alone 245).
-// kStamps (s52a, session 52; MLA_ROWS_BF16_TIMELINE=FILE, a measurement: the host's launch_stamps below): the default
-// kSlabBars instance with each tile's events stamped from the SM clock (clock64) by the first thread of the warpgroup
-// that sees them, into p.timeline[(CTA x kStampTiles + tile) x kStampWords + event] (the first kStampTiles tiles of
-// a CTA's first segment; RowsStamp names the events). Why: sessions 46-51 inferred the round's timing from stall
-// samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the stamps measure it
-// tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each step after.
+// kStamps (s52a, session 52; MLA_ROWS_BF16_TIMELINE=FILE, a measurement: the host's launch_stamps below): kSlabBars'
+// instance (the default's round, or s52b's) with each tile's events stamped from the SM clock (clock64) by the first
+// thread of the warpgroup that sees them, into p.timeline[(CTA x kStampTiles + tile) x kStampWords + event] (the first
+// kStampTiles tiles of a CTA's first segment; RowsStamp names the events). Why: sessions 46-51 inferred the round's
+// timing from stall samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the
+// stamps measure it tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each
+// step after.
 // kReloadFirst (s52b, session 52; MLA_ROWS_BF16_RELOAD_FIRST=1, off; kSlabBars' instance at pages of 64+ keys): a
 // round adds the other's tile t - 1 first, waits for that p.v alone and reloads t - 1's buffer with this warpgroup's
 // part of t + 1 before q.k(t) (why: at the loop below).
