@@ -682,11 +682,11 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       if constexpr (kReloadFirst) {
         // s52b: the other's tile t - 1 first, then this warpgroup's part of t + 1 out, then q.k(t). Why (session 52's
         // stamps, s52a, H100 GPU-fb4909a4 at D): by default q.k(t)'s issue waits for every slab of t to land, and
-        // this warpgroup's reload of t + 1's part comes after it; the other's publication of t + 1 then waits for
-        // that part to land, the p.v of t + 1 for the publication, and t + 3's part for that p.v: one whole load
-        // (~2750 cycles from issue to q.k issued) and a p.v (~720) in every tile's period (~3980 cycles), the
-        // tiles' loads one after another. Here the reload needs only the other's publication of t - 1 and this p.v,
-        // so t + 1's part leaves while t's data are still landing. s46b (pv_other first with the reload still after
+        // this warpgroup's part of t + 1 leaves only after q.k(t) retired; q.k(t + 1) waits for that part, and the
+        // part of t + 2 leaves after q.k(t + 1) retired: one whole load (~2200-2900 cycles from the late part's
+        // issue to q.k issued) and q.k's execution (~1350) in every tile's period (~3980 cycles), the tiles' loads
+        // one after another. Here the reload needs only the other's publication of t - 1 and this p.v, so t + 1's
+        // part leaves while t's data are still landing. s46b (pv_other first with the reload still after
         // q.k(t), session 47) kept the chain and lost 11-14%. Costs: q.k(t) waits behind this warpgroup's p.v of
         // t - 1 in the tensor pipe, and the other's q.k no longer overlaps this softmax as fully (v18b's order).
         pv_other(t - 1);
