@@ -20,6 +20,10 @@ the 10th / 90th percentiles of each interval in cycles (and µs at --mhz):
                     bar.sync: ~0 unless a warpgroup was late)
   other part later  the other warpgroup's issue of its part of t minus the owner's (when the tile's second half of
                     its bytes left)
+  late part to q.k  the later of t's two parts issued to q.k(t) issued: the whole tile's arrival as q.k saw it
+  next part - done  the later part of t + 1 issued minus q.k(t) retired: ~+170 cycles by default (t + 1 leaves only
+                    after q.k(t)), negative where t + 1's parts left while t was still landing (s52b's intent)
+and the share of tiles whose t + 1 had both parts out before q.k(t) issued (two tiles' loads in flight at once).
 
 Why: the stall samples (sessions 46-51) say where warps waited, not how long a tile's load took or which step of the
 round holds the next load back; these intervals do (docs/attention.md's queue, item 3 (n)).
@@ -45,7 +49,9 @@ def main():
     if not ctas:
         sys.exit(f"{a.csv}: no stamped tiles")
     intervals = {name: [] for name in ["period", "load latency", "first slab wait", "q.k issue", "to q.k done",
-                                       "softmax + pub.", "own p.v", "other's p.v wait", "other part later"]}
+                                       "softmax + pub.", "own p.v", "other's p.v wait", "other part later",
+                                       "late part to q.k", "next part - done"]}
+    overlapped, counted = 0, 0
     tiles_a_cta = []
     for tiles in ctas.values():
         n = max(tiles) + 1
@@ -68,6 +74,13 @@ def main():
             add("own p.v", e["pv_done"] - e["published"])
             add("other's p.v wait", e["other_published"] - e["published"])
             add("other part later", e["issue_other"] - e["issue_owner"])
+            add("late part to q.k", e["qk_issued"] - max(e["issue_owner"], e["issue_other"]))
+            n1 = tiles.get(t + 1)
+            if n1 and n1["issue_owner"] >= 0 and n1["issue_other"] >= 0:
+                late_next = max(n1["issue_owner"], n1["issue_other"])
+                add("next part - done", late_next - e["qk_done"])
+                counted += 1
+                overlapped += late_next < e["qk_issued"]
     print(f"{a.csv}: {len(ctas)} CTAs, {statistics.mean(tiles_a_cta):.1f} tiles a CTA; steady state (tiles "
           f"{a.skip} .. n - {a.skip + 1}); cycles, and µs at {a.mhz:.0f} MHz")
     print(f"  {'interval':<18} {'median':>8} {'p10':>8} {'p90':>8} {'median µs':>10}")
@@ -77,6 +90,8 @@ def main():
         q = statistics.quantiles(v, n=10) if len(v) >= 10 else [min(v)] * 9
         med = statistics.median(v)
         print(f"  {name:<18} {med:8.0f} {q[0]:8.0f} {q[8]:8.0f} {med / a.mhz:10.3f}")
+    if counted:
+        print(f"  t + 1 wholly out before q.k(t) issued: {overlapped} of {counted} tiles ({100 * overlapped / counted:.0f}%)")
 
 
 if __name__ == "__main__":
