@@ -417,8 +417,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       load_page = kLeanWarps && lean_warps ? warp_box_page(0) : tiles.page_of(keys, 0);
       stamp(0, wg == 0 ? kStampIssueOwner : kStampIssueOther);
       load(0);
-      if (n_tiles > 1) stamp(1, wg == 1 ? kStampIssueOwner : kStampIssueOther);
-      if (n_tiles > 1) load(1);
+      if (n_tiles > 1) {
+        stamp(1, wg == 1 ? kStampIssueOwner : kStampIssueOther);
+        load(1);
+      }
     }
     query.store(sm.q, tid_q);
     uint32_t q_rope[kRopeSteps][4];
@@ -817,15 +819,16 @@ const char* bf16_timeline_path() {
   return path && *path ? path : nullptr;
 }
 
-void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream) {
+// (reload_first: the stamps of s52b's round, the instance the switches chose)
+void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream, bool reload_first) {
   static StampBuffer buffer;
   const size_t words = size_t(grid.x) * kStampTiles * kStampWords;
   bool capturing = false;
   AttendParams p = in;
   p.timeline = buffer.prepare(words, stream, "MLA_ROWS_BF16_TIMELINE", capturing);
   if (!capturing) MLA_CUDA_CHECK(cudaMemsetAsync(p.timeline, 0, words * sizeof(uint64_t), stream));
-  auto* kernel = bf16_reload_first_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, true, true>
-                                             : attend_rows_bf16_kernel<true, false, true, 0, true>;
+  auto* kernel = reload_first ? attend_rows_bf16_kernel<true, false, true, 0, true, true>
+                              : attend_rows_bf16_kernel<true, false, true, 0, true>;
   kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capturing) return;
@@ -866,12 +869,15 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  if (bf16_timeline_path() && (bf16_rows_kernel(p.page_size) == attend_rows_bf16_kernel<true, false, true> ||
-                               bf16_rows_kernel(p.page_size) == attend_rows_bf16_kernel<true, false, true, 0, false, true>)) {
-    launch_stamps(p, grid, map, stream);
-    return;
+  auto* kernel = bf16_rows_kernel(p.page_size);
+  if (bf16_timeline_path()) {  // (the default round's instance or s52b's: their stamped twins)
+    const bool reload_first = kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true>;
+    if (reload_first || kernel == attend_rows_bf16_kernel<true, false, true>) {
+      launch_stamps(p, grid, map, stream, reload_first);
+      return;
+    }
   }
-  bf16_rows_kernel(p.page_size)<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
 }
 
