@@ -10,8 +10,8 @@ attend µs (median of the run's CUDA-graph replays), % of the measured copy band
 once), TFLOP/s, the step's graph µs, and the issue's comparison computed from the same run: FlashMLA's
 bf16 time (issue 5's column) against ours for A-G, a page-1/16 row against its page-64 row, the
 uneven batch against its even twin. --old puts the figure README's table had for the row beside it.
---flashmla DIR takes FlashMLA's times for A-G from scripts/flashmla-bench's JSONs in DIR (FlashMLA's own kernel
-timed on the GPU of the table's run, in the same device call) instead of issue 5's column, which another H200
+--flashmla DIR takes FlashMLA's times for A-G from scripts/flashmla-bench's JSONs in DIR, or from a session's
+combined JSON in bench/results (FlashMLA's own kernel timed on the GPU of the table's run, in the same device call) instead of issue 5's column, which another H200
 measured: the issue asks "faster than FlashMLA on the same GPU".
 
 Why: the table mixed rows of several sessions (each marked), so a change that moved every kernel left
@@ -93,12 +93,6 @@ def flashmla_measured(where):
     return out
 
 
-def shape_of(cfg):
-    """(batch, heads, context, qlen) of a graph-bench config string."""
-    f = cfg.split(":")
-    return int(f[0]), int(f[5]) if len(f) > 5 else 12, int(f[1]), int(f[2])
-
-
 def old_figures(readme):
     """The attend µs README's H200 table had, by row label (its " (sNN)"-like note dropped): the first
     table whose header starts "| config | kernel | attend µs" (the H100 tables come after it)."""
@@ -151,7 +145,7 @@ def main():
         us[label] = t
         note = ""
         if flashmla and measured is not None:
-            flashmla = measured.get(shape_of(cfg))
+            flashmla = measured.get((r["batch"], r["heads"], r["context"], r["qlen"]))
             if flashmla is None:
                 print(f"(no FlashMLA JSON for {cfg} in {a.flashmla})", file=sys.stderr)
         if flashmla:
