@@ -52,6 +52,9 @@ def main():
                                        "softmax + pub.", "own p.v", "other's p.v wait", "other part later",
                                        "late part to q.k", "next part - done"]}
     overlapped, counted = 0, 0
+
+    def add(name, v):
+        intervals[name].append(v)
     tiles_a_cta = []
     for tiles in ctas.values():
         n = max(tiles) + 1
@@ -61,9 +64,6 @@ def main():
             if e is None or any(e[k] < 0 for k in EVENTS):
                 continue
             nxt = tiles.get(t + 2)
-
-            def add(name, v):
-                intervals[name].append(v)
             if nxt and nxt["qk_start"] >= 0:
                 add("period", (nxt["qk_start"] - e["qk_start"]) / 2)
             add("load latency", e["first_slab"] - e["issue_owner"])
