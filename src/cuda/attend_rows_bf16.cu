@@ -224,22 +224,24 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // (= 1's stale tiles and = 2's missing MMAs): the skeleton's time alone (waits, barriers, softmax, the loads' issue),
 // the floor that neither half's overlap can go under (session 50: loads alone 231.8 µs at D, MMAs alone 245).
 // kStamps (s52a, session 52; MLA_ROWS_BF16_TIMELINE=FILE, a measurement: the host's launch_stamps below): kSlabBars'
-// instance (the default's round, or s52b's) with each tile's events stamped from the SM clock (clock64) by the first
+// instance (the default's round, or kOrder's) with each tile's events stamped from the SM clock (clock64) by the first
 // thread of the warpgroup that sees them, into p.timeline[(CTA x kStampTiles + tile) x kStampWords + event] (the first
 // kStampTiles tiles of a CTA's first segment; RowsStamp names the events). Why: sessions 46-51 inferred the round's
 // timing from stall samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the
 // stamps measure it tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each
 // step after.
-// kReloadFirst (s52b, session 52; MLA_ROWS_BF16_RELOAD_FIRST=1, off; kSlabBars' instance at pages of 64+ keys): a
-// round adds the other's tile t - 1 first, waits for that p.v alone and reloads t - 1's buffer with this warpgroup's
-// part of t + 1 before q.k(t) (why: at the loop below).
+// kOrder (session 53; MLA_ROWS_BF16_ORDER, off; kSlabBars' instance at pages of 64+ keys): the round's order, so that
+// this warpgroup's part of t + 1 leaves before q.k(t) retired (why and how: at the loop below). 1 (s53a): the other's
+// tile t - 1, then q.k(t), the reload after `wait<1>` (t - 1's p.v alone); 2 (s53b): q.k(t) over this warpgroup's
+// slabs first, then the other's t - 1 and the rest of q.k(t), the reload after `wait<1>` (the first two groups).
+// (s52b, session 52, measured in session 53 and removed: its code at 97b9d5b.)
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false,
-          bool kReloadFirst = false>
+          int kOrder = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
-  static_assert(!kReloadFirst || (kSlabBars && !kLeanWarps && !kProbe), "kReloadFirst (s52b) is kSlabBars' at 64+ keys");
+  static_assert(!kOrder || (kSlabBars && !kLeanWarps && !kProbe), "kOrder (s53a, s53b) is kSlabBars' at 64+ keys");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -516,6 +518,18 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::commit();
       stamp(t, kStampQkIssued);
     };
+    // (kOrder == 2, s53b: q.k(t) in two commit groups, this warpgroup's slabs, then the other's and the rope slab)
+    auto qk_mine = [&](int t, float (&s)[32]) {
+      stamp(t, kStampQkStart);
+      qk_slabs(t, s, wg, false);
+      wgmma::commit();
+    };
+    auto qk_rest = [&](int t, float (&s)[32]) {
+      qk_slabs(t, s, wg ^ 1, true);
+      qk_rope(t, s);
+      wgmma::commit();
+      stamp(t, kStampQkIssued);
+    };
     // Tile t's scores masked by a select (a NaN of a masked key goes too): keys not loaded, and
     // the causal rule. Element i: row row0 + 8 h (h = (i >> 1) & 1), key 8 (i / 4) + 2c + (i & 1).
     // Positions grow with the local index, so the tile's last key decides whether every row sees
@@ -681,20 +695,23 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      if constexpr (kReloadFirst) {
-        // s52b: the other's tile t - 1 first, then this warpgroup's part of t + 1 out, then q.k(t). Why (session 52's
-        // stamps, s52a, H100 GPU-fb4909a4 at D): by default q.k(t)'s issue waits for every slab of t to land, and
-        // this warpgroup's part of t + 1 leaves only after q.k(t) retired; q.k(t + 1) waits for that part, and the
-        // part of t + 2 leaves after q.k(t + 1) retired: one whole load (~2200-2900 cycles from the late part's
-        // issue to q.k issued) and q.k's execution (~1350) in every tile's period (~3980 cycles), the tiles' loads
-        // one after another. Here the reload needs only the other's publication of t - 1 and this p.v, so t + 1's
-        // part leaves while t's data are still landing. s46b (pv_other first with the reload still after
-        // q.k(t), session 47) kept the chain and lost 11-14%. Costs: q.k(t) waits behind this warpgroup's p.v of
-        // t - 1 in the tensor pipe, and the other's q.k no longer overlaps this softmax as fully (v18b's order).
+      if constexpr (kOrder != 0) {
+        // s53a and s53b: this warpgroup's part of t + 1 leaves once the other's tile t - 1 is added (its p.v retired,
+        // `wait<1>`), while q.k(t) still runs. Why (session 52's stamps, s52a, H100 GPU-fb4909a4 at D): by default
+        // q.k(t) goes first and its p.v after it, so the wait before the reload is q.k(t)'s too; with q.k's issue
+        // waiting for every slab of t, the part of t + 1 leaves ~1350 cycles after t landed, and the tiles' loads
+        // go one after another (one load and q.k's execution in every ~3980-cycle period). s52b (session 53 call 1,
+        // H100 GPU-2b6a69d1: D 4-10% slower) reloaded after `wait<0>` with q.k(t) after it: the loads left early
+        // (t + 1 out before q.k(t) in every tile) but q.k(t) then waited for the other's publication and this p.v,
+        // and the round became one chain (~4370 cycles a tile). s53a keeps q.k(t) behind the other's publication but
+        // not behind its p.v; s53b issues q.k over this warpgroup's own slabs (landed a round earlier) before that
+        // publication too, as the default does the whole q.k.
+        if constexpr (kOrder == 2) qk_mine(t, s);
         pv_other(t - 1);
-        wgmma::wait<0>();
+        if constexpr (kOrder == 2) qk_rest(t, s);
+        else qk(t, s);
+        wgmma::wait<1>();
         if (t + 1 < n_tiles) reload(t + 1);
-        qk(t, s);
         wgmma::wait<0>();
         stamp(t, kStampQkDone);
       } else {
@@ -787,9 +804,9 @@ int bf16_probe_env() {
 }
 // (MLA_ROWS_BF16_CLUSTER, _SOFT_EARLY, _MULTICAST, _L2_HINT, _L2_PREFETCH: removed, sessions 48-51; the index above
 // the instances.)
-// MLA_ROWS_BF16_RELOAD_FIRST=1 (s52b, session 52, off): kReloadFirst's instance at pages of 64+ keys.
-int bf16_reload_first_env() {
-  static const int v = env_choice("MLA_ROWS_BF16_RELOAD_FIRST", {{"0", 0}, {"1", 1}}, 0);
+// MLA_ROWS_BF16_ORDER=s53a or s53b (session 53, off): kOrder's instances (1, 2) at pages of 64+ keys.
+int bf16_order_env() {
+  static const int v = env_choice("MLA_ROWS_BF16_ORDER", {{"0", 0}, {"s53a", 1}, {"s53b", 2}}, 0);
   return v;
 }
 // The instance the switches choose at this page size.
@@ -802,7 +819,8 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
-                : bf16_reload_first_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true>
+                : bf16_order_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, 1>
+                : bf16_order_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, false, 2>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
@@ -810,7 +828,7 @@ auto bf16_rows_kernel(int page_size) {
                                           : attend_rows_bf16_kernel<false>;
 }
 // MLA_ROWS_BF16_TIMELINE=FILE (s52a, session 52; a measurement, bench/rows_timeline.py reads FILE): at pages of 64+
-// keys with the default switches (or s52b's), the kStamps instance (that round with each tile's events stamped, above).
+// keys with the default switches (or kOrder's), the kStamps instance (that round with each tile's events stamped, above).
 // A launch outside a graph capture waits for the kernel and rewrites FILE as CSV, a line a stamped tile: cta, smid,
 // tile, then the RowsStamp events in SM cycles from the CTA's first stamp (-1: not stamped), so the last eager launch
 // of a run is what FILE holds; inside a capture the graph stamps into the same buffer and FILE is left alone.
@@ -819,16 +837,25 @@ const char* bf16_timeline_path() {
   return path && *path ? path : nullptr;
 }
 
-// (reload_first: the stamps of s52b's round, the instance the switches chose)
-void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream, bool reload_first) {
+// The stamped twin of an instance the switches chose (kOrder's or the default's; nullptr: none).
+using Bf16RowsKernel = decltype(&attend_rows_bf16_kernel<>);
+Bf16RowsKernel stamped_twin(Bf16RowsKernel kernel) {
+  if (kernel == attend_rows_bf16_kernel<true, false, true>) return attend_rows_bf16_kernel<true, false, true, 0, true>;
+  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, 1>)
+    return attend_rows_bf16_kernel<true, false, true, 0, true, 1>;
+  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, 2>)
+    return attend_rows_bf16_kernel<true, false, true, 0, true, 2>;
+  return nullptr;
+}
+
+void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream,
+                   Bf16RowsKernel kernel) {
   static StampBuffer buffer;
   const size_t words = size_t(grid.x) * kStampTiles * kStampWords;
   bool capturing = false;
   AttendParams p = in;
   p.timeline = buffer.prepare(words, stream, "MLA_ROWS_BF16_TIMELINE", capturing);
   if (!capturing) MLA_CUDA_CHECK(cudaMemsetAsync(p.timeline, 0, words * sizeof(uint64_t), stream));
-  auto* kernel = reload_first ? attend_rows_bf16_kernel<true, false, true, 0, true, true>
-                              : attend_rows_bf16_kernel<true, false, true, 0, true>;
   kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capturing) return;
@@ -863,19 +890,17 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
                                         bf16_rows_smem_bytes()));
   if (bf16_timeline_path())
     for (auto* kernel : {attend_rows_bf16_kernel<true, false, true, 0, true>,
-                         attend_rows_bf16_kernel<true, false, true, 0, true, true>})
+                         attend_rows_bf16_kernel<true, false, true, 0, true, 1>,
+                         attend_rows_bf16_kernel<true, false, true, 0, true, 2>})
       MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
   auto* kernel = bf16_rows_kernel(p.page_size);
-  if (bf16_timeline_path()) {  // (the default round's instance or s52b's: their stamped twins)
-    const bool reload_first = kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true>;
-    if (reload_first || kernel == attend_rows_bf16_kernel<true, false, true>) {
-      launch_stamps(p, grid, map, stream, reload_first);
-      return;
-    }
+  if (bf16_timeline_path() && stamped_twin(kernel)) {
+    launch_stamps(p, grid, map, stream, stamped_twin(kernel));
+    return;
   }
   kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
