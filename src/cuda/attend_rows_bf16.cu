@@ -224,24 +224,23 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // (= 1's stale tiles and = 2's missing MMAs): the skeleton's time alone (waits, barriers, softmax, the loads' issue),
 // the floor that neither half's overlap can go under (session 50: loads alone 231.8 µs at D, MMAs alone 245).
 // kStamps (s52a, session 52; MLA_ROWS_BF16_TIMELINE=FILE, a measurement: the host's launch_stamps below): kSlabBars'
-// instance (the default's round, or kOrder's) with each tile's events stamped from the SM clock (clock64) by the first
+// instance (the default's round, or v18c's) with each tile's events stamped from the SM clock (clock64) by the first
 // thread of the warpgroup that sees them, into p.timeline[(CTA x kStampTiles + tile) x kStampWords + event] (the first
 // kStampTiles tiles of a CTA's first segment; RowsStamp names the events). Why: sessions 46-51 inferred the round's
 // timing from stall samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the
 // stamps measure it tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each
 // step after.
-// kOrder (session 53; MLA_ROWS_BF16_ORDER, off; kSlabBars' instance at pages of 64+ keys): the round's order, so that
-// this warpgroup's part of t + 1 leaves before q.k(t) retired (why and how: at the loop below). 1 (s53a): the other's
-// tile t - 1, then q.k(t), the reload after `wait<1>` (t - 1's p.v alone); 2 (s53b): q.k(t) over this warpgroup's
-// slabs first, then the other's t - 1 and the rest of q.k(t), the reload after `wait<1>` (the first two groups).
-// (s52b, session 52, measured in session 53 and removed: its code at 97b9d5b.)
+// kEarlyReload (s53b, the default since session 53; MLA_ROWS_BF16_ORDER=0: v18c's round; kSlabBars' instance at pages of
+// 64+ keys): q.k(t) over this warpgroup's slabs first, then the other's tile t - 1, then the rest of q.k(t), and this
+// warpgroup's part of t + 1 out after `wait<1>` (the first two groups retired) while that rest still runs (why: at
+// the loop below). (s52b and s53a, measured in session 53 and removed: their code at 97b9d5b and 1ab0112.)
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false,
-          int kOrder = 0>
+          bool kEarlyReload = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
-  static_assert(!kOrder || (kSlabBars && !kLeanWarps && !kProbe), "kOrder (s53a, s53b) is kSlabBars' at 64+ keys");
+  static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+ keys");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -518,7 +517,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::commit();
       stamp(t, kStampQkIssued);
     };
-    // (kOrder == 2, s53b: q.k(t) in two commit groups, this warpgroup's slabs, then the other's and the rope slab)
+    // (kEarlyReload, s53b: q.k(t) in two commit groups, this warpgroup's slabs, then the other's and the rope slab)
     auto qk_mine = [&](int t, float (&s)[32]) {
       stamp(t, kStampQkStart);
       qk_slabs(t, s, wg, false);
@@ -695,21 +694,22 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     }
     for (; t < n_tiles; t += 2) {
       float s[32];
-      if constexpr (kOrder != 0) {
-        // s53a and s53b: this warpgroup's part of t + 1 leaves once the other's tile t - 1 is added (its p.v retired,
-        // `wait<1>`), while q.k(t) still runs. Why (session 52's stamps, s52a, H100 GPU-fb4909a4 at D): by default
-        // q.k(t) goes first and its p.v after it, so the wait before the reload is q.k(t)'s too; with q.k's issue
-        // waiting for every slab of t, the part of t + 1 leaves ~1350 cycles after t landed, and the tiles' loads
-        // go one after another (one load and q.k's execution in every ~3980-cycle period). s52b (session 53 call 1,
-        // H100 GPU-2b6a69d1: D 4-10% slower) reloaded after `wait<0>` with q.k(t) after it: the loads left early
-        // (t + 1 out before q.k(t) in every tile) but q.k(t) then waited for the other's publication and this p.v,
-        // and the round became one chain (~4370 cycles a tile). s53a keeps q.k(t) behind the other's publication but
-        // not behind its p.v; s53b issues q.k over this warpgroup's own slabs (landed a round earlier) before that
-        // publication too, as the default does the whole q.k.
-        if constexpr (kOrder == 2) qk_mine(t, s);
+      if constexpr (kEarlyReload) {
+        // s53b: this warpgroup's part of t + 1 leaves once the other's tile t - 1 is added (its p.v retired,
+        // `wait<1>`), while the rest of q.k(t) still runs. Why (session 52's stamps, s52a, H100 GPU-fb4909a4 at D):
+        // in v18c's round q.k(t) goes first and the other's p.v after it, so the wait before the reload is q.k(t)'s
+        // too; with q.k's issue waiting for every slab of t, the part of t + 1 leaves ~1350 cycles after t landed,
+        // and the tiles' loads go one after another (one load and q.k's execution in every ~3980-cycle period).
+        // Here q.k over this warpgroup's own slabs (sent a round earlier) still goes before the other's publication,
+        // as v18c's whole q.k does; the rest (the other's slabs, the rope slab) waits behind the other's p.v.
+        // Session 53 (H100s, 3 rounds): s52b (the other's p.v, `wait<0>`, the reload, then all of q.k(t)) 4-10%
+        // slower at D: the loads left early, but q.k(t) then waited for the other's publication and this p.v, one
+        // chain of ~4370 cycles a tile; s53a (the other's p.v, then all of q.k(t), the reload after `wait<1>`)
+        // within noise or slower; s53b 1.5-3.5% faster (D, G, 96 heads, page 128; qlen 4 0.9%), its period ~3730
+        // cycles, now bound by the publication chain (the other's p.v and the rest of q.k, then the softmax).
+        qk_mine(t, s);
         pv_other(t - 1);
-        if constexpr (kOrder == 2) qk_rest(t, s);
-        else qk(t, s);
+        qk_rest(t, s);
         wgmma::wait<1>();
         if (t + 1 < n_tiles) reload(t + 1);
         wgmma::wait<0>();
@@ -804,9 +804,9 @@ int bf16_probe_env() {
 }
 // (MLA_ROWS_BF16_CLUSTER, _SOFT_EARLY, _MULTICAST, _L2_HINT, _L2_PREFETCH: removed, sessions 48-51; the index above
 // the instances.)
-// MLA_ROWS_BF16_ORDER=s53a or s53b (session 53, off): kOrder's instances (1, 2) at pages of 64+ keys.
+// MLA_ROWS_BF16_ORDER=0 (session 53): v18c's round at pages of 64+ keys, not s53b's (kEarlyReload, the default).
 int bf16_order_env() {
-  static const int v = env_choice("MLA_ROWS_BF16_ORDER", {{"0", 0}, {"s53a", 1}, {"s53b", 2}}, 0);
+  static const int v = env_choice("MLA_ROWS_BF16_ORDER", {{"0", 0}, {"s53b", 1}}, 1);
   return v;
 }
 // The instance the switches choose at this page size.
@@ -819,8 +819,7 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
-                : bf16_order_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, 1>
-                : bf16_order_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, false, 2>
+                : bf16_order_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
@@ -828,7 +827,7 @@ auto bf16_rows_kernel(int page_size) {
                                           : attend_rows_bf16_kernel<false>;
 }
 // MLA_ROWS_BF16_TIMELINE=FILE (s52a, session 52; a measurement, bench/rows_timeline.py reads FILE): at pages of 64+
-// keys with the default switches (or kOrder's), the kStamps instance (that round with each tile's events stamped, above).
+// keys with the default switches (or v18c's round), the kStamps instance (that round with each tile's events stamped, above).
 // A launch outside a graph capture waits for the kernel and rewrites FILE as CSV, a line a stamped tile: cta, smid,
 // tile, then the RowsStamp events in SM cycles from the CTA's first stamp (-1: not stamped), so the last eager launch
 // of a run is what FILE holds; inside a capture the graph stamps into the same buffer and FILE is left alone.
@@ -837,14 +836,12 @@ const char* bf16_timeline_path() {
   return path && *path ? path : nullptr;
 }
 
-// The stamped twin of an instance the switches chose (kOrder's or the default's; nullptr: none).
+// The stamped twin of an instance the switches chose (s53b's or v18c's round; nullptr: none).
 using Bf16RowsKernel = decltype(&attend_rows_bf16_kernel<>);
 Bf16RowsKernel stamped_twin(Bf16RowsKernel kernel) {
   if (kernel == attend_rows_bf16_kernel<true, false, true>) return attend_rows_bf16_kernel<true, false, true, 0, true>;
-  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, 1>)
-    return attend_rows_bf16_kernel<true, false, true, 0, true, 1>;
-  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, 2>)
-    return attend_rows_bf16_kernel<true, false, true, 0, true, 2>;
+  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true>)
+    return attend_rows_bf16_kernel<true, false, true, 0, true, true>;
   return nullptr;
 }
 
@@ -890,8 +887,7 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
                                         bf16_rows_smem_bytes()));
   if (bf16_timeline_path())
     for (auto* kernel : {attend_rows_bf16_kernel<true, false, true, 0, true>,
-                         attend_rows_bf16_kernel<true, false, true, 0, true, 1>,
-                         attend_rows_bf16_kernel<true, false, true, 0, true, 2>})
+                         attend_rows_bf16_kernel<true, false, true, 0, true, true>})
       MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
 }
 
