@@ -12,8 +12,9 @@ the 10th / 90th percentiles of each interval in cycles (and µs at --mhz):
   load latency      the owner's part issued (tile t - 2's p.v retired) to q.k(t)'s first slab wait passed: the
                     latency a load shows where q.k waited for it (an upper bound where q.k came later)
   first slab wait   q.k(t) called to its first slab wait passed: what the owner waited for memory
-  q.k issue         first slab passed to every slab waited for and q.k issued
-  to q.k done       q.k issued to the wait after pv_other(t - 1) (q.k(t) and the other's p.v retired)
+  q.k issue         first slab passed to every slab waited for and q.k issued (s53b's round, the default since
+                    session 53: through the other's publication and p.v, issued between q.k's two halves)
+  to q.k done       q.k issued to the wait after which q.k(t) and the other's p.v(t - 1) have both retired
   softmax + pub.    q.k done to the publication barrier passed (mask, maxima, P, the barrier's wait)
   own p.v           published to the owner's p.v(t) retired (the tile's buffer part free)
   other's p.v wait  the other warpgroup's pv_other(t) barrier passed minus the owner's publication (both at one
@@ -21,12 +22,12 @@ the 10th / 90th percentiles of each interval in cycles (and µs at --mhz):
   other part later  the other warpgroup's issue of its part of t minus the owner's (when the tile's second half of
                     its bytes left)
   late part to q.k  the later of t's two parts issued to q.k(t) issued: the whole tile's arrival as q.k saw it
-  next part - done  the later part of t + 1 issued minus q.k(t) retired: ~+170 cycles by default (t + 1 leaves only
-                    after q.k(t)), negative where t + 1's parts left while t was still landing (s52b's intent)
+  next part - done  the later part of t + 1 issued minus q.k(t) retired: ~+170 cycles in v18c's round (t + 1 leaves
+                    only after q.k(t)), ~-780 in s53b's (it leaves at `wait<1>`, under the rest of q.k(t))
 and the share of tiles whose t + 1 had both parts out before q.k(t) issued (two tiles' loads in flight at once).
 
 Why: the stall samples (sessions 46-51) say where warps waited, not how long a tile's load took or which step of the
-round holds the next load back; these intervals do (docs/attention.md's queue, item 3 (n)).
+round holds the next load back; these intervals do (docs/attention.md's queue, items 3 (n) and (o)).
 """
 import argparse
 import csv
