@@ -708,8 +708,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         // and the tiles' loads go one after another (one load and q.k's execution in every ~3980-cycle period).
         // Here q.k over this warpgroup's own slabs (sent a round earlier) still goes before the other's publication,
         // as v18c's whole q.k does; the rest (the other's slabs, the rope slab) waits behind the other's p.v.
-        // Session 53 (H100s, 3 rounds): s52b (the other's p.v, `wait<0>`, the reload, then all of q.k(t)) 4-10%
-        // slower at D: the loads left early, but q.k(t) then waited for the other's publication and this p.v, one
+        // Session 53 (H100s, 3 rounds): s52b (the other's p.v, `wait<0>`, the reload, then all of q.k(t)) 3.7-7.3%
+        // slower (D 7.3%): the loads left early, but q.k(t) then waited for the other's publication and this p.v, one
         // chain of ~4370 cycles a tile; s53a (the other's p.v, then all of q.k(t), the reload after `wait<1>`)
         // within noise or slower; s53b 1.5-3.5% faster (D, G, 96 heads, page 128; qlen 4 0.9%), its period ~3730
         // cycles, now bound by the publication chain (the other's p.v and the rest of q.k, then the softmax).
