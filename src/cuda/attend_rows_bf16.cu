@@ -233,19 +233,14 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // kEarlyReload (s53b, the default since session 53; MLA_ROWS_BF16_ORDER=0: v18c's round; kSlabBars' instance at pages of
 // 64+ keys): q.k(t) over this warpgroup's slabs first, then the other's tile t - 1, then the rest of q.k(t), and this
 // warpgroup's part of t + 1 out after `wait<1>` (the first two groups retired) while that rest still runs (why: at
-// the loop below). (s52b and s53a, measured in session 53 and removed: their code at 97b9d5b and 1ab0112.)
-// kArrive (s54a, session 53; MLA_ROWS_BF16_PUBLISH=arrive, off; s53b's instance): the owner's publication a
-// bar.arrive, not a bar.sync, so the publisher's p.v(t) no longer waits for the other warpgroup to reach its
-// pv_other(t) (behind q.k over its own slabs of t + 1, which wait for that part to land: s53b's stamps). s45a (session
-// 46) measured this on v18c's round, 2-3% slower; racecheck reports on it (m_pub's, red[]'s: the own() comment).
+// the loop below). (s52b, s53a and s54a, measured in session 53 and removed: their code at 97b9d5b, 1ab0112 and c6a2420.)
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false,
-          bool kEarlyReload = false, bool kArrive = false>
+          bool kEarlyReload = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
   static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+ keys");
-  static_assert(!kArrive || (kEarlyReload && !kStamps), "kArrive (s54a) is s53b's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -650,8 +645,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // (s45a, session 46: a bar.arrive here again, under s44b's slab waits, was 2-3% slower at D and 96 heads,
       // and synccheck reported on it as on bar.sync, so its "divergent thread(s) in block" reports do not come
       // from this barrier id's two bar.sync sites.)
-      if constexpr (kArrive) ptx::named_arrive(kBarPublished + wg, kThreadsB);
-      else ptx::named_sync(kBarPublished + wg, kThreadsB);
+      // (s54a, session 53: a bar.arrive under s53b's round, within noise on an H100 and racecheck's 8 reports again.)
+      ptx::named_sync(kBarPublished + wg, kThreadsB);
       stamp(t, kStampPublished);
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
@@ -815,11 +810,6 @@ int bf16_order_env() {
   static const int v = env_choice("MLA_ROWS_BF16_ORDER", {{"0", 0}, {"s53b", 1}}, 1);
   return v;
 }
-// MLA_ROWS_BF16_PUBLISH=arrive (s54a, session 53, off): kArrive's instance (s53b's round).
-bool bf16_publish_arrive_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_PUBLISH", {{"sync", 0}, {"arrive", 1}}, 0) == 1;
-  return on;
-}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -830,8 +820,6 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
-                : bf16_order_env() == 1 && bf16_publish_arrive_env()
-                    ? attend_rows_bf16_kernel<true, false, true, 0, false, true, true>
                 : bf16_order_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
