@@ -166,7 +166,8 @@ __device__ __forceinline__ void load_rope(const AttendParams& p, int b, int m_ba
 // warp 0 (s40b; a5a6497), the publication a bar.arrive and pv_other between q.k's halves (s45a-c; 284f332), pv_other
 // before q.k (s46b; a9c0da4), p.v in chains a slab (s47a; 40cedd5), a request's CTAs as one cluster (s47c; 74f0c5e),
 // where a round waits for the other's p.v (s48a-e; b386917, 98b28cc, 2f30dba), multicast pairs and L2 hints (s50a-b;
-// 2f30dba), tiles sent to L2 ahead (s50c; 204d5d4).
+// 2f30dba), tiles sent to L2 ahead (s50c; 204d5d4), the other's p.v and the reload before q.k (s52b; 97b9d5b), the
+// other's p.v before all of q.k (s53a; 1ab0112), s53b's publication a bar.arrive (s54a; c6a2420).
 // kLean (s39a, the default since session 40; MLA_ROWS_BF16_LEAN=0: v18c as before): at pages of 64+ keys
 // (one box a tile) one elected lane of warp 0 arms and issues a tile's parts, without TmaTiles::issue's box
 // arithmetic, warp reductions, lane loop and slots(p) division (~195 and ~160 SASS instructions in warp 0 for
@@ -230,17 +231,17 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // timing from stall samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the
 // stamps measure it tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each
 // step after.
-// kEarlyReload (s53b, the default since session 53; MLA_ROWS_BF16_ORDER=0: v18c's round; kSlabBars' instance at pages of
-// 64+ keys): q.k(t) over this warpgroup's slabs first, then the other's tile t - 1, then the rest of q.k(t), and this
-// warpgroup's part of t + 1 out after `wait<1>` (the first two groups retired) while that rest still runs (why: at
-// the loop below). (s52b, s53a and s54a, measured in session 53 and removed: their code at 97b9d5b, 1ab0112 and c6a2420.)
+// kEarlyReload (s53b, the default since session 53; MLA_ROWS_BF16_ORDER=0: v18c's round; kSlabBars' instance at
+// pages of 64+ keys): q.k(t) over this warpgroup's slabs first, then the other's tile t - 1, then the rest of q.k(t),
+// and this warpgroup's part of t + 1 out after `wait<1>` (the first two groups retired) while that rest still runs
+// (why: at the loop below).
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false,
           bool kEarlyReload = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
-  static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+ keys");
+  static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -828,7 +829,7 @@ auto bf16_rows_kernel(int page_size) {
                                           : attend_rows_bf16_kernel<false>;
 }
 // MLA_ROWS_BF16_TIMELINE=FILE (s52a, session 52; a measurement, bench/rows_timeline.py reads FILE): at pages of 64+
-// keys with the default switches (or v18c's round), the kStamps instance (that round with each tile's events stamped, above).
+// keys with the default switches (or v18c's round), the kStamps instance (that round, each tile's events stamped, above).
 // A launch outside a graph capture waits for the kernel and rewrites FILE as CSV, a line a stamped tile: cta, smid,
 // tile, then the RowsStamp events in SM cycles from the CTA's first stamp (-1: not stamped), so the last eager launch
 // of a run is what FILE holds; inside a capture the graph stamps into the same buffer and FILE is left alone.
