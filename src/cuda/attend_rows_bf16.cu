@@ -507,6 +507,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       }
     };
     // q.k(t), the owner's: this warpgroup's slabs first, then the other's, then the rope slab.
+    // (qk_mine and qk_rest below are its two halves for s53b's round, which commits the first half apart and issues
+    // the other's p.v between them; qk keeps its own loop: written through them, ptxas scheduled the kernels without
+    // kSlabBars differently, pages under 64 keys included, which no GPU has measured.)
     auto qk = [&](int t, float (&s)[32]) {
       if constexpr (kNoMma)  // (no MMAs: zero scores)
 #pragma unroll
@@ -518,7 +521,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       wgmma::commit();
       stamp(t, kStampQkIssued);
     };
-    // (kEarlyReload, s53b: q.k(t) in two commit groups, this warpgroup's slabs, then the other's and the rope slab)
     auto qk_mine = [&](int t, float (&s)[32]) {
       stamp(t, kStampQkStart);
       qk_slabs(t, s, wg, false);
@@ -884,21 +886,23 @@ void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cu
 }  // namespace
 
 void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_bf16 launches: pages under 16, 16-32, 64+)
-  for (const int page_size : {8, 16, 64})
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(bf16_rows_kernel(page_size), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        bf16_rows_smem_bytes()));
-  if (bf16_timeline_path())
-    for (auto* kernel : {attend_rows_bf16_kernel<true, false, true, 0, true>,
-                         attend_rows_bf16_kernel<true, false, true, 0, true, true>})
-      MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
+  for (const int page_size : {8, 16, 64}) {
+    auto* kernel = bf16_rows_kernel(page_size);
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
+    auto* stamped = bf16_timeline_path() ? stamped_twin(kernel) : nullptr;  // (MLA_ROWS_BF16_TIMELINE launches it)
+    if (stamped)
+      MLA_CUDA_CHECK(cudaFuncSetAttribute(stamped, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
+  }
 }
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
   auto* kernel = bf16_rows_kernel(p.page_size);
-  if (bf16_timeline_path() && stamped_twin(kernel)) {
-    launch_stamps(p, grid, map, stream, stamped_twin(kernel));
-    return;
+  if (bf16_timeline_path()) {
+    if (auto* stamped = stamped_twin(kernel)) {
+      launch_stamps(p, grid, map, stream, stamped);
+      return;
+    }
   }
   kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
