@@ -831,7 +831,7 @@ auto bf16_rows_kernel(int page_size) {
                                           : attend_rows_bf16_kernel<false>;
 }
 // MLA_ROWS_BF16_TIMELINE=FILE (s52a, session 52; a measurement, bench/rows_timeline.py reads FILE): at pages of 64+
-// keys with the default switches (or v18c's round), the kStamps instance (that round, each tile's events stamped, above).
+// keys with the default switches (or v18c's round), the kStamps instance (that round, each tile's events stamped).
 // A launch outside a graph capture waits for the kernel and rewrites FILE as CSV, a line a stamped tile: cta, smid,
 // tile, then the RowsStamp events in SM cycles from the CTA's first stamp (-1: not stamped), so the last eager launch
 // of a run is what FILE holds; inside a capture the graph stamps into the same buffer and FILE is left alone.
@@ -891,7 +891,8 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
     auto* stamped = bf16_timeline_path() ? stamped_twin(kernel) : nullptr;  // (MLA_ROWS_BF16_TIMELINE launches it)
     if (stamped)
-      MLA_CUDA_CHECK(cudaFuncSetAttribute(stamped, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
+      MLA_CUDA_CHECK(
+          cudaFuncSetAttribute(stamped, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
   }
 }
 
