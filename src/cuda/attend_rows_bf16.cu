@@ -235,7 +235,7 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // pages of 64+ keys): q.k(t) over this warpgroup's slabs first, then the other's tile t - 1, then the rest of q.k(t),
 // and this warpgroup's part of t + 1 out after `wait<1>` (the first two groups retired) while that rest still runs
 // (why: at the loop below).
-// kPre, kMid (s55a-e, session 54; MLA_ROWS_BF16_ORDER=s55a..s55e; (0, 5) is s53b): under kEarlyReload, the other
+// kPre, kMid (s55d-g, session 54; MLA_ROWS_BF16_ORDER=s55d..s55g; (0, 5) is s53b): under kEarlyReload, the other
 // warpgroup's part of q.k(t) as five units (its four dims' slabs, then the rope slab): kPre of them before the other's
 // p.v (with this warpgroup's own slabs), kMid after it, then `wait<1>` and the reload, then the rest, so the reload
 // leaves once the other's p.v retired while kMid's MMAs still keep the tensor pipe busy (why: at the loop below).
@@ -549,7 +549,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
         asm volatile("" : "+l"(qd), "+l"(kd));
       }
-      if (to > kDimSlabs) qk_rope(t, s);
+      if (from <= kDimSlabs && to > kDimSlabs) qk_rope(t, s);
     };
     auto qk_rest = [&](int t, float (&s)[32]) {
       qk_slabs(t, s, wg ^ 1, true);
@@ -756,8 +756,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           wgmma::commit();
           wgmma::wait<1>();
           if (t + 1 < n_tiles) reload(t + 1);
-          qk_other(t, s, kPre + kMid, kDimSlabs + 1);
-          wgmma::commit();
+          if constexpr (kPre + kMid <= kDimSlabs) {  // (an empty group would cost a dummy MMA)
+            qk_other(t, s, kPre + kMid, kDimSlabs + 1);
+            wgmma::commit();
+          }
           stamp(t, kStampQkIssued);
         }
         wgmma::wait<0>();
@@ -856,7 +858,7 @@ int bf16_probe_env() {
 int bf16_order_env() {
   static const int v = env_choice(
       "MLA_ROWS_BF16_ORDER",
-      {{"0", 0}, {"s53b", 1}, {"s55a", 2}, {"s55b", 3}, {"s55c", 4}, {"s55d", 5}, {"s55e", 6}}, 1);
+      {{"0", 0}, {"s53b", 1}, {"s55d", 5}, {"s55e", 6}, {"s55f", 7}, {"s55g", 8}}, 1);
   return v;
 }
 // The instance the switches choose at this page size.
@@ -870,11 +872,10 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
                 : bf16_order_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true>
-                : bf16_order_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 0, 2>
-                : bf16_order_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 0, 3>
-                : bf16_order_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 1, 2>
                 : bf16_order_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 2, 2>
                 : bf16_order_env() == 6 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 2, 3>
+                : bf16_order_env() == 7 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 3, 2>
+                : bf16_order_env() == 8 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 4, 1>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
@@ -903,8 +904,7 @@ Bf16RowsKernel stamped_twin(Bf16RowsKernel kernel) {
   if (kernel == attend_rows_bf16_kernel<true, false, true>) return attend_rows_bf16_kernel<true, false, true, 0, true>;
   if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true>)
     return attend_rows_bf16_kernel<true, false, true, 0, true, true>;
-  return split_twin<0, 2>(kernel) ?: split_twin<0, 3>(kernel) ?: split_twin<1, 2>(kernel) ?: split_twin<2, 2>(kernel)
-                                  ?: split_twin<2, 3>(kernel);
+  return split_twin<2, 2>(kernel) ?: split_twin<2, 3>(kernel) ?: split_twin<3, 2>(kernel) ?: split_twin<4, 1>(kernel);
 }
 
 void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream,
