@@ -235,19 +235,13 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // pages of 64+ keys): q.k(t) over this warpgroup's slabs first, then the other's tile t - 1, then the rest of q.k(t),
 // and this warpgroup's part of t + 1 out after `wait<1>` (the first two groups retired) while that rest still runs
 // (why: at the loop below).
-// kPre, kMid (s55d-g, session 54; MLA_ROWS_BF16_ORDER=s55d..s55g; (0, 5) is s53b): under kEarlyReload, the other
-// warpgroup's part of q.k(t) as five units (its four dims' slabs, then the rope slab): kPre of them before the other's
-// p.v (with this warpgroup's own slabs), kMid after it, then `wait<1>` and the reload, then the rest, so the reload
-// leaves once the other's p.v retired while kMid's MMAs still keep the tensor pipe busy (why: at the loop below).
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false,
-          bool kEarlyReload = false, int kPre = 0, int kMid = 5>
+          bool kEarlyReload = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
   static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+");
-  static_assert(kPre >= 0 && kMid >= 1 && kPre + kMid <= 5 && (kEarlyReload || (kPre == 0 && kMid == 5)),
-                "s55's split: kPre + kMid of the other's five q.k units, kMid >= 1 (wait<1> retires the other's p.v)");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -532,25 +526,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       qk_slabs(t, s, wg, false);
       wgmma::commit();
     };
-    // s55: q.k(t) over units [from, to) of the other warpgroup's part (0-3 its dims' slabs, 4 the rope slab),
-    // accumulating; `from` and `to` are constants where it is called (kPre, kMid), so the loop unrolls.
-    auto qk_other = [&](int t, float (&s)[32], int from, int to) {
-      const int w = wg ^ 1;
-      uint64_t qd = wgmma::advance(q_desc, (w * (kQkSmemSteps / 2) + 4 * from) * 2 * kChunkStrideM);
-      uint64_t kd = wgmma::descriptor_sw128(kv_of(t) + (kDimSlabs * w + from) * kSlabBytes);
-#pragma unroll
-      for (int k = 4 * from; k < 4 * (to < kDimSlabs ? to : kDimSlabs); ++k) {
-        if (k % 4 == 0) {
-          tma::wait_parity_forever(slab_bar(t, kDimSlabs * w + k / 4), parity(t));
-          wgmma::fence();
-        }
-        if constexpr (!kNoMma) wgmma::mma_m64n64k16_bf16(s, qd, kd, true);
-        qd = wgmma::advance(qd, 2 * kChunkStrideM);
-        kd = wgmma::advance(kd, (k & 3) == 3 ? kSlabBytes - 3 * 32 : 32);
-        asm volatile("" : "+l"(qd), "+l"(kd));
-      }
-      if (from <= kDimSlabs && to > kDimSlabs) qk_rope(t, s);
-    };
     auto qk_rest = [&](int t, float (&s)[32]) {
       qk_slabs(t, s, wg ^ 1, true);
       qk_rope(t, s);
@@ -736,32 +711,17 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         // chain of ~4370 cycles a tile; s53a (the other's p.v, then all of q.k(t), the reload after `wait<1>`)
         // within noise or slower; s53b 1.5-3.5% faster (D, G, 96 heads, page 128; qlen 4 0.9%), its period ~3730
         // cycles, now bound by the publication chain (the other's p.v and the rest of q.k, then the softmax).
-        if constexpr (kPre == 0 && kMid == 5) {
-          qk_mine(t, s);
-          pv_other(t - 1);
-          qk_rest(t, s);
-          wgmma::wait<1>();
-          if (t + 1 < n_tiles) reload(t + 1);
-        } else {
-          // s55 (session 54's ncu source profile of s53b at D, H100 GPU-3e900199: the reload left only after the rest
-          // of q.k had issued, ~1820 cycles after the other's publication, though the other's p.v retired ~700
-          // earlier): kPre of the other's units go before its p.v, kMid after it, and the reload after `wait<1>`
-          // (q.k's first group and the p.v retired) while kMid's MMAs still run; the rest after the reload.
-          stamp(t, kStampQkStart);
-          qk_slabs(t, s, wg, false);
-          qk_other(t, s, 0, kPre);
-          wgmma::commit();
-          pv_other(t - 1);
-          qk_other(t, s, kPre, kPre + kMid);
-          wgmma::commit();
-          wgmma::wait<1>();
-          if (t + 1 < n_tiles) reload(t + 1);
-          if constexpr (kPre + kMid <= kDimSlabs) {  // (an empty group would cost a dummy MMA)
-            qk_other(t, s, kPre + kMid, kDimSlabs + 1);
-            wgmma::commit();
-          }
-          stamp(t, kStampQkIssued);
-        }
+        // Session 54 (H100s; s55a-g, code at c438866): the other's five q.k units (its slabs, the rope slab) split
+        // kPre before its p.v, kMid between that p.v and the reload, the rest after, so the reload leaves once the
+        // p.v retired: (0, 2), (0, 3) 1-3% slower (the reload left ~500 cycles earlier, but the issue waited for the
+        // p.v and the period grew 3735 -> 3852 cycles: the loads had ~1700 cycles of slack); (1, 2), (2, 2), (2, 3),
+        // (3, 2), (4, 1) within 1% or slower: the more q.k before the p.v, the later the other warpgroup reaches
+        // this publication's barrier (softmax + publication 1111 -> 1670 cycles at (4, 1)).
+        qk_mine(t, s);
+        pv_other(t - 1);
+        qk_rest(t, s);
+        wgmma::wait<1>();
+        if (t + 1 < n_tiles) reload(t + 1);
         wgmma::wait<0>();
         stamp(t, kStampQkDone);
       } else {
@@ -856,9 +816,7 @@ int bf16_probe_env() {
 // the instances.)
 // MLA_ROWS_BF16_ORDER=0 (session 53): v18c's round at pages of 64+ keys, not s53b's (kEarlyReload, the default).
 int bf16_order_env() {
-  static const int v = env_choice(
-      "MLA_ROWS_BF16_ORDER",
-      {{"0", 0}, {"s53b", 1}, {"s55d", 5}, {"s55e", 6}, {"s55f", 7}, {"s55g", 8}}, 1);
+  static const int v = env_choice("MLA_ROWS_BF16_ORDER", {{"0", 0}, {"s53b", 1}}, 1);
   return v;
 }
 // The instance the switches choose at this page size.
@@ -872,10 +830,6 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
                 : bf16_order_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true>
-                : bf16_order_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 2, 2>
-                : bf16_order_env() == 6 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 2, 3>
-                : bf16_order_env() == 7 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 3, 2>
-                : bf16_order_env() == 8 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 4, 1>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
@@ -894,17 +848,11 @@ const char* bf16_timeline_path() {
 
 // The stamped twin of an instance the switches chose (s53b's or v18c's round; nullptr: none).
 using Bf16RowsKernel = decltype(&attend_rows_bf16_kernel<>);
-template <int kPre, int kMid>
-Bf16RowsKernel split_twin(Bf16RowsKernel kernel) {  // (s55's)
-  return kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true, kPre, kMid>
-             ? attend_rows_bf16_kernel<true, false, true, 0, true, true, kPre, kMid>
-             : nullptr;
-}
 Bf16RowsKernel stamped_twin(Bf16RowsKernel kernel) {
   if (kernel == attend_rows_bf16_kernel<true, false, true>) return attend_rows_bf16_kernel<true, false, true, 0, true>;
   if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true>)
     return attend_rows_bf16_kernel<true, false, true, 0, true, true>;
-  return split_twin<2, 2>(kernel) ?: split_twin<2, 3>(kernel) ?: split_twin<3, 2>(kernel) ?: split_twin<4, 1>(kernel);
+  return nullptr;
 }
 
 void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream,
