@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "core/exp2_poly.hpp"
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
@@ -235,13 +236,16 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // pages of 64+ keys): q.k(t) over this warpgroup's slabs first, then the other's tile t - 1, then the rest of q.k(t),
 // and this warpgroup's part of t + 1 out after `wait<1>` (the first two groups retired) while that rest still runs
 // (why: at the loop below).
+// kPolyExp (s56a, s56b, session 54; MLA_ROWS_BF16_EXP=poly8, poly16): the softmax's last kPolyExp of each k16 step's
+// four weight pairs by exp2_poly (the FMA pipe) instead of MUFU.EX2: 8 or 16 of a thread's 32 exponentials.
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false,
-          bool kEarlyReload = false>
+          bool kEarlyReload = false, int kPolyExp = 0>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
   static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+");
+  static_assert(kPolyExp == 0 || (kEarlyReload && !kStamps), "kPolyExp (s56) is s53b's instance's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -630,7 +634,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         for (int e = 0; e < 4; ++e) {
           const int i = 8 * ks + 2 * e, h = e & 1;
           // (exp2_ftz rather than exp2f's subnormal fix-up: D with 128 heads 2.6% faster, s16e)
-          const float w0 = exp2_ftz(fmaf(s[i], scale_log2, neg_m[h])), w1 = exp2_ftz(fmaf(s[i + 1], scale_log2, neg_m[h]));
+          const float x0 = fmaf(s[i], scale_log2, neg_m[h]), x1 = fmaf(s[i + 1], scale_log2, neg_m[h]);
+          const bool poly = e >= 4 - kPolyExp;  // (s56; a constant once unrolled)
+          const float w0 = poly ? exp2_poly(x0) : exp2_ftz(x0), w1 = poly ? exp2_poly(x1) : exp2_ftz(x1);
           d_run[h] += w0 + w1;
           pa[ks][e] = ptx::pack_bf16x2(w0, w1);
           // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
@@ -819,6 +825,12 @@ int bf16_order_env() {
   static const int v = env_choice("MLA_ROWS_BF16_ORDER", {{"0", 0}, {"s53b", 1}}, 1);
   return v;
 }
+// MLA_ROWS_BF16_EXP=poly8 or poly16 (s56a, s56b, session 54): under s53b's round, 8 or 16 of the softmax's 32
+// exponentials a thread by exp2_poly (kPolyExp); mufu (the default): all by MUFU.EX2.
+int bf16_exp_env() {
+  static const int v = env_choice("MLA_ROWS_BF16_EXP", {{"mufu", 0}, {"poly8", 1}, {"poly16", 2}}, 0);
+  return v;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -829,6 +841,8 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
+                : bf16_order_env() == 1 && bf16_exp_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 1>
+                : bf16_order_env() == 1 && bf16_exp_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 2>
                 : bf16_order_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
