@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
   static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+");
-  static_assert(kPolyExp == 0 || (kEarlyReload && !kStamps), "kPolyExp (s56) is s53b's instance's");
+  static_assert(kPolyExp == 0 || kEarlyReload, "kPolyExp (s56) is s53b's instance's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -860,12 +860,16 @@ const char* bf16_timeline_path() {
   return path && *path ? path : nullptr;
 }
 
-// The stamped twin of an instance the switches chose (s53b's or v18c's round; nullptr: none).
+// The stamped twin of an instance the switches chose (s53b's or v18c's round, s56's; nullptr: none).
 using Bf16RowsKernel = decltype(&attend_rows_bf16_kernel<>);
 Bf16RowsKernel stamped_twin(Bf16RowsKernel kernel) {
   if (kernel == attend_rows_bf16_kernel<true, false, true>) return attend_rows_bf16_kernel<true, false, true, 0, true>;
   if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true>)
     return attend_rows_bf16_kernel<true, false, true, 0, true, true>;
+  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true, 1>)  // (s56a's, s56b's)
+    return attend_rows_bf16_kernel<true, false, true, 0, true, true, 1>;
+  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true, 2>)
+    return attend_rows_bf16_kernel<true, false, true, 0, true, true, 2>;
   return nullptr;
 }
 
