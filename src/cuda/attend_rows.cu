@@ -67,10 +67,10 @@ constexpr auto kPage1Kernel =
 // pages of 8+ rows (and 2, 4 at 48 rows) / pages of 2 and 4 at 64 and 32 rows
 template <int kRowsN, bool kSplit = true>
 constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>>;
-// s56c, s56d (session 54, MLA_ROWS_EXP=poly16, poly32; prepared, not yet timed): kTmaKernel with a quarter or half of
+// s56c, s56d (session 54, MLA_ROWS_EXP=quarter, half; prepared, not yet timed): kTmaKernel with a quarter or half of
 // P's exponentials by exp2_poly (kPolyExp).
 int rows_exp_env() {
-  static const int v = env_choice("MLA_ROWS_EXP", {{"mufu", 0}, {"poly16", 1}, {"poly32", 2}}, 0);
+  static const int v = env_choice("MLA_ROWS_EXP", {{"mufu", 0}, {"quarter", 1}, {"half", 2}}, 0);
   return v;
 }
 template <int kRowsN, bool kSplit, int kPoly>

@@ -717,7 +717,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         // chain of ~4370 cycles a tile; s53a (the other's p.v, then all of q.k(t), the reload after `wait<1>`)
         // within noise or slower; s53b 1.5-3.5% faster (D, G, 96 heads, page 128; qlen 4 0.9%), its period ~3730
         // cycles, now bound by the publication chain (the other's p.v and the rest of q.k, then the softmax).
-        // Session 54 (H100s; s55a-g, code at c438866): the other's five q.k units (its slabs, the rope slab) split
+        // Session 54 (H100s; s55a-g, code at c438886): the other's five q.k units (its slabs, the rope slab) split
         // kPre before its p.v, kMid between that p.v and the reload, the rest after, so the reload leaves once the
         // p.v retired: (0, 2), (0, 3) 1-3% slower (the reload left ~500 cycles earlier, but the issue waited for the
         // p.v and the period grew 3735 -> 3852 cycles: the loads had ~1700 cycles of slack); (1, 2), (2, 2), (2, 3),

@@ -149,11 +149,12 @@ static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in 
 // faster, s29b). The softmax state then covers all the rows in each warpgroup (a thread's rows are
 // its o columns: the lazy rescale's alpha stays in registers), the maxima meet only where a row
 // grows (as before), and each warpgroup's row sums cover its tile (added at the end).
-// kPolyExp (s56c, s56d, session 54; MLA_ROWS_EXP=poly16, poly32 at 64 rows: 16 or 32 of a thread's 64 a pair): the
+// kPolyExp (s56c, s56d, session 54; MLA_ROWS_EXP=quarter, half: at 64 rows 8 or 16 of a thread's 32 a pair): the
 // last kPolyExp of every four of P's exponentials by exp2_poly (the FMA pipe) instead of MUFU.EX2 (the bf16 kernel's
 // s56a, s56b).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
-          bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false, int kPolyExp = 0>
+          bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false,
+          int kPolyExp = 0>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
