@@ -67,6 +67,7 @@ constexpr int kChunkStrideM = kRowsM / 8 * 128;        // K-major core-matrix ti
 constexpr int kQChunks = kLatent * 2 / 16;             // the query's 16-byte chunks in shared memory (64)
 constexpr int kBarPublished = 1;                       // + w: warpgroup w published a tile (named barrier)
 constexpr int kBarGroup = 3;                           // + w: warpgroup w's 128 threads
+constexpr int kBarIssued = 5;                          // + w: the other issued its q.k after w's tile (s57a)
 // kStamps (s52a): a tile's events, each stamped once (SM clock) by the first thread of the warpgroup named.
 enum RowsStamp : int {
   kStampIssueOwner,      // the owner warpgroup issued its part of the tile (its dims' slabs)
@@ -238,14 +239,18 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // (why: at the loop below).
 // kPolyExp (s56a, s56b, session 54; MLA_ROWS_BF16_EXP=poly8, poly16): the softmax's last kPolyExp of each k16 step's
 // four weight pairs by exp2_poly (the FMA pipe) instead of MUFU.EX2: 8 or 16 of a thread's 32 exponentials.
+// kDeferPv (s57a, session 54; MLA_ROWS_BF16_DEFER_PV=1): under s53b's round the publisher of tile t issues its p.v(t)
+// only once the other warpgroup has issued its p.v of t and the rest of its q.k(t + 1) (a named barrier, kBarIssued),
+// so the tensor pipe runs the chain to the next publication first (why: at own's p.v).
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false,
-          bool kEarlyReload = false, int kPolyExp = 0>
+          bool kEarlyReload = false, int kPolyExp = 0, bool kDeferPv = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
   static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+");
   static_assert(kPolyExp == 0 || kEarlyReload, "kPolyExp (s56) is s53b's instance's");
+  static_assert(!kDeferPv || kEarlyReload, "kDeferPv (s57a) is s53b's instance's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -657,6 +662,14 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // (s54a, session 53: a bar.arrive under s53b's round, within noise on an H100 and racecheck's 8 reports again.)
       ptx::named_sync(kBarPublished + wg, kThreadsB);
       stamp(t, kStampPublished);
+      // s57a (prepared in session 54, not yet timed): after a publication the tensor pipe holds this p.v(t) and the
+      // other warpgroup's p.v of t and rest of q.k(t + 1), and only the latter two lead to the next publication
+      // (session 53's stamps: ~2590 cycles from a publication to that q.k retired against ~1660 of MMAs; session
+      // 54's s55 stamps: the loads and this warpgroup's own next part have slack). So this p.v waits until the other
+      // has issued both; the other arrives after its qk_rest (t + 1 < n_tiles: it has that round; else no wait).
+      if constexpr (kDeferPv) {
+        if (t + 1 < n_tiles) ptx::named_sync(kBarIssued + wg, kThreadsB);
+      }
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
         rescale(alpha);
@@ -726,6 +739,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         qk_mine(t, s);
         pv_other(t - 1);
         qk_rest(t, s);
+        if constexpr (kDeferPv) ptx::named_arrive(kBarIssued + (wg ^ 1), kThreadsB);  // (s57a: the other's p.v may go)
         wgmma::wait<1>();
         if (t + 1 < n_tiles) reload(t + 1);
         wgmma::wait<0>();
@@ -831,6 +845,11 @@ int bf16_exp_env() {
   static const int v = env_choice("MLA_ROWS_BF16_EXP", {{"mufu", 0}, {"poly8", 1}, {"poly16", 2}}, 0);
   return v;
 }
+// MLA_ROWS_BF16_DEFER_PV=1 (s57a, session 54): under s53b's round, a publisher's p.v after the other's q.k issue.
+bool bf16_defer_pv_env() {
+  static const bool on = env_choice("MLA_ROWS_BF16_DEFER_PV", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
 // The instance the switches choose at this page size.
 auto bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
@@ -841,8 +860,12 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
-                : bf16_order_env() == 1 && bf16_exp_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 1>
-                : bf16_order_env() == 1 && bf16_exp_env() == 2 ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 2>
+                : bf16_order_env() == 1 && bf16_defer_pv_env()
+                    ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 0, true>
+                : bf16_order_env() == 1 && bf16_exp_env() == 1
+                    ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 1>
+                : bf16_order_env() == 1 && bf16_exp_env() == 2
+                    ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 2>
                 : bf16_order_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true>
                                         : attend_rows_bf16_kernel<true, false, true>)
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
@@ -870,6 +893,8 @@ Bf16RowsKernel stamped_twin(Bf16RowsKernel kernel) {
     return attend_rows_bf16_kernel<true, false, true, 0, true, true, 1>;
   if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true, 2>)
     return attend_rows_bf16_kernel<true, false, true, 0, true, true, 2>;
+  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true, 0, true>)  // (s57a's)
+    return attend_rows_bf16_kernel<true, false, true, 0, true, true, 0, true>;
   return nullptr;
 }
 
