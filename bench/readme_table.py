@@ -11,8 +11,8 @@ once), TFLOP/s, the step's graph µs, and the issue's comparison computed from t
 bf16 time (issue 5's column) against ours for A-G, a page-1/16 row against its page-64 row, the
 uneven batch against its even twin. --old puts the figure README's table had for the row beside it.
 --flashmla DIR takes FlashMLA's times for A-G from scripts/flashmla-bench's JSONs in DIR, or from a session's
-combined JSON in bench/results (FlashMLA's own kernel timed on the GPU of the table's run, in the same device call) instead of issue 5's column, which another H200
-measured: the issue asks "faster than FlashMLA on the same GPU".
+combined JSON in bench/results (FlashMLA's own kernel timed on the GPU of the table's run, in the same device call)
+instead of issue 5's column, which another H200 measured: the issue asks "faster than FlashMLA on the same GPU".
 
 Why: the table mixed rows of several sessions (each marked), so a change that moved every kernel left
 rows stale; one run rendered by one script keeps it true (session 41).

@@ -232,15 +232,10 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
       return;
     }
   }
-  if (rows_exp_env() == 1) {
-    kTmaPolyKernel<kRowsN, kSplit, 1><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-    return;
-  }
-  if (rows_exp_env() == 2) {
-    kTmaPolyKernel<kRowsN, kSplit, 2><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-    return;
-  }
-  kTmaKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  auto* kernel = rows_exp_env() == 1   ? kTmaPolyKernel<kRowsN, kSplit, 1>
+                 : rows_exp_env() == 2 ? kTmaPolyKernel<kRowsN, kSplit, 2>
+                                       : kTmaKernel<kRowsN, kSplit>;
+  kernel<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {

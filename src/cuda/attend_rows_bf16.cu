@@ -33,7 +33,6 @@
 #include <cstdlib>
 #include <vector>
 
-#include "core/exp2_poly.hpp"
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
@@ -640,8 +639,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           const int i = 8 * ks + 2 * e, h = e & 1;
           // (exp2_ftz rather than exp2f's subnormal fix-up: D with 128 heads 2.6% faster, s16e)
           const float x0 = fmaf(s[i], scale_log2, neg_m[h]), x1 = fmaf(s[i + 1], scale_log2, neg_m[h]);
-          const bool poly = e >= 4 - kPolyExp;  // (s56; a constant once unrolled)
-          const float w0 = poly ? exp2_poly(x0) : exp2_ftz(x0), w1 = poly ? exp2_poly(x1) : exp2_ftz(x1);
+          const float w0 = exp2_shared<kPolyExp>(x0, e), w1 = exp2_shared<kPolyExp>(x1, e);  // (s56; 0: exp2_ftz)
           d_run[h] += w0 + w1;
           pa[ks][e] = ptx::pack_bf16x2(w0, w1);
           // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
@@ -850,8 +848,19 @@ bool bf16_defer_pv_env() {
   static const bool on = env_choice("MLA_ROWS_BF16_DEFER_PV", {{"0", 0}, {"1", 1}}, 0) == 1;
   return on;
 }
+using Bf16RowsKernel = decltype(&attend_rows_bf16_kernel<>);
+// kSlabBars' instance at pages of 64+ keys for the round's switches (MLA_ROWS_BF16_ORDER, _DEFER_PV, _EXP), and with
+// kStamps its stamped twin (MLA_ROWS_BF16_TIMELINE): one choice for both, so every round has its twin.
+template <bool kStamps>
+Bf16RowsKernel bf16_round_kernel() {
+  if (bf16_order_env() == 0) return attend_rows_bf16_kernel<true, false, true, 0, kStamps>;
+  if (bf16_defer_pv_env()) return attend_rows_bf16_kernel<true, false, true, 0, kStamps, true, 0, true>;
+  if (bf16_exp_env() == 1) return attend_rows_bf16_kernel<true, false, true, 0, kStamps, true, 1>;
+  if (bf16_exp_env() == 2) return attend_rows_bf16_kernel<true, false, true, 0, kStamps, true, 2>;
+  return attend_rows_bf16_kernel<true, false, true, 0, kStamps, true>;
+}
 // The instance the switches choose at this page size.
-auto bf16_rows_kernel(int page_size) {
+Bf16RowsKernel bf16_rows_kernel(int page_size) {
   const bool slabs = bf16_slabs_env() > 0 && page_size >= kTileKeys;  // (kLean's one-box issue: TmaTiles' box_rows)
   const bool warps = bf16_lean_env() == 3 && bf16_lean_warps_page(page_size);
   return bf16_lean_env() != 0 && slabs
@@ -860,21 +869,14 @@ auto bf16_rows_kernel(int page_size) {
                 : bf16_probe_env() == 3 ? attend_rows_bf16_kernel<true, false, true, 3>
                 : bf16_probe_env() == 4 ? attend_rows_bf16_kernel<true, false, true, 4>
                 : bf16_probe_env() == 5 ? attend_rows_bf16_kernel<true, false, true, 5>
-                : bf16_order_env() == 1 && bf16_defer_pv_env()
-                    ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 0, true>
-                : bf16_order_env() == 1 && bf16_exp_env() == 1
-                    ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 1>
-                : bf16_order_env() == 1 && bf16_exp_env() == 2
-                    ? attend_rows_bf16_kernel<true, false, true, 0, false, true, 2>
-                : bf16_order_env() == 1 ? attend_rows_bf16_kernel<true, false, true, 0, false, true>
-                                        : attend_rows_bf16_kernel<true, false, true>)
+                                        : bf16_round_kernel<false>())
          : warps && bf16_slabs_env() == 2 ? attend_rows_bf16_kernel<true, true, true>
          : warps                          ? attend_rows_bf16_kernel<true, true>
          : bf16_lean_env() != 0           ? attend_rows_bf16_kernel<true>
                                           : attend_rows_bf16_kernel<false>;
 }
 // MLA_ROWS_BF16_TIMELINE=FILE (s52a, session 52; a measurement, bench/rows_timeline.py reads FILE): at pages of 64+
-// keys with the default switches (or v18c's round), the kStamps instance (that round, each tile's events stamped).
+// keys under any of the round's switches (bf16_round_kernel), its kStamps twin (each tile's events stamped).
 // A launch outside a graph capture waits for the kernel and rewrites FILE as CSV, a line a stamped tile: cta, smid,
 // tile, then the RowsStamp events in SM cycles from the CTA's first stamp (-1: not stamped), so the last eager launch
 // of a run is what FILE holds; inside a capture the graph stamps into the same buffer and FILE is left alone.
@@ -883,19 +885,9 @@ const char* bf16_timeline_path() {
   return path && *path ? path : nullptr;
 }
 
-// The stamped twin of an instance the switches chose (s53b's or v18c's round, s56's; nullptr: none).
-using Bf16RowsKernel = decltype(&attend_rows_bf16_kernel<>);
+// The stamped twin of the instance the switches chose (nullptr: none; the probes and pages under 64 keys have none).
 Bf16RowsKernel stamped_twin(Bf16RowsKernel kernel) {
-  if (kernel == attend_rows_bf16_kernel<true, false, true>) return attend_rows_bf16_kernel<true, false, true, 0, true>;
-  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true>)
-    return attend_rows_bf16_kernel<true, false, true, 0, true, true>;
-  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true, 1>)  // (s56a's, s56b's)
-    return attend_rows_bf16_kernel<true, false, true, 0, true, true, 1>;
-  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true, 2>)
-    return attend_rows_bf16_kernel<true, false, true, 0, true, true, 2>;
-  if (kernel == attend_rows_bf16_kernel<true, false, true, 0, false, true, 0, true>)  // (s57a's)
-    return attend_rows_bf16_kernel<true, false, true, 0, true, true, 0, true>;
-  return nullptr;
+  return kernel == bf16_round_kernel<false>() ? bf16_round_kernel<true>() : nullptr;
 }
 
 void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream,
@@ -936,9 +928,10 @@ void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cu
 
 void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_bf16 launches: pages under 16, 16-32, 64+)
   for (const int page_size : {8, 16, 64}) {
-    auto* kernel = bf16_rows_kernel(page_size);
+    const Bf16RowsKernel kernel = bf16_rows_kernel(page_size);
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
-    auto* stamped = bf16_timeline_path() ? stamped_twin(kernel) : nullptr;  // (MLA_ROWS_BF16_TIMELINE launches it)
+    // (MLA_ROWS_BF16_TIMELINE launches the stamped twin)
+    const Bf16RowsKernel stamped = bf16_timeline_path() ? stamped_twin(kernel) : nullptr;
     if (stamped)
       MLA_CUDA_CHECK(
           cudaFuncSetAttribute(stamped, cudaFuncAttributeMaxDynamicSharedMemorySize, bf16_rows_smem_bytes()));
@@ -947,9 +940,9 @@ void prepare_attend_rows_bf16_kernel() {  // (the instances launch_attend_rows_b
 
 void launch_attend_rows_bf16(const AttendParams& p, const CUtensorMap& map, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kRowsM);
-  auto* kernel = bf16_rows_kernel(p.page_size);
+  const Bf16RowsKernel kernel = bf16_rows_kernel(p.page_size);
   if (bf16_timeline_path()) {
-    if (auto* stamped = stamped_twin(kernel)) {
+    if (const Bf16RowsKernel stamped = stamped_twin(kernel)) {
       launch_stamps(p, grid, map, stream, stamped);
       return;
     }
