@@ -67,15 +67,6 @@ constexpr auto kPage1Kernel =
 // pages of 8+ rows (and 2, 4 at 48 rows) / pages of 2 and 4 at 64 and 32 rows
 template <int kRowsN, bool kSplit = true>
 constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>>;
-// s56c, s56d (session 54, MLA_ROWS_EXP=quarter, half; prepared, not yet timed): kTmaKernel with a quarter or half of
-// P's exponentials by exp2_poly (kPolyExp).
-int rows_exp_env() {
-  static const int v = env_choice("MLA_ROWS_EXP", {{"mufu", 0}, {"quarter", 1}, {"half", 2}}, 0);
-  return v;
-}
-template <int kRowsN, bool kSplit, int kPoly>
-constexpr auto kTmaPolyKernel =
-    attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, kPoly>;
 template <int kRowsN, bool kSplit = true>
 constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, false, false, kSplitQk<kRowsN, kSplit>>;
 // Page 1's bulk row copies (s31a): the CTA copies each key row with one bulk copy and takes q.k's
@@ -109,8 +100,6 @@ constexpr auto kRowCopyKernel =
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_rows_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
-  if (rows_exp_env() == 1) prepare_rows_kernel<kTmaPolyKernel<kRowsN, kSplit, 1>, kRowsN>();
-  if (rows_exp_env() == 2) prepare_rows_kernel<kTmaPolyKernel<kRowsN, kSplit, 2>, kRowsN>();
   // The row-copy instances unless MLA_ROWS_ROW_COPIES=0 (by default the 48- and 32-row ones outside
   // clusters and the 48-row clusters run); 64 rows: one group step.
   if constexpr (kSplit) {
@@ -232,10 +221,7 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
       return;
     }
   }
-  auto* kernel = rows_exp_env() == 1   ? kTmaPolyKernel<kRowsN, kSplit, 1>
-                 : rows_exp_env() == 2 ? kTmaPolyKernel<kRowsN, kSplit, 2>
-                                       : kTmaKernel<kRowsN, kSplit>;
-  kernel<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  kTmaKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
 }
 template <int kRowsN>
 void launch_rows_height(const AttendParams& p, const CUtensorMap& map, bool tma, cudaStream_t stream) {

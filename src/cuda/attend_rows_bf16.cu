@@ -66,7 +66,6 @@ constexpr int kChunkStrideM = kRowsM / 8 * 128;        // K-major core-matrix ti
 constexpr int kQChunks = kLatent * 2 / 16;             // the query's 16-byte chunks in shared memory (64)
 constexpr int kBarPublished = 1;                       // + w: warpgroup w published a tile (named barrier)
 constexpr int kBarGroup = 3;                           // + w: warpgroup w's 128 threads
-constexpr int kBarIssued = 5;                          // + w: the other issued its q.k after w's tile (s57a)
 // kStamps (s52a): a tile's events, each stamped once (SM clock) by the first thread of the warpgroup named.
 enum RowsStamp : int {
   kStampIssueOwner,      // the owner warpgroup issued its part of the tile (its dims' slabs)
@@ -236,20 +235,13 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // pages of 64+ keys): q.k(t) over this warpgroup's slabs first, then the other's tile t - 1, then the rest of q.k(t),
 // and this warpgroup's part of t + 1 out after `wait<1>` (the first two groups retired) while that rest still runs
 // (why: at the loop below).
-// kPolyExp (s56a, s56b, session 54; MLA_ROWS_BF16_EXP=poly8, poly16): the softmax's last kPolyExp of each k16 step's
-// four weight pairs by exp2_poly (the FMA pipe) instead of MUFU.EX2: 8 or 16 of a thread's 32 exponentials.
-// kDeferPv (s57a, session 54; MLA_ROWS_BF16_DEFER_PV=1): under s53b's round the publisher of tile t issues its p.v(t)
-// only once the other warpgroup has issued its p.v of t and the rest of its q.k(t + 1) (a named barrier, kBarIssued),
-// so the tensor pipe runs the chain to the next publication first (why: at own's p.v).
 template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, int kProbe = 0, bool kStamps = false,
-          bool kEarlyReload = false, int kPolyExp = 0, bool kDeferPv = false>
+          bool kEarlyReload = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
   static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+");
-  static_assert(kPolyExp == 0 || kEarlyReload, "kPolyExp (s56) is s53b's instance's");
-  static_assert(!kDeferPv || kEarlyReload, "kDeferPv (s57a) is s53b's instance's");
   static_assert(!kSlabBars || kLean, "kSlabBars is an instance of kLean's (or kLeanWarps') lean issue");
   static_assert(!kProbe || (kSlabBars && !kLeanWarps), "kProbe (s47b) is kSlabBars' at pages of 64+ keys");
   constexpr bool kNoMma = kProbe >= 2;  // (s47b's = 2, s48f's = 3, 4 and s51a's = 5)
@@ -638,8 +630,9 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         for (int e = 0; e < 4; ++e) {
           const int i = 8 * ks + 2 * e, h = e & 1;
           // (exp2_ftz rather than exp2f's subnormal fix-up: D with 128 heads 2.6% faster, s16e)
-          const float x0 = fmaf(s[i], scale_log2, neg_m[h]), x1 = fmaf(s[i + 1], scale_log2, neg_m[h]);
-          const float w0 = exp2_shared<kPolyExp>(x0, e), w1 = exp2_shared<kPolyExp>(x1, e);  // (s56; 0: exp2_ftz)
+          // (s56a, s56b, session 55: 8 or 16 of a thread's 32 by a polynomial on the FMA pipe, FlashAttention-4's
+          // trick, within 1% of this or slower on an H100; removed, code at f5d02dc)
+          const float w0 = exp2_ftz(fmaf(s[i], scale_log2, neg_m[h])), w1 = exp2_ftz(fmaf(s[i + 1], scale_log2, neg_m[h]));
           d_run[h] += w0 + w1;
           pa[ks][e] = ptx::pack_bf16x2(w0, w1);
           // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
@@ -660,14 +653,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
       // (s54a, session 53: a bar.arrive under s53b's round, within noise on an H100 and racecheck's 8 reports again.)
       ptx::named_sync(kBarPublished + wg, kThreadsB);
       stamp(t, kStampPublished);
-      // s57a (prepared in session 54, not yet timed): after a publication the tensor pipe holds this p.v(t) and the
-      // other warpgroup's p.v of t and rest of q.k(t + 1), and only the latter two lead to the next publication
-      // (session 53's stamps: ~2590 cycles from a publication to that q.k retired against ~1660 of MMAs; session
-      // 54's s55 stamps: the loads and this warpgroup's own next part have slack). So this p.v waits until the other
-      // has issued both; the other arrives after its qk_rest (t + 1 < n_tiles: it has that round; else no wait).
-      if constexpr (kDeferPv) {
-        if (t + 1 < n_tiles) ptx::named_sync(kBarIssued + wg, kThreadsB);
-      }
+      // (s57a, session 55: this p.v held back by a named barrier until the other warpgroup had issued its p.v of t
+      // and the rest of its q.k(t + 1), so the tensor pipe would run the chain to the next publication first: 1.5x
+      // slower at D, the period 3735 -> 5719 cycles, as own's p.v then ran alone after the other's chain; code at
+      // f5d02dc.)
       if (__any_sync(0xffffffffu, moved)) {
         wgmma::fence_operand(o);
         rescale(alpha);
@@ -737,7 +726,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         qk_mine(t, s);
         pv_other(t - 1);
         qk_rest(t, s);
-        if constexpr (kDeferPv) ptx::named_arrive(kBarIssued + (wg ^ 1), kThreadsB);  // (s57a: the other's p.v may go)
         wgmma::wait<1>();
         if (t + 1 < n_tiles) reload(t + 1);
         wgmma::wait<0>();
@@ -837,27 +825,14 @@ int bf16_order_env() {
   static const int v = env_choice("MLA_ROWS_BF16_ORDER", {{"0", 0}, {"s53b", 1}}, 1);
   return v;
 }
-// MLA_ROWS_BF16_EXP=poly8 or poly16 (s56a, s56b, session 54): under s53b's round, 8 or 16 of the softmax's 32
-// exponentials a thread by exp2_poly (kPolyExp); mufu (the default): all by MUFU.EX2.
-int bf16_exp_env() {
-  static const int v = env_choice("MLA_ROWS_BF16_EXP", {{"mufu", 0}, {"poly8", 1}, {"poly16", 2}}, 0);
-  return v;
-}
-// MLA_ROWS_BF16_DEFER_PV=1 (s57a, session 54): under s53b's round, a publisher's p.v after the other's q.k issue.
-bool bf16_defer_pv_env() {
-  static const bool on = env_choice("MLA_ROWS_BF16_DEFER_PV", {{"0", 0}, {"1", 1}}, 0) == 1;
-  return on;
-}
+// (MLA_ROWS_BF16_EXP, MLA_ROWS_BF16_DEFER_PV: session 54's s56a-b and s57a, removed in session 55; code at f5d02dc.)
 using Bf16RowsKernel = decltype(&attend_rows_bf16_kernel<>);
-// kSlabBars' instance at pages of 64+ keys for the round's switches (MLA_ROWS_BF16_ORDER, _DEFER_PV, _EXP), and with
-// kStamps its stamped twin (MLA_ROWS_BF16_TIMELINE): one choice for both, so every round has its twin.
+// kSlabBars' instance at pages of 64+ keys for the round MLA_ROWS_BF16_ORDER chooses, and with kStamps its stamped
+// twin (MLA_ROWS_BF16_TIMELINE): one choice for both, so every round has its twin.
 template <bool kStamps>
 Bf16RowsKernel bf16_round_kernel() {
-  if (bf16_order_env() == 0) return attend_rows_bf16_kernel<true, false, true, 0, kStamps>;
-  if (bf16_defer_pv_env()) return attend_rows_bf16_kernel<true, false, true, 0, kStamps, true, 0, true>;
-  if (bf16_exp_env() == 1) return attend_rows_bf16_kernel<true, false, true, 0, kStamps, true, 1>;
-  if (bf16_exp_env() == 2) return attend_rows_bf16_kernel<true, false, true, 0, kStamps, true, 2>;
-  return attend_rows_bf16_kernel<true, false, true, 0, kStamps, true>;
+  return bf16_order_env() == 0 ? attend_rows_bf16_kernel<true, false, true, 0, kStamps>
+                               : attend_rows_bf16_kernel<true, false, true, 0, kStamps, true>;
 }
 // The instance the switches choose at this page size.
 Bf16RowsKernel bf16_rows_kernel(int page_size) {

@@ -148,12 +148,8 @@ static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in 
 // faster, s29b). The softmax state then covers all the rows in each warpgroup (a thread's rows are
 // its o columns: the lazy rescale's alpha stays in registers), the maxima meet only where a row
 // grows (as before), and each warpgroup's row sums cover its tile (added at the end).
-// kPolyExp (s56c, s56d, session 54; MLA_ROWS_EXP=quarter, half: at 64 rows 8 or 16 of a thread's 32 a pair): the
-// last kPolyExp of every four of P's exponentials by exp2_poly (the FMA pipe) instead of MUFU.EX2 (the bf16 kernel's
-// s56a, s56b).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
-          bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false,
-          int kPolyExp = 0>
+          bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -612,9 +608,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) {
             const float m = m_run[row_slot(i)];
-            // (exp2_ftz: 1.3-3% faster than exp2f's subnormal fix-up at D, F, G, qlen 2; s15c)
-            const float e = fmaf(x[t][i], scale_log2, -(m == -INFINITY ? 0.0f : m));
-            w[i] = exp2_shared<kPolyExp>(e, i);  // (s56c, s56d; kPolyExp = 0: exp2_ftz)
+            // (exp2_ftz: 1.3-3% faster than exp2f's subnormal fix-up at D, F, G, qlen 2; s15c. A quarter or half of
+            // them by a polynomial on the FMA pipe, s56c, s56d: 0-3% slower at D, E, 96 heads, G; code at f5d02dc.)
+            w[i] = exp2_ftz(fmaf(x[t][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
             sums[row_slot(i)] += w[i];
           }
           store_p_t<kRowsN>(ptx::smem_addr(sm.p[kSplitQk ? wg : t]), w, q_row0, warp, lane);

@@ -6,8 +6,6 @@
 
 #include <cstdint>
 
-#include "core/exp2_poly.hpp"
-
 namespace mla::cuda {
 
 // v (the same in every lane of the warp: a warp or warpgroup index) through a shuffle from lane 0,
@@ -31,13 +29,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-// 2^x for element i of a softmax's unrolled loop: by exp2_poly (core/exp2_poly.hpp: the FMA pipe) for the last
-// kPoly of every four indices, else by exp2_ftz (MUFU), so a tile's exponentials share both pipes (s56, session 54;
-// kPoly = 0: all MUFU). i is a constant once unrolled, so the choice costs nothing.
-template <int kPoly>
-__device__ __forceinline__ float exp2_shared(float x, int i) {
-  return (i & 3) >= 4 - kPoly ? exp2_poly(x) : exp2_ftz(x);
 }
 // A weight load that is used once (the projections' weight streams): read-only path, not kept in L1.
 __device__ __forceinline__ uint4 load_streaming(const uint4* p) {
