@@ -78,9 +78,14 @@ AttendShape attend_plan_shape(int batch, int rows, bool q_bf16, bool cache_fp8, 
   return {(rows + 15) / 16, bf16_16row ? sms : 2 * sms, false};
 }
 
+int attend_rows_fill_per_mille() {
+  static const int v = env_choice("MLA_ROWS_FILL", {{"850", 850}, {"full", 1000}}, 850);
+  return v;
+}
+
 bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows, int min_fill_per_mille) {
   const int64_t waves = (fixed_ctas + slots - 1) / slots;
-  if (many_rows) return fixed_ctas * 20 >= waves * slots * 17;
+  if (many_rows) return fixed_ctas * 1000 >= waves * slots * attend_rows_fill_per_mille();
   return min_fill_per_mille > 0 ? fixed_ctas * 1000 >= waves * slots * min_fill_per_mille
                                 : fixed_ctas * 3 >= waves * slots * 2;
 }
