@@ -25,6 +25,14 @@ the 10th / 90th percentiles of each interval in cycles (and µs at --mhz):
   next part - done  the later part of t + 1 issued minus q.k(t) retired: ~+170 cycles in v18c's round (t + 1 leaves
                     only after q.k(t)), ~-780 in s53b's (it leaves at `wait<1>`, under the rest of q.k(t))
 and the share of tiles whose t + 1 had both parts out before q.k(t) issued (two tiles' loads in flight at once).
+Since session 55 a CTA's tiles are numbered across its segments (the flat plan's key-CTAs serve several requests
+one after another) and each segment's start and end are stamped; where a CTA has more than one segment, a switch
+from segment s to s + 1 (its first tile f) is reported as
+  epilogue          the last tile's p.v retired (the later of its last two tiles') to segment s's end (o stored)
+  end to start      segment s's end to s + 1's start (serve_segments' walk, the next serve's entry)
+  start to q.k      s + 1's start to q.k(f)'s first slab wait passed (the query, the first loads' latency)
+  switch in all     the last p.v retired to q.k(f) retired, against a period of two tiles
+and each CTA's span (its first stamp to its last segment's end) with its segment count.
 
 Why: the stall samples (sessions 46-51) say where warps waited, not how long a tile's load took or which step of the
 round holds the next load back; these intervals do (docs/attention.md's queue, items 3 (n) and (o)).
@@ -36,6 +44,7 @@ import sys
 
 EVENTS = ["issue_owner", "issue_other", "qk_start", "first_slab", "qk_issued", "qk_done", "published", "pv_done",
           "other_published"]
+SEGMENT_EVENTS = ["segment_start", "segment_end"]  # (session 55; absent from older CSVs)
 
 
 def main():
@@ -46,7 +55,7 @@ def main():
     a = ap.parse_args()
     ctas = {}
     for r in csv.DictReader(open(a.csv)):
-        ctas.setdefault(int(r["cta"]), {})[int(r["tile"])] = {k: int(r[k]) for k in EVENTS}
+        ctas.setdefault(int(r["cta"]), {})[int(r["tile"])] = {k: int(r.get(k) or -1) for k in EVENTS + SEGMENT_EVENTS}
     if not ctas:
         sys.exit(f"{a.csv}: no stamped tiles")
     intervals = {name: [] for name in ["period", "load latency", "first slab wait", "q.k issue", "to q.k done",
@@ -60,9 +69,11 @@ def main():
     for tiles in ctas.values():
         n = max(tiles) + 1
         tiles_a_cta.append(n)
+        # (the steady state of each segment: tiles near a later segment's start are left out too)
+        starts = [t for t, e in tiles.items() if e["segment_start"] > 0 and t > 0]
         for t in range(a.skip, n - a.skip):
             e = tiles.get(t)
-            if e is None or any(e[k] < 0 for k in EVENTS):
+            if e is None or any(e[k] < 0 for k in EVENTS) or any(t - a.skip < f <= t + 2 + a.skip for f in starts):
                 continue
             nxt = tiles.get(t + 2)
             if nxt and nxt["qk_start"] >= 0:
@@ -93,6 +104,39 @@ def main():
         print(f"  {name:<18} {med:8.0f} {q[0]:8.0f} {q[8]:8.0f} {med / a.mhz:10.3f}")
     if counted:
         print(f"  t + 1 wholly out before q.k(t) issued: {overlapped} of {counted} tiles ({100 * overlapped / counted:.0f}%)")
+    segments(ctas, a.mhz)
+
+
+def segments(ctas, mhz):
+    """The segment switches and each CTA's span (the stamps of session 55 on)."""
+    switch = {name: [] for name in ["epilogue", "end to start", "start to q.k", "switch in all"]}
+    spans = {}
+    for tiles in ctas.values():
+        starts = sorted(t for t, e in tiles.items() if e["segment_start"] >= 0)
+        ends = [e["segment_end"] for e in tiles.values() if e["segment_end"] >= 0]
+        if not starts or not ends:
+            continue
+        spans.setdefault(len(starts), []).append(max(ends))
+        for f in starts[1:]:
+            last, prev, first = tiles.get(f - 1), tiles.get(f - 2), tiles[f]
+            if last is None or last["segment_end"] < 0:
+                continue
+            pv = max(last["pv_done"], prev["pv_done"] if prev else -1)
+            switch["epilogue"].append(last["segment_end"] - pv)
+            switch["end to start"].append(first["segment_start"] - last["segment_end"])
+            switch["start to q.k"].append(first["first_slab"] - first["segment_start"])
+            switch["switch in all"].append(first["qk_done"] - pv)
+    if not spans:
+        return
+    if any(switch.values()):
+        print(f"  segment switches ({len(switch['epilogue'])}): cycles, median / min / max, and median µs")
+        for name, v in switch.items():
+            if v:
+                med = statistics.median(v)
+                print(f"  {name:<18} {med:8.0f} {min(v):8.0f} {max(v):8.0f} {med / mhz:10.3f}")
+    for n, v in sorted(spans.items()):
+        print(f"  CTAs of {n} segment(s): {len(v)}, span median {statistics.median(v) / mhz:.1f} µs, min "
+              f"{min(v) / mhz:.1f}, max {max(v) / mhz:.1f}")
 
 
 if __name__ == "__main__":

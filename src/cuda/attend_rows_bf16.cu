@@ -77,10 +77,12 @@ enum RowsStamp : int {
   kStampPublished,       // owner: the publication barrier of tile t passed (own)
   kStampPvDone,          // owner: its p.v(t) retired
   kStampOtherPublished,  // other: its pv_other(t) barrier passed
+  kStampSegmentStart,    // a segment's first tile: warpgroup 0 entered serve (before the query's loads)
+  kStampSegmentEnd,      // a segment's last tile: warpgroup 0 stored its share of o and lse (the epilogue's end)
   kStampSmid,            // tile 0's word: the SM id (+ 1, so 0 means "not stamped")
   kStampWords
 };
-constexpr int kStampTiles = 512;  // tiles a CTA stamped (E's 512 a CTA at one split)
+constexpr int kStampTiles = 512;  // tiles a CTA stamped (E's 512 a CTA at one split), over all its segments
 static_assert(kTileKeys / 8 * kChunkStrideM == kSlabBytes, "P [64 rows x 64 keys] fills the rope slab");
 
 struct Bf16RowsSmem {
@@ -227,7 +229,7 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // kStamps (s52a, session 52; MLA_ROWS_BF16_TIMELINE=FILE, a measurement: the host's launch_stamps below): kSlabBars'
 // instance (the default's round, or v18c's) with each tile's events stamped from the SM clock (clock64) by the first
 // thread of the warpgroup that sees them, into p.timeline[(CTA x kStampTiles + tile) x kStampWords + event] (the first
-// kStampTiles tiles of a CTA's first segment; RowsStamp names the events). Why: sessions 46-51 inferred the round's
+// kStampTiles tiles of a CTA, its segments one after another since session 55; RowsStamp names the events). Why: sessions 46-51 inferred the round's
 // timing from stall samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the
 // stamps measure it tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each
 // step after.
@@ -269,11 +271,12 @@ __global__ void __launch_bounds__(kThreadsB, 1)
     tma::fence_barrier_init();  // published by the first segment's CTA barrier
   }
   int done = 0;  // tiles consumed by earlier segments (buffer and parity run on)
-  // (kStamps: event k of tile j, by this warpgroup's first thread; the first segment only)
+  // (kStamps: event k of the segment's tile j, by this warpgroup's first thread, as the CTA's tile done + j: the
+  // flat plan's segments one after another, so a segment switch shows; session 55)
   auto stamp = [&](int j, int k) {
     if constexpr (kStamps) {
-      if (tid % 128 == 0 && done == 0 && j < kStampTiles)
-        p.timeline[(int64_t(blockIdx.x) * kStampTiles + j) * kStampWords + k] = uint64_t(clock64());
+      if (tid % 128 == 0 && done + j < kStampTiles)
+        p.timeline[(int64_t(blockIdx.x) * kStampTiles + done + j) * kStampWords + k] = uint64_t(clock64());
     }
   };
   if constexpr (kStamps) {
@@ -289,6 +292,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool,
                    bool) __attribute__((always_inline)) {
     const int n_tiles = keys.n_tiles();
+    if (wg == 0 && n_tiles > 0) stamp(0, kStampSegmentStart);
     auto buffer = [&](int j) { return (done + j) & 1; };
     auto parity = [&](int j) { return uint32_t((done + j) >> 1) & 1; };
     auto kv_of = [&](int j) { return ptx::smem_addr(sm.kv[buffer(j)]); };
@@ -770,6 +774,7 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         out.store_pair(p, kHalfDims * wg + 8 * jj + 2 * c, o[4 * jj + 2 * h] * scale, o[4 * jj + 2 * h + 1] * scale);
       if (wg == 0 && c == 0) p.lse[out.lse_index] = f.lse();
     }
+    if (wg == 0 && n_tiles > 0) stamp(n_tiles - 1, kStampSegmentEnd);
     done += n_tiles;
   };  // serve
 
@@ -880,7 +885,7 @@ void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cu
   std::FILE* f = std::fopen(bf16_timeline_path(), "w");
   MLA_REQUIRE(f != nullptr, "MLA_ROWS_BF16_TIMELINE: cannot write ", bf16_timeline_path());
   std::fprintf(f, "cta,smid,tile,issue_owner,issue_other,qk_start,first_slab,qk_issued,qk_done,published,pv_done,"
-                  "other_published\n");
+                  "other_published,segment_start,segment_end\n");
   for (size_t cta = 0; cta < grid.x; ++cta) {
     const uint64_t* r = &host[cta * kStampTiles * kStampWords];
     uint64_t t0 = UINT64_MAX;
