@@ -1,11 +1,14 @@
 // The many-rows attend kernel's instances and launches (issue 5, v13): the kernel, its design and its
 // measured versions are in attend_rows_kernel.cuh; which height, tiles and instance a step takes, here.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "cuda/attend_rows_kernel.cuh"
 #include "cuda/check.hpp"
 #include "cuda/stages.hpp"
+#include "cuda/stamp_buffer.hpp"
 #include "cuda/tma.hpp"
 
 namespace mla::cuda {
@@ -67,6 +70,48 @@ constexpr auto kPage1Kernel =
 // pages of 8+ rows (and 2, 4 at 48 rows) / pages of 2 and 4 at 64 and 32 rows
 template <int kRowsN, bool kSplit = true>
 constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>>;
+// MLA_ROWS_TIMELINE=FILE (session 55; a measurement, bench/rows_cta_timeline.py reads FILE): kTmaKernel's stamped twin
+// (kStamps: each segment's phases, attend_rows_kernel.cuh), where kTmaKernel would run. Why: the flat plan's segment
+// switch cost the bf16 kernel 11-28 µs (its tile stamps, session 55) and this kernel as much (F 121 -> 143 µs under
+// MLA_ROWS_FILL=full), though its producer sends the next segment's tiles ahead. A launch outside a graph capture
+// waits for the kernel and rewrites FILE as CSV (a line a segment); inside a capture FILE is left alone.
+template <int kRowsN, bool kSplit = true>
+constexpr auto kTmaStampedKernel =
+    attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, true>;
+const char* rows_timeline_path() {
+  static const char* path = std::getenv("MLA_ROWS_TIMELINE");
+  return path && *path ? path : nullptr;
+}
+template <int kRowsN, bool kSplit>
+void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
+  static StampBuffer buffer;
+  const size_t words = size_t(grid.x) * kRowsStampWords;
+  bool capturing = false;
+  AttendParams p = in;
+  p.timeline = buffer.prepare(words, stream, "MLA_ROWS_TIMELINE", capturing);
+  if (!capturing) MLA_CUDA_CHECK(cudaMemsetAsync(p.timeline, 0, words * sizeof(uint64_t), stream));
+  kTmaStampedKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  MLA_CUDA_CHECK_LAUNCH();
+  if (capturing) return;
+  const std::vector<uint64_t> host = buffer.fetch(words, stream);
+  std::FILE* f = std::fopen(rows_timeline_path(), "w");
+  MLA_REQUIRE(f != nullptr, "MLA_ROWS_TIMELINE: cannot write ", rows_timeline_path());
+  std::fprintf(f, "rows,cta,smid,segment,tiles,entry,prologue,first_landed,last_pv,end\n");
+  for (size_t cta = 0; cta < grid.x; ++cta) {
+    const uint64_t* r = &host[cta * kRowsStampWords];
+    if (r[0] == 0) continue;  // (not stamped)
+    for (int seg = 0; seg < kRowsStampSegments; ++seg) {
+      const uint64_t* e = &r[2 + seg * kRowsSegmentWords];
+      if (e[kSegEntry] == 0) break;
+      std::fprintf(f, "%d,%zu,%llu,%d,%llu", kRowsN, cta, (unsigned long long)(r[0] - 1), seg,
+                   (unsigned long long)e[kSegTiles]);
+      for (const int k : {kSegEntry, kSegPrologue, kSegFirstLanded, kSegLastPv, kSegEnd})
+        std::fprintf(f, ",%lld", e[k] ? (long long)(e[k] - r[1]) : -1ll);  // (cycles from the CTA's start)
+      std::fprintf(f, "\n");
+    }
+  }
+  std::fclose(f);
+}
 template <int kRowsN, bool kSplit = true>
 constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, false, false, kSplitQk<kRowsN, kSplit>>;
 // Page 1's bulk row copies (s31a): the CTA copies each key row with one bulk copy and takes q.k's
@@ -100,6 +145,7 @@ constexpr auto kRowCopyKernel =
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_rows_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
+  if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit>, kRowsN>();
   // The row-copy instances unless MLA_ROWS_ROW_COPIES=0 (by default the 48- and 32-row ones outside
   // clusters and the 48-row clusters run); 64 rows: one group step.
   if constexpr (kSplit) {
@@ -221,6 +267,7 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
       return;
     }
   }
+  if (rows_timeline_path()) return launch_rows_stamps<kRowsN, kSplit>(p, map, grid, smem, stream);
   kTmaKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
 }
 template <int kRowsN>

@@ -65,6 +65,20 @@ constexpr int kRowsCtaThreads = kTma ? kRowThreads + 128 : kRowThreads;  // TMA:
 constexpr int kPtBarrier = kConsumerBarrier + 1;
 constexpr int kGroupDimBlocks = kDimBlocks / kGroups;  // p.v: 4 blocks of 64 dims a warpgroup
 constexpr int kQkGroup = 2;                     // k32 steps an f32-summed q.k accumulator takes
+// kStamps (MLA_ROWS_TIMELINE, a measurement; session 55): consumer thread 0 stamps the SM clock (clock64) at a CTA's
+// phases into p.timeline[kRowsStampWords x CTA + word]: word 0 the SM id + 1, word 1 the CTA's start, then for each of
+// its first kRowsStampSegments segments kRowsSegmentWords words (RowsSegmentStamp).
+enum RowsSegmentStamp : int {
+  kSegEntry,        // serve entered (the segment's keys published to the consumers)
+  kSegPrologue,     // the query stored and the consumers' barrier passed (the pair loop starts)
+  kSegFirstLanded,  // warpgroup 0's wait for the first pair's tile 0 passed
+  kSegLastPv,       // the last pair's p.v retired (the epilogue starts)
+  kSegEnd,          // o and lse stored
+  kSegTiles,        // (a count, not a time: the segment's tiles)
+  kRowsSegmentWords
+};
+constexpr int kRowsStampSegments = 8;
+constexpr int kRowsStampWords = 2 + kRowsStampSegments * kRowsSegmentWords;
 
 // A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 or 32 where that many CTAs a
 // request hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads, 32 of 16 x 2:
@@ -149,7 +163,8 @@ static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in 
 // its o columns: the lazy rescale's alpha stays in registers), the maxima meet only where a row
 // grows (as before), and each warpgroup's row sums cover its tile (added at the end).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
-          bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false>
+          bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false,
+          bool kStamps = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -236,6 +251,23 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   const int g = lane / 4, c = lane % 4;
   const CtaWork cta(p, kRowsN, tid);
   const int rows_total = cta.rows_total, m_base = cta.m_base;
+  // (kStamps: the CTA's segment `segment` (counted by the consumers), its event k; `value` a count, else the clock)
+  int segment = 0;
+  auto stamp = [&](int k, int64_t value = -1) {
+    if constexpr (kStamps) {
+      if (tid == 0 && segment < kRowsStampSegments)
+        p.timeline[int64_t(blockIdx.x) * kRowsStampWords + 2 + segment * kRowsSegmentWords + k] =
+            value >= 0 ? uint64_t(value) : uint64_t(clock64());
+    }
+  };
+  if constexpr (kStamps) {
+    if (tid == 0) {
+      uint32_t sm_id;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
+      p.timeline[int64_t(blockIdx.x) * kRowsStampWords] = sm_id + 1;
+      p.timeline[int64_t(blockIdx.x) * kRowsStampWords + 1] = uint64_t(clock64());
+    }
+  }
   if (tid == 0) {
     for (int s = 0; s < 2; ++s)
       for (int u = 0; u < kGroups; ++u) {
@@ -322,6 +354,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // keys: the segment, in shared memory (read where needed: registers are short).
   auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool, bool) {
     const int n_tiles = keys.n_tiles(), n_pairs = (n_tiles + 1) / 2;
+    stamp(kSegEntry);
+    stamp(kSegTiles, n_tiles);
     // cp.async: the warpgroup's 128 threads copy tile 2 pair + wg from the published rows into
     // stage `at` & 1, a warp 32 consecutive 16-byte chunks (of one or two rows) an instruction, into
     // the swizzled slabs; a masked key's row is zero-filled. Each thread's copies arrive on the
@@ -373,6 +407,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     if (tid < kRowsN) sm.limit[tid] = keys.limit(p, m_base + tid, rows_total);  // (published below)
     wgmma::fence_proxy_async();
     sync_rows();
+    stamp(kSegPrologue);
     if (!kTma && n_pairs > 0) copy_pair(0, done);  // the rows published above
     // kQSplit: the thread's rows' 2^-e (q.k split by tile: its rows are slot_col of all the CTA's)
     float q_scale[kQSplit ? kSlots : 1];
@@ -421,6 +456,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // segments, where stages are reused; s29).
       auto land = [&](int u) {
         tma::wait_parity_forever(ptx::smem_addr(&sm.full[stage][u]), parity);
+        if (j == 0 && u == 0) stamp(kSegFirstLanded);
         uint64_t m = 0;
         if (lane == 0)
           m = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
@@ -723,6 +759,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     wgmma::wait<0>();
 #pragma unroll
     for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
+    stamp(kSegLastPv);
 
     // Row sums of this warpgroup's rows: over the 8 lanes of a column, then its 4 warps; the rows'
     // final state goes through shared memory to both warpgroups (each writes its dims of all rows).
@@ -768,6 +805,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         out.store_pair(p, 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g, o[blk][i0] * scale, o[blk][i0 + 2] * scale);
       if (cwarp == 0 && g == 0) p.lse[out.lse_index] = f.lse();
     }
+    stamp(kSegEnd);
+    ++segment;
     done += n_pairs;
   };  // serve
 

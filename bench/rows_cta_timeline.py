@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Where a CTA's time goes around its segments in the fp8 many-rows kernel, from MLA_ROWS_TIMELINE's CSV (session 55).
+
+    bench/rows_cta_timeline.py FILE.csv [--mhz 1980]
+
+FILE is what `MLA_ROWS_TIMELINE=FILE mla_graph_bench --iters 5 64:8192:4:64:fp8` leaves (the last eager launch's
+stamps: src/cuda/attend_rows_kernel.cuh, kStamps): a line a segment of a CTA, its phases in SM cycles from the CTA's
+start. Prints the median, min and max over segments (or switches) of
+
+  prologue          serve entered to the query stored and the consumers' barrier passed
+  first tile wait   that barrier to warpgroup 0's wait for the segment's first tile passed
+  a tile            the first tile landed to the last pair's p.v retired, over the segment's tiles (the stream)
+  epilogue          the last p.v retired to o and lse stored
+  end to entry      a segment's end to the next one's entry (serve_segments' walk: the next keys)
+  switch in all     a segment's last p.v retired to the next one's first tile landed
+
+and each CTA's span (its start to its last segment's end) by the number of segments it served.
+
+Why: under the flat plan (uneven batches, or MLA_ROWS_FILL=full) a key-CTA serves several requests one after another,
+and the even shapes D, F, G ran 8-18% slower so than on fixed splits (session 55's call 4) though this kernel's
+producer sends the next segment's tiles ahead: these stamps say which part of a switch costs it.
+"""
+import argparse
+import csv
+import statistics
+import sys
+
+
+def row(name, values, mhz):
+    if not values:
+        return
+    med = statistics.median(values)
+    print(f"  {name:<18} {med:9.0f} {min(values):9.0f} {max(values):9.0f} {med / mhz:10.3f}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--mhz", type=float, default=1980.0, help="SM clock for the µs column (the run's, from its JSON)")
+    a = ap.parse_args()
+    ctas = {}
+    for r in csv.DictReader(open(a.csv)):
+        ctas.setdefault(int(r["cta"]), []).append({k: int(v) for k, v in r.items()})
+    if not ctas:
+        sys.exit(f"{a.csv}: no stamped segments")
+    parts = {name: [] for name in ["prologue", "first tile wait", "a tile", "epilogue", "end to entry", "switch in all"]}
+    spans = {}
+    for segs in ctas.values():
+        segs.sort(key=lambda s: s["segment"])
+        spans.setdefault(len(segs), []).append(segs[-1]["end"])
+        for i, s in enumerate(segs):
+            if min(s["entry"], s["prologue"], s["first_landed"], s["last_pv"], s["end"]) < 0:
+                continue
+            parts["prologue"].append(s["prologue"] - s["entry"])
+            parts["first tile wait"].append(s["first_landed"] - s["prologue"])
+            if s["tiles"] > 0:
+                parts["a tile"].append((s["last_pv"] - s["first_landed"]) / s["tiles"])
+            parts["epilogue"].append(s["end"] - s["last_pv"])
+            if i + 1 < len(segs) and segs[i + 1]["entry"] >= 0:
+                parts["end to entry"].append(segs[i + 1]["entry"] - s["end"])
+                parts["switch in all"].append(segs[i + 1]["first_landed"] - s["last_pv"])
+    rows = next(iter(ctas.values()))[0]["rows"]
+    print(f"{a.csv}: {len(ctas)} CTAs of {rows} rows; cycles (median, min, max), and the median in µs at {a.mhz:.0f} MHz")
+    print(f"  {'interval':<18} {'median':>9} {'min':>9} {'max':>9} {'median µs':>10}")
+    for name, v in parts.items():
+        row(name, v, a.mhz)
+    for n, v in sorted(spans.items()):
+        print(f"  CTAs of {n} segment(s): {len(v)}, span median {statistics.median(v) / a.mhz:.1f} µs, min "
+              f"{min(v) / a.mhz:.1f}, max {max(v) / a.mhz:.1f}")
+
+
+if __name__ == "__main__":
+    main()
