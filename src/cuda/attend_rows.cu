@@ -75,12 +75,26 @@ constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, fa
 // switch cost the bf16 kernel 11-28 µs (its tile stamps, session 55) and this kernel as much (F 121 -> 143 µs under
 // MLA_ROWS_FILL=full), though its producer sends the next segment's tiles ahead. A launch outside a graph capture
 // waits for the kernel and rewrites FILE as CSV (a line a segment); inside a capture FILE is left alone.
-template <int kRowsN, bool kSplit = true>
+// MLA_ROWS_TIMELINE_PROBE=nostore beside it (a probe; results wrong): the 64-row and 48-row split-q.k twins (D, F, G,
+// 96 heads) without o's and lse's stores (kStampsNoStore), elsewhere the stamped twin.
+template <int kRowsN, bool kSplit = true, int kStamps = 1>
 constexpr auto kTmaStampedKernel =
-    attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, true>;
+    attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, kStamps>;
 const char* rows_timeline_path() {
   static const char* path = std::getenv("MLA_ROWS_TIMELINE");
   return path && *path ? path : nullptr;
+}
+bool rows_timeline_nostore() {
+  static const bool on = env_choice("MLA_ROWS_TIMELINE_PROBE", {{"0", 0}, {"nostore", 1}}, 0) == 1;
+  return on;
+}
+template <int kRowsN, bool kSplit>
+constexpr bool kNoStoreProbe = kRowsN == 64 || (kRowsN == 48 && kSplit);
+template <int kRowsN, bool kSplit>
+auto rows_stamped_kernel() {
+  if constexpr (kNoStoreProbe<kRowsN, kSplit>)
+    if (rows_timeline_nostore()) return kTmaStampedKernel<kRowsN, kSplit, kStampsNoStore>;
+  return kTmaStampedKernel<kRowsN, kSplit>;
 }
 template <int kRowsN, bool kSplit>
 void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
@@ -90,7 +104,7 @@ void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 gri
   AttendParams p = in;
   p.timeline = buffer.prepare(words, stream, "MLA_ROWS_TIMELINE", capturing);
   if (!capturing) MLA_CUDA_CHECK(cudaMemsetAsync(p.timeline, 0, words * sizeof(uint64_t), stream));
-  kTmaStampedKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  rows_stamped_kernel<kRowsN, kSplit>()<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   if (capturing) return;
   const std::vector<uint64_t> host = buffer.fetch(words, stream);
@@ -146,6 +160,8 @@ template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_rows_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
   if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit>, kRowsN>();
+  if constexpr (kNoStoreProbe<kRowsN, kSplit>)
+    if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit, kStampsNoStore>, kRowsN>();
   // The row-copy instances unless MLA_ROWS_ROW_COPIES=0 (by default the 48- and 32-row ones outside
   // clusters and the 48-row clusters run); 64 rows: one group step.
   if constexpr (kSplit) {
