@@ -43,7 +43,8 @@ def main():
         ctas.setdefault(int(r["cta"]), []).append({k: int(v) for k, v in r.items()})
     if not ctas:
         sys.exit(f"{a.csv}: no stamped segments")
-    parts = {name: [] for name in ["prologue", "first tile wait", "a tile", "epilogue", "end to entry", "switch in all"]}
+    names = ["prologue", "first tile wait", "a tile", "epilogue", "end to entry", "switch in all"]
+    parts = {name: [] for name in names}
     spans = {}
     for segs in ctas.values():
         segs.sort(key=lambda s: s["segment"])
@@ -60,7 +61,8 @@ def main():
                 parts["end to entry"].append(segs[i + 1]["entry"] - s["end"])
                 parts["switch in all"].append(segs[i + 1]["first_landed"] - s["last_pv"])
     rows = next(iter(ctas.values()))[0]["rows"]
-    print(f"{a.csv}: {len(ctas)} CTAs of {rows} rows; cycles (median, min, max), and the median in µs at {a.mhz:.0f} MHz")
+    print(f"{a.csv}: {len(ctas)} CTAs of {rows} rows; cycles (median, min, max), and the median in µs at "
+          f"{a.mhz:.0f} MHz")
     print(f"  {'interval':<18} {'median':>9} {'min':>9} {'max':>9} {'median µs':>10}")
     for name, v in parts.items():
         row(name, v, a.mhz)

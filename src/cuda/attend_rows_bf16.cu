@@ -229,8 +229,8 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // kStamps (s52a, session 52; MLA_ROWS_BF16_TIMELINE=FILE, a measurement: the host's launch_stamps below): kSlabBars'
 // instance (the default's round, or v18c's) with each tile's events stamped from the SM clock (clock64) by the first
 // thread of the warpgroup that sees them, into p.timeline[(CTA x kStampTiles + tile) x kStampWords + event] (the first
-// kStampTiles tiles of a CTA, its segments one after another since session 55; RowsStamp names the events). Why: sessions 46-51 inferred the round's
-// timing from stall samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the
+// kStampTiles tiles of a CTA, its segments one after another since session 55; RowsStamp names the events). Why:
+// sessions 46-51 inferred the round's timing from stall samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the
 // stamps measure it tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each
 // step after.
 // kEarlyReload (s53b, the default since session 53; MLA_ROWS_BF16_ORDER=0: v18c's round; kSlabBars' instance at
@@ -636,7 +636,8 @@ __global__ void __launch_bounds__(kThreadsB, 1)
           // (exp2_ftz rather than exp2f's subnormal fix-up: D with 128 heads 2.6% faster, s16e)
           // (s56a, s56b, session 55: 8 or 16 of a thread's 32 by a polynomial on the FMA pipe, FlashAttention-4's
           // trick, within 1% of this or slower on an H100; removed, code at f5d02dc)
-          const float w0 = exp2_ftz(fmaf(s[i], scale_log2, neg_m[h])), w1 = exp2_ftz(fmaf(s[i + 1], scale_log2, neg_m[h]));
+          const float w0 = exp2_ftz(fmaf(s[i], scale_log2, neg_m[h]));
+          const float w1 = exp2_ftz(fmaf(s[i + 1], scale_log2, neg_m[h]));
           d_run[h] += w0 + w1;
           pa[ks][e] = ptx::pack_bf16x2(w0, w1);
           // row0 + 8 h, keys 16 ks + 8 (e / 2) + 2c: chunk 2 ks + e / 2
