@@ -203,6 +203,20 @@ int CudaBackend::plan_splits(int batch, int qlen, CacheKind cache, std::span<con
   return splits;
 }
 
+// MLA_STEP_PARTIALS=bf16 (s59a, session 55; prepared, not yet timed): the step's o partials in bf16 instead of f32
+// (attend's epilogue stores them, post reads and merges them, in f32 arithmetic either way; both kernels' bf16 o paths
+// are the ones a caller's bf16 o takes). Why: session 55's stamps put the fp8 many-rows kernel's epilogue at 8.3 µs of
+// F's 104 and 14.6 of D's 220 (H100), its CTAs ending together as if o's f32 stores (12.6 and 16.8 MB) drained at
+// ~1.2 TB/s; bf16 halves those bytes and post's reads of them. Cost: o rounded to bf16 once more before W_UV (2^-9
+// relative a value; SPEC holds the step's bf16 output to 1e-2, aim 4e-3). f32: the default.
+namespace {
+DType step_partials_dtype() {
+  static const DType dtype =
+      env_choice("MLA_STEP_PARTIALS", {{"f32", 0}, {"bf16", 1}}, 0) == 1 ? DType::bf16 : DType::f32;
+  return dtype;
+}
+}  // namespace
+
 detail::StepWorkspace CudaBackend::workspace(const StepMeta& meta, const KVCache& cache) {
   const int64_t s = meta.tokens(), g = query_heads();
   MLA_REQUIRE(s <= opts.max_tokens, "step: S = ", s, " exceeds LayerOptions.max_tokens = ", opts.max_tokens);
@@ -215,11 +229,12 @@ detail::StepWorkspace CudaBackend::workspace(const StepMeta& meta, const KVCache
   ws.pre.q = TensorView::contiguous(at(q_), opts.q_dtype, {s, q_heads_, kRow}, Device::cuda, opts.cuda_device);
   if (cfg.gate_dim() > 0)
     ws.pre.gate = TensorView::contiguous(at(gate_), DType::bf16, {s, cfg.gate_dim()}, Device::cuda, opts.cuda_device);
+  const DType o_dtype = step_partials_dtype();  // (o_'s slot is planned for f32: bf16 fits)
   if (splits == 1) {
-    ws.attend.o = TensorView::contiguous(at(o_), DType::f32, {s, g, kLatent}, Device::cuda, opts.cuda_device);
+    ws.attend.o = TensorView::contiguous(at(o_), o_dtype, {s, g, kLatent}, Device::cuda, opts.cuda_device);
     ws.attend.lse = TensorView::contiguous(at(lse_), DType::f32, {s, g}, Device::cuda, opts.cuda_device);
   } else {
-    ws.attend.o = TensorView::contiguous(at(o_), DType::f32, {splits, s, g, kLatent}, Device::cuda, opts.cuda_device);
+    ws.attend.o = TensorView::contiguous(at(o_), o_dtype, {splits, s, g, kLatent}, Device::cuda, opts.cuda_device);
     ws.attend.lse = TensorView::contiguous(at(lse_), DType::f32, {splits, s, g}, Device::cuda, opts.cuda_device);
   }
   return ws;
