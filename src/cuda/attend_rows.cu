@@ -100,16 +100,13 @@ template <int kRowsN, bool kSplit>
 void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
   static StampBuffer buffer;
   const size_t words = size_t(grid.x) * kRowsStampWords;
-  bool capturing = false;
-  AttendParams p = in;
-  p.timeline = buffer.prepare(words, stream, "MLA_ROWS_TIMELINE", capturing);
-  if (!capturing) MLA_CUDA_CHECK(cudaMemsetAsync(p.timeline, 0, words * sizeof(uint64_t), stream));
-  rows_stamped_kernel<kRowsN, kSplit>()<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  MLA_CUDA_CHECK_LAUNCH();
-  if (capturing) return;
-  const std::vector<uint64_t> host = buffer.fetch(words, stream);
-  std::FILE* f = std::fopen(rows_timeline_path(), "w");
-  MLA_REQUIRE(f != nullptr, "MLA_ROWS_TIMELINE: cannot write ", rows_timeline_path());
+  const std::vector<uint64_t> host = buffer.launch(words, stream, "MLA_ROWS_TIMELINE", [&](uint64_t* stamps) {
+    AttendParams p = in;
+    p.timeline = stamps;
+    rows_stamped_kernel<kRowsN, kSplit>()<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+  });
+  if (host.empty()) return;  // (a graph capture)
+  std::FILE* f = open_stamp_csv(rows_timeline_path(), "MLA_ROWS_TIMELINE");
   std::fprintf(f, "rows,cta,smid,segment,tiles,entry,prologue,first_landed,last_pv,end\n");
   for (size_t cta = 0; cta < grid.x; ++cta) {
     const uint64_t* r = &host[cta * kRowsStampWords];

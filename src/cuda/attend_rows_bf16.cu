@@ -230,9 +230,9 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // instance (the default's round, or v18c's) with each tile's events stamped from the SM clock (clock64) by the first
 // thread of the warpgroup that sees them, into p.timeline[(CTA x kStampTiles + tile) x kStampWords + event] (the first
 // kStampTiles tiles of a CTA, its segments one after another since session 55; RowsStamp names the events). Why:
-// sessions 46-51 inferred the round's timing from stall samples and probes (a tile's load latency paid once a tile, the publication barrier's wait); the
-// stamps measure it tile by tile: when each part of a tile was issued, when its owner's q.k found it landed, and each
-// step after.
+// sessions 46-51 inferred the round's timing from stall samples and probes (a tile's load latency paid once a tile,
+// the publication barrier's wait); the stamps measure it tile by tile: when each part of a tile was issued, when its
+// owner's q.k found it landed, and each step after.
 // kEarlyReload (s53b, the default since session 53; MLA_ROWS_BF16_ORDER=0: v18c's round; kSlabBars' instance at
 // pages of 64+ keys): q.k(t) over this warpgroup's slabs first, then the other's tile t - 1, then the rest of q.k(t),
 // and this warpgroup's part of t + 1 out after `wait<1>` (the first two groups retired) while that rest still runs
@@ -875,16 +875,13 @@ void launch_stamps(const AttendParams& in, dim3 grid, const CUtensorMap& map, cu
                    Bf16RowsKernel kernel) {
   static StampBuffer buffer;
   const size_t words = size_t(grid.x) * kStampTiles * kStampWords;
-  bool capturing = false;
-  AttendParams p = in;
-  p.timeline = buffer.prepare(words, stream, "MLA_ROWS_BF16_TIMELINE", capturing);
-  if (!capturing) MLA_CUDA_CHECK(cudaMemsetAsync(p.timeline, 0, words * sizeof(uint64_t), stream));
-  kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
-  MLA_CUDA_CHECK_LAUNCH();
-  if (capturing) return;
-  const std::vector<uint64_t> host = buffer.fetch(words, stream);
-  std::FILE* f = std::fopen(bf16_timeline_path(), "w");
-  MLA_REQUIRE(f != nullptr, "MLA_ROWS_BF16_TIMELINE: cannot write ", bf16_timeline_path());
+  const std::vector<uint64_t> host = buffer.launch(words, stream, "MLA_ROWS_BF16_TIMELINE", [&](uint64_t* stamps) {
+    AttendParams p = in;
+    p.timeline = stamps;
+    kernel<<<grid, kThreadsB, bf16_rows_smem_bytes(), stream>>>(p, map);
+  });
+  if (host.empty()) return;  // (a graph capture)
+  std::FILE* f = open_stamp_csv(bf16_timeline_path(), "MLA_ROWS_BF16_TIMELINE");
   std::fprintf(f, "cta,smid,tile,issue_owner,issue_other,qk_start,first_slab,qk_issued,qk_done,published,pv_done,"
                   "other_published,segment_start,segment_end\n");
   for (size_t cta = 0; cta < grid.x; ++cta) {

@@ -95,18 +95,16 @@ const char* timeline_path() {
 void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream) {
   static StampBuffer buffer;
   const size_t words = size_t(grid.x) * kTimelineWords;
-  bool capturing = false;
-  AttendParams p = in;
-  p.timeline = buffer.prepare(words, stream, "MLA_ATTEND_TIMELINE", capturing);
-  MLA_REQUIRE(with_fast_divs(p, grid), "MLA_ATTEND_TIMELINE: a grid of ", grid.x,
-              " CTAs is past the multiply-shifts' bound");
-  attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true>
-      <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
-  MLA_CUDA_CHECK_LAUNCH();
-  if (capturing) return;
-  const std::vector<uint64_t> host = buffer.fetch(words, stream);
-  std::FILE* f = std::fopen(timeline_path(), "w");
-  MLA_REQUIRE(f != nullptr, "MLA_ATTEND_TIMELINE: cannot write ", timeline_path());
+  const std::vector<uint64_t> host = buffer.launch(words, stream, "MLA_ATTEND_TIMELINE", [&](uint64_t* stamps) {
+    AttendParams p = in;
+    p.timeline = stamps;
+    MLA_REQUIRE(with_fast_divs(p, grid), "MLA_ATTEND_TIMELINE: a grid of ", grid.x,
+                " CTAs is past the multiply-shifts' bound");
+    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true>
+        <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+  });
+  if (host.empty()) return;  // (a graph capture)
+  std::FILE* f = open_stamp_csv(timeline_path(), "MLA_ATTEND_TIMELINE");
   std::fprintf(f,
                "cta,smid,start_ns,prologue_ns,first_tile_ns,last_tile_ns,end_ns,tiles,segments,init_ns,plan_ns,"
                "issued_ns,query_ns,seg0_last_tile_ns,seg1_start_ns,seg1_prologue_ns,seg1_first_tile_ns\n");
