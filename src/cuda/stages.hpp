@@ -281,9 +281,10 @@ bool attend_rows_q_split_boxes(const void* cache, bool cache_fp8, int64_t page_s
                              int page_size, int64_t num_pages);
 int attend_rows_cta_rows(int rows);
 // Whether an even batch's fixed splits (fixed_ctas CTAs) fill their waves of `slots` well enough to
-// keep them: of the slots of ceil(fixed_ctas / slots) waves, 85% for the many-rows kernel (one CTA
-// an SM, compute-bound: a CTA's time goes with its tiles), 2/3 for the 16-row kernel (two an SM,
-// memory-bound: a lone CTA on an SM streams faster, so a partly filled wave loses less). The 16-row
+// keep them: of the slots of ceil(fixed_ctas / slots) waves, 85% for the many-rows kernel (MLA_ROWS_FILL=full:
+// 100%, a measurement, attend_route.cu; one CTA an SM, compute-bound: a CTA's time goes with its tiles), 2/3 for the
+// 16-row kernel (two an SM, memory-bound: a lone CTA on an SM streams faster, so a partly filled wave loses less).
+// The 16-row
 // kernel at 12-16 heads (264 slots): B = 64 and 128 fill 97%; B = 150 57% (150 CTAs, one split
 // each), B = 100 76% (2 splits), B = 200 76%, B = 300 57% (two waves, the second 36 CTAs). The
 // many-rows kernel (132 slots): D, E, F, G and 96 heads 97%; B = 67 x 128 heads 51%, B = 100 76%
@@ -293,13 +294,6 @@ int attend_rows_cta_rows(int rows);
 // slower, hence 2/3); 128 heads x 8192 B = 67 461 / 301, B = 100 467 / 406. min_fill_per_mille > 0:
 // that share for the 16-row kernel instead of 2/3 (attend_fill_per_mille, the default where boxed).
 bool attend_fixed_fills_its_waves(int64_t fixed_ctas, int slots, bool many_rows, int min_fill_per_mille = 0);
-// The many-rows kernel's share above: 850 per mille; MLA_ROWS_FILL=full (s58a, session 55; a measurement since):
-// 1000, so only fixed splits that fill their waves wholly stay fixed. D, E, F, G and 96 heads fill 128 of 132 slots
-// (their waves 97%): their 4 idle SMs' share of the keys is 3% of each CTA's time, which the flat plan's whole wave
-// of key-CTAs (attend_flat_key_ctas: 66 at D, each ~124 of a request's 128 tiles) spreads over every SM. Measured
-// 3.6-18% slower (H100, session 55: F 121.2 -> 142.6 µs, D 233.4 -> 255.6): a segment switch costs 11-29 µs, more
-// than the idle SMs' share (docs/attention.md's queue, item 3 (q)); so it measures that switch at equal work.
-int attend_rows_fill_per_mille();
 // s38a (the default since session 39; MLA_ATTEND_FILL_BW=0: the 2/3 rule everywhere): the 16-row
 // kernel's share from the device's memory bandwidth, where it boxes the pages (not page 1's row
 // copies). A lone 16-row CTA streams ~16 GB/s (B = 150 x 4096 with one fixed split a request: 354 MB in 147 us on an H100, 144 on an H200, so the CTA's rate, not the memory, bounds it),
