@@ -10,7 +10,11 @@ start. Prints the median, min and max over segments (or switches) of
   prologue          serve entered to the query stored and the consumers' barrier passed
   first tile wait   that barrier to warpgroup 0's wait for the segment's first tile passed
   a tile            the first tile landed to the last pair's p.v retired, over the segment's tiles (the stream)
-  epilogue          the last p.v retired to o and lse stored
+  epilogue          the last p.v retired to o and lse stored, then its parts (session 56):
+    wg 1 later      warpgroup 1's thread 0 past its last p.v, after warpgroup 0's
+    to row sums     thread 0 past the row sums' second barrier (every consumer warp in the epilogue)
+    to final state  thread 0 past the third barrier (the rows' final state in shared memory)
+    stores          thread 0's o and lse stores issued
   end to entry      a segment's end to the next one's entry (serve_segments' walk: the next keys)
   switch in all     a segment's last p.v retired to the next one's first tile landed
 
@@ -43,7 +47,8 @@ def main():
         ctas.setdefault(int(r["cta"]), []).append({k: int(v) for k, v in r.items()})
     if not ctas:
         sys.exit(f"{a.csv}: no stamped segments")
-    names = ["prologue", "first tile wait", "a tile", "epilogue", "end to entry", "switch in all"]
+    names = ["prologue", "first tile wait", "a tile", "epilogue", "  wg 1 later", "  to row sums", "  to final state",
+             "  stores", "end to entry", "switch in all"]
     parts = {name: [] for name in names}
     spans = {}
     for segs in ctas.values():
@@ -57,6 +62,11 @@ def main():
             if s["tiles"] > 0:
                 parts["a tile"].append((s["last_pv"] - s["first_landed"]) / s["tiles"])
             parts["epilogue"].append(s["end"] - s["last_pv"])
+            if min(s.get("last_pv1", -1), s.get("sums", -1), s.get("final", -1)) >= 0:  # (since session 56)
+                parts["  wg 1 later"].append(s["last_pv1"] - s["last_pv"])
+                parts["  to row sums"].append(s["sums"] - s["last_pv"])
+                parts["  to final state"].append(s["final"] - s["sums"])
+                parts["  stores"].append(s["end"] - s["final"])
             if i + 1 < len(segs) and segs[i + 1]["entry"] >= 0:
                 parts["end to entry"].append(segs[i + 1]["entry"] - s["end"])
                 parts["switch in all"].append(segs[i + 1]["first_landed"] - s["last_pv"])

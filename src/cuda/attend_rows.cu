@@ -107,7 +107,7 @@ void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 gri
   });
   if (host.empty()) return;  // (a graph capture)
   std::FILE* f = open_stamp_csv(rows_timeline_path(), "MLA_ROWS_TIMELINE");
-  std::fprintf(f, "rows,cta,smid,segment,tiles,entry,prologue,first_landed,last_pv,end\n");
+  std::fprintf(f, "rows,cta,smid,segment,tiles,entry,prologue,first_landed,last_pv,end,last_pv1,sums,final\n");
   for (size_t cta = 0; cta < grid.x; ++cta) {
     const uint64_t* r = &host[cta * kRowsStampWords];
     if (r[0] == 0) continue;  // (not stamped)
@@ -116,7 +116,7 @@ void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 gri
       if (e[kSegEntry] == 0) break;
       std::fprintf(f, "%d,%zu,%llu,%d,%llu", kRowsN, cta, (unsigned long long)(r[0] - 1), seg,
                    (unsigned long long)e[kSegTiles]);
-      for (const int k : {kSegEntry, kSegPrologue, kSegFirstLanded, kSegLastPv, kSegEnd})
+      for (const int k : {kSegEntry, kSegPrologue, kSegFirstLanded, kSegLastPv, kSegEnd, kSegLastPv1, kSegSums, kSegFinal})
         std::fprintf(f, ",%lld", e[k] ? (long long)(e[k] - r[1]) : -1ll);  // (cycles from the CTA's start)
       std::fprintf(f, "\n");
     }

@@ -78,6 +78,9 @@ enum RowsSegmentStamp : int {
   kSegLastPv,       // the last pair's p.v retired (the epilogue starts)
   kSegEnd,          // o and lse stored
   kSegTiles,        // (a count, not a time: the segment's tiles)
+  kSegLastPv1,      // the epilogue's parts (session 56): warpgroup 1's thread 0 (tid 128) past its last p.v,
+  kSegSums,         // thread 0 past the row sums' second barrier (every consumer warp has come to the epilogue),
+  kSegFinal,        // and past the third (the rows' final state in shared memory: o's stores start)
   kRowsSegmentWords
 };
 constexpr int kRowsStampSegments = 8;
@@ -256,9 +259,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   // (kStamps: the CTA's segment `segment` (counted by the consumers), its event k; `value` a count, else the clock)
   int segment = 0;
-  auto stamp = [&](int k, int64_t value = -1) {
+  auto stamp = [&](int k, int64_t value = -1, int by = 0) {
     if constexpr (kStamps > 0) {
-      if (tid == 0 && segment < kRowsStampSegments)
+      if (tid == by && segment < kRowsStampSegments)
         p.timeline[int64_t(blockIdx.x) * kRowsStampWords + 2 + segment * kRowsSegmentWords + k] =
             value >= 0 ? uint64_t(value) : uint64_t(clock64());
     }
@@ -763,6 +766,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
     for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::fence_operand(o[blk]);
     stamp(kSegLastPv);
+    stamp(kSegLastPv1, -1, 128);
 
     // Row sums of this warpgroup's rows: over the 8 lanes of a column, then its 4 warps; the rows'
     // final state goes through shared memory to both warpgroups (each writes its dims of all rows).
@@ -779,6 +783,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) sm.red[cwarp][slot_col(r, c)] = d[r];
     sync_rows();
+    stamp(kSegSums);
     if (warp == 0 && g == 0 && (!kSplitQk || wg == 0))
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) {
@@ -791,6 +796,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         sm.final_m[q_row0 + n] = m_run[r];
       }
     sync_rows();
+    stamp(kSegFinal);
 
 #pragma unroll
     for (int r = 0; r < kRowsN / 4; ++r) {  // the p.v accumulator's columns of this thread
