@@ -68,8 +68,23 @@ template <int kRowsN, bool kCluster, bool kSplit = true>
 constexpr auto kPage1Kernel =
     attend_rows_kernel<true, kRowsN, kRowsN != 48, kRowsN != 48 ? 4 : 1, kCluster, true, kSplitQk<kRowsN, kSplit>>;
 // pages of 8+ rows (and 2, 4 at 48 rows) / pages of 2 and 4 at 64 and 32 rows
-template <int kRowsN, bool kSplit = true>
-constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>>;
+template <int kRowsN, bool kSplit = true, bool kBulkO = false>
+constexpr auto kTmaKernel =
+    attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, 0, kBulkO>;
+// MLA_ROWS_O_BULK=1 (s60a, session 56; attend_rows_kernel.cuh's kBulkO): those instances' last segment writes o by a
+// bulk copy a row from shared memory (the q.k-split ones, 48 and 32 rows, and 64 rows), where o's rows are 16-byte
+// aligned (o_bulk_aligned); the stamped twin too.
+bool rows_o_bulk_env() {
+  static const bool on = env_choice("MLA_ROWS_O_BULK", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
+bool o_bulk_aligned(const AttendParams& p) {
+  const int64_t esize = p.o_bf16 ? 2 : 4;
+  return reinterpret_cast<uintptr_t>(p.o) % 16 == 0 && (p.o_split_stride * esize) % 16 == 0 &&
+         (p.o_s_stride * esize) % 16 == 0 && (p.o_h_stride * esize) % 16 == 0;
+}
+template <int kRowsN, bool kSplit>
+constexpr bool kBulkInstance = kSplit;  // (not the 48- and 32-row instances without the split q.k)
 // MLA_ROWS_TIMELINE=FILE (session 55; a measurement, bench/rows_cta_timeline.py reads FILE): kTmaKernel's stamped twin
 // (kStamps: each segment's phases, attend_rows_kernel.cuh), where kTmaKernel would run. Why: the flat plan's segment
 // switch cost the bf16 kernel 11-28 µs (its tile stamps, session 55) and this kernel as much (F 121 -> 143 µs under
@@ -77,9 +92,9 @@ constexpr auto kTmaKernel = attend_rows_kernel<true, kRowsN, false, 1, false, fa
 // waits for the kernel and rewrites FILE as CSV (a line a segment); inside a capture FILE is left alone.
 // MLA_ROWS_TIMELINE_PROBE=nostore beside it (a probe; results wrong): the 64-row and 48-row split-q.k twins (D, F, G,
 // 96 heads) without o's and lse's stores (kStampsNoStore), elsewhere the stamped twin.
-template <int kRowsN, bool kSplit = true, int kStamps = 1>
+template <int kRowsN, bool kSplit = true, int kStamps = 1, bool kBulkO = false>
 constexpr auto kTmaStampedKernel =
-    attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, kStamps>;
+    attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, kStamps, kBulkO>;
 const char* rows_timeline_path() {
   static const char* path = std::getenv("MLA_ROWS_TIMELINE");
   return path && *path ? path : nullptr;
@@ -91,19 +106,22 @@ bool rows_timeline_nostore() {
 template <int kRowsN, bool kSplit>
 constexpr bool kNoStoreProbe = kRowsN == 64 || (kRowsN == 48 && kSplit);
 template <int kRowsN, bool kSplit>
-auto rows_stamped_kernel() {
+auto rows_stamped_kernel(bool bulk) {
   if constexpr (kNoStoreProbe<kRowsN, kSplit>)
     if (rows_timeline_nostore()) return kTmaStampedKernel<kRowsN, kSplit, kStampsNoStore>;
+  if constexpr (kBulkInstance<kRowsN, kSplit>)
+    if (bulk) return kTmaStampedKernel<kRowsN, kSplit, 1, true>;
   return kTmaStampedKernel<kRowsN, kSplit>;
 }
 template <int kRowsN, bool kSplit>
-void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 grid, int smem, cudaStream_t stream) {
+void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 grid, int smem, bool bulk,
+                        cudaStream_t stream) {
   static StampBuffer buffer;
   const size_t words = size_t(grid.x) * kRowsStampWords;
   const std::vector<uint64_t> host = buffer.launch(words, stream, "MLA_ROWS_TIMELINE", [&](uint64_t* stamps) {
     AttendParams p = in;
     p.timeline = stamps;
-    rows_stamped_kernel<kRowsN, kSplit>()<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
+    rows_stamped_kernel<kRowsN, kSplit>(bulk)<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   });
   if (host.empty()) return;  // (a graph capture)
   std::FILE* f = open_stamp_csv(rows_timeline_path(), "MLA_ROWS_TIMELINE");
@@ -157,6 +175,11 @@ template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_rows_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
   if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit>, kRowsN>();
+  if constexpr (kBulkInstance<kRowsN, kSplit>)
+    if (rows_o_bulk_env()) {
+      prepare_rows_kernel<kTmaKernel<kRowsN, kSplit, true>, kRowsN>();
+      if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit, 1, true>, kRowsN>();
+    }
   if constexpr (kNoStoreProbe<kRowsN, kSplit>)
     if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit, kStampsNoStore>, kRowsN>();
   // The row-copy instances unless MLA_ROWS_ROW_COPIES=0 (by default the 48- and 32-row ones outside
@@ -280,7 +303,10 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
       return;
     }
   }
-  if (rows_timeline_path()) return launch_rows_stamps<kRowsN, kSplit>(p, map, grid, smem, stream);
+  const bool bulk = kBulkInstance<kRowsN, kSplit> && rows_o_bulk_env() && o_bulk_aligned(p);
+  if (rows_timeline_path()) return launch_rows_stamps<kRowsN, kSplit>(p, map, grid, smem, bulk, stream);
+  if constexpr (kBulkInstance<kRowsN, kSplit>)
+    if (bulk) return kTmaKernel<kRowsN, kSplit, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   kTmaKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
 }
 template <int kRowsN>

@@ -170,7 +170,7 @@ static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in 
 // grows (as before), and each warpgroup's row sums cover its tile (added at the end).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
           bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false,
-          int kStamps = 0>
+          int kStamps = 0, bool kBulkO = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   }
 
   // keys: the segment, in shared memory (read where needed: registers are short).
-  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool, bool) {
+  auto serve = [&](const KeyStream& keys, int b, int64_t part, int64_t tok_base, bool has_next, bool) {
     const int n_tiles = keys.n_tiles(), n_pairs = (n_tiles + 1) / 2;
     stamp(kSegEntry);
     stamp(kSegTiles, n_tiles);
@@ -797,15 +797,63 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       }
     sync_rows();
     stamp(kSegFinal);
+    // Row n's final state, in natural logs for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0,
+    // lse = -inf.
+    auto final_state = [&](int n) {
+      SoftmaxState f;
+      f.d = sm.final_d[n];
+      f.m = f.empty() ? -INFINITY : sm.final_m[n] * 0.6931471805599453f;
+      return f;
+    };
+
+    // kBulkO (s60a, session 56; MLA_ROWS_O_BULK=1, attend_rows.cu): the CTA's last segment writes o through shared
+    // memory, a bulk copy a row (FlashMLA's split-KV epilogue, o_accum's rows at a pitch of 520 floats), where the
+    // direct stores below put each warp's 16 dims of 4 rows (4 x 64 bytes an instruction) on the memory system.
+    // Why: session 56's stamps put those stores at ~10.5k of F's 16.8k-cycle epilogue and ~15.7k of D's 29.8k (the
+    // probe without them), and bf16 o (half the bytes, as many instructions) did not shorten it. The stages are
+    // free then: the consumers' last p.v is done (the barriers above) and the producer sends no next segment.
+    if constexpr (kBulkO) {
+      if (!has_next) {
+        constexpr int kPitch = kLatent + 8;  // elements: rows 2 apart (a warp's 4 rows) 16 banks apart in f32
+        uint8_t* const staged = &sm.kv[0][0][0];
+        static_assert(kRowsN * kPitch * 4 <= int(sizeof(sm.kv)), "o's rows fit the stages");
+#pragma unroll
+        for (int r = 0; r < kRowsN / 4; ++r) {
+          const int n = slot_col(r, c);
+          if (m_base + n >= rows_total) continue;
+          const float scale = final_state(n).inv_sum() * p.v_scale;
+          const int i0 = 4 * (r >> 1) + (r & 1);
+#pragma unroll
+          for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
+            const int e = n * kPitch + 64 * (kGroupDimBlocks * wg + blk) + 16 * warp + 2 * g;
+            const float x0 = o[blk][i0] * scale, x1 = o[blk][i0 + 2] * scale;
+            if (p.o_bf16) *reinterpret_cast<uint32_t*>(staged + 2 * e) = ptx::pack_bf16x2(x0, x1);
+            else *reinterpret_cast<float2*>(staged + 4 * e) = make_float2(x0, x1);
+          }
+        }
+        wgmma::fence_proxy_async();  // this thread's st.shared before the bulk copies read them
+        sync_rows();
+        if (tid < kRowsN && m_base + tid < rows_total) {  // a row a thread
+          const int esize = p.o_bf16 ? 2 : 4;
+          const OutRow out(p, part, tok_base, m_base + tid);
+          tma::store_bytes(static_cast<uint8_t*>(p.o) + out.o_base * esize,
+                           ptx::smem_addr(staged + tid * kPitch * esize), kLatent * esize);
+          tma::commit_store();
+          p.lse[out.lse_index] = final_state(tid).lse();
+          tma::wait_store_read();  // (the CTA ends next: its shared memory is read out first)
+        }
+        stamp(kSegEnd);
+        ++segment;
+        done += n_pairs;
+        return;
+      }
+    }
 
 #pragma unroll
     for (int r = 0; r < kRowsN / 4; ++r) {  // the p.v accumulator's columns of this thread
       const int n = slot_col(r, c), m = m_base + n;
       if (m >= rows_total) continue;
-      // Natural-log state for the shared rules: lse = ln 2 * (m + log2 d); empty rows o = 0, lse = -inf.
-      SoftmaxState f;
-      f.d = sm.final_d[n];
-      f.m = f.empty() ? -INFINITY : sm.final_m[n] * 0.6931471805599453f;
+      const SoftmaxState f = final_state(n);
       const float scale = f.inv_sum() * p.v_scale;
       const OutRow out(p, part, tok_base, m);
       const int i0 = 4 * (r >> 1) + (r & 1);  // elements i0 (dim 2g) and i0 + 2 (dim 2g + 1)

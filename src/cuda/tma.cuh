@@ -123,6 +123,17 @@ __device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32
                : "memory");
 }
 
+// `bytes` (a multiple of 16) from shared src to global dst (both 16-byte aligned) as one bulk copy in this thread's
+// bulk group (the many-rows kernel's o rows, kBulkO): commit_store, then wait_store_read before src is written again
+// or the CTA exits.
+__device__ __forceinline__ void store_bytes(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void commit_store() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_store_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
 // The same into shared address dst of every CTA of the cluster in cta_mask (the same offset in each),
 // completing on the mbarrier at bar's offset in each (the many-rows kernel's row copies in 2-CTA
 // clusters: one CTA copies a tile's rows for both).
