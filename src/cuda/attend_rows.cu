@@ -71,12 +71,15 @@ constexpr auto kPage1Kernel =
 template <int kRowsN, bool kSplit = true, bool kBulkO = false>
 constexpr auto kTmaKernel =
     attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, 0, kBulkO>;
-// MLA_ROWS_O_BULK=1 (s60a, session 56; attend_rows_kernel.cuh's kBulkO): those instances' last segment writes o by a
-// bulk copy a row from shared memory (the q.k-split ones, 48 and 32 rows, and 64 rows), where o's rows are 16-byte
-// aligned (o_bulk_aligned); the stamped twin too.
-bool rows_o_bulk_env() {
-  static const bool on = env_choice("MLA_ROWS_O_BULK", {{"0", 0}, {"1", 1}}, 0) == 1;
-  return on;
+// s60a (session 56; attend_rows_kernel.cuh's kBulkO): the last segment writes o by a bulk copy a row from shared
+// memory, where o's rows are 16-byte aligned (o_bulk_aligned). By default the 64-row instance on fixed splits (D,
+// E, 128 heads); MLA_ROWS_O_BULK=0 nowhere, =1 also the q.k-split 48- and 32-row ones and under the flat plan (the
+// stamped twin alike). H100, session 56 (calls 3-4, 3 rounds each, default / bulk everywhere, attend µs): D 231.4
+// / 228.4 and at page 16 233.8 / 230.5; F, G, 96 heads within -0.7..+1.2%; the uneven qlen-4 batch (flat plan)
+// 216.7 / 231.6, 7% slower, not understood (its stamped eager launch was faster in cycles).
+int rows_o_bulk_env() {  // -1: the default
+  static const int mode = env_choice("MLA_ROWS_O_BULK", {{"0", 0}, {"1", 1}}, -1);
+  return mode;
 }
 bool o_bulk_aligned(const AttendParams& p) {
   const int64_t esize = p.o_bf16 ? 2 : 4;
@@ -176,7 +179,7 @@ void prepare_rows_split() {
   prepare_rows_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
   if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit>, kRowsN>();
   if constexpr (kBulkInstance<kRowsN, kSplit>)
-    if (rows_o_bulk_env()) {
+    if (rows_o_bulk_env() != 0) {
       prepare_rows_kernel<kTmaKernel<kRowsN, kSplit, true>, kRowsN>();
       if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit, 1, true>, kRowsN>();
     }
@@ -303,7 +306,9 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
       return;
     }
   }
-  const bool bulk = kBulkInstance<kRowsN, kSplit> && rows_o_bulk_env() && o_bulk_aligned(p);
+  const int bulk_mode = rows_o_bulk_env();
+  const bool bulk = kBulkInstance<kRowsN, kSplit> && o_bulk_aligned(p) &&
+                    (bulk_mode == 1 || (bulk_mode < 0 && kRowsN == 64 && p.flat_ctas == 0));
   if (rows_timeline_path()) return launch_rows_stamps<kRowsN, kSplit>(p, map, grid, smem, bulk, stream);
   if constexpr (kBulkInstance<kRowsN, kSplit>)
     if (bulk) return kTmaKernel<kRowsN, kSplit, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);

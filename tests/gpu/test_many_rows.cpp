@@ -120,5 +120,94 @@ TEST(ManyRows, GatheredTilesStepMatchesCpu) {
                   DType::fp8_e4m3, 950);
 }
 
+// A caller's strided o and lse (heads and dims padded) at D's height (128 heads: 64-row CTAs, fixed splits), merged
+// (f32, bf16) and as split partials: every element of the views written as the CPU backend writes it, the pads left
+// poisoned. Under MLA_ATTEND_KERNEL=wgmma (ctest ManyRows.StridedOutputsUnderWgmma) the many-rows kernel takes them
+// (by default attend() into a caller's o runs the mma.sync kernel): its epilogue writes rows 16-byte aligned by
+// bulk copies (s60a, attend_rows.cu's o_bulk_aligned: dims padded to 520) and others by pairs of dims (514, 516).
+TEST(ManyRows, StridedOutputsMatchCpu) {
+  MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const LayerConfig cfg = testing::small_config("deepseek-v3", GateLayout::merged, 128);
+  const int64_t g = cfg.heads(), gp = g + 1;
+  const int batch = sms / 8 + 2;  // 2 CTAs a request: a quarter wave
+  ASSERT_TRUE(cuda::attend_rows_wanted(batch, int(g), sms));
+  const bool wgmma = std::getenv("MLA_ATTEND_KERNEL") && std::string(std::getenv("MLA_ATTEND_KERNEL")) == "wgmma";
+  struct Form {
+    DType o_dtype;
+    int splits;
+    int64_t pitch;  // elements between a head's rows of dims
+  };
+  for (const Form form : {Form{DType::f32, 1, 520}, Form{DType::f32, 1, 514}, Form{DType::bf16, 1, 520},
+                          Form{DType::bf16, 1, 516}, Form{DType::f32, 3, 520}, Form{DType::f32, 3, 514}}) {
+    SCOPED_TRACE(std::string(form.o_dtype == DType::f32 ? "f32" : "bf16") + " o, " + std::to_string(form.splits) +
+                 " split(s), dims at a pitch of " + std::to_string(form.pitch));
+    const uint64_t seed = 1200 + form.pitch + 7 * form.splits;
+    synth::ScenarioSpec spec;
+    spec.cfg = cfg;
+    spec.qlen = 1;
+    spec.page_size = 64;
+    spec.kv_dtype = DType::fp8_e4m3;
+    spec.spare_pages = 3;
+    spec.seed = seed;
+    std::mt19937_64 rng(seed);
+    for (int b = 0; b < batch; ++b) spec.seq_lens.push_back(std::uniform_int_distribution<int>(500, 700)(rng));
+    const PreparedWeights w = prepare_weights(cfg, random_checkpoint_weights(cfg, seed));
+    const synth::Scenario host = synth::make_scenario(spec, w.k_scale);
+    const int64_t s = host.tokens();
+    auto options = [&](Backend backend) {
+      return LayerOptions{.backend = backend, .q_dtype = DType::fp8_e4m3, .max_tokens = int(s),
+                          .num_splits = form.splits, .num_threads = 2};
+    };
+    Layer cpu(cfg, w, options(Backend::cpu)), gpu(cfg, w, options(Backend::cuda));
+    // The query (and this step's cache rows) from the CPU's pre, so both backends attend the same inputs.
+    Tensor q = Tensor::empty(DType::fp8_e4m3, {s, g, 576});
+    Tensor gate = cfg.gate_dim() > 0 ? Tensor::empty(DType::bf16, {s, cfg.gate_dim()}) : Tensor();
+    cpu.pre(host.hidden, host.meta(), host.kv(), {.q = q.view(), .gate = gate.view()});
+    synth::Scenario dev = synth::to_device(host);
+    Tensor q_dev = Tensor::empty(DType::fp8_e4m3, {s, g, 576}, Device::cuda);
+    q_dev.copy_from(q);
+
+    const int64_t splits = form.splits, o_numel = splits * s * gp * form.pitch, lse_numel = splits * s * gp;
+    Tensor o_buf = Tensor::empty(form.o_dtype, {o_numel}, Device::cuda);
+    Tensor lse_buf = Tensor::empty(DType::f32, {lse_numel}, Device::cuda);
+    testing::poison(o_buf);
+    testing::poison(lse_buf);
+    auto views = [&](void* o, void* lse, Device d) {
+      if (splits > 1)
+        return AttendOutputs{
+            TensorView::strided(o, form.o_dtype, {splits, s, g, 512}, {s * gp * form.pitch, gp * form.pitch, form.pitch, 1}, d),
+            TensorView::strided(lse, DType::f32, {splits, s, g}, {s * gp, gp, 1}, d)};
+      return AttendOutputs{TensorView::strided(o, form.o_dtype, {s, g, 512}, {gp * form.pitch, form.pitch, 1}, d),
+                           TensorView::strided(lse, DType::f32, {s, g}, {gp, 1}, d)};
+    };
+    Tensor cpu_o = Tensor::empty(form.o_dtype, splits > 1 ? std::vector<int64_t>{splits, s, g, 512}
+                                                          : std::vector<int64_t>{s, g, 512});
+    Tensor cpu_lse = Tensor::empty(DType::f32, splits > 1 ? std::vector<int64_t>{splits, s, g}
+                                                          : std::vector<int64_t>{s, g});
+    cpu.attend(q, host.kv(), host.meta(), {cpu_o.view(), cpu_lse.view()});
+    gpu.attend(q_dev, dev.kv(), dev.meta(), views(o_buf.data(), lse_buf.data(), Device::cuda));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cuda::take_device_errors(detail::backend_of(gpu)), 0u);
+    const cuda::AttendRun ran = cuda::last_attend_run(detail::backend_of(gpu));
+    if (wgmma) {
+      EXPECT_EQ(ran.family, cuda::AttendKernel::kRows) << gpu.last_attend_kernel();
+      EXPECT_EQ(ran.flat_ctas, 0) << gpu.last_attend_kernel();
+    }
+    const Tensor o_host = o_buf.to_host(), lse_host = lse_buf.to_host();
+    const AttendOutputs got = views(o_host.data(), lse_host.data(), Device::cpu);
+    EXPECT_EQ(testing::count_poison(got.o), 0) << "o not fully written";
+    EXPECT_EQ(testing::count_poison(got.lse), 0) << "lse not fully written";
+    // The pads: every element of the buffers outside the views still poisoned.
+    EXPECT_EQ(testing::count_poison(o_host.view()), o_numel - got.o.numel()) << "o written outside its view";
+    EXPECT_EQ(testing::count_poison(lse_host.view()), lse_numel - got.lse.numel()) << "lse written outside its view";
+    expect_close(got.o, cpu_o.view(), form.o_dtype == DType::f32 ? 1e-4 : 1e-2, "attend o");
+    const std::vector<double> want_lse = testing::to_doubles(cpu_lse.view());
+    const testing::Compare lse = testing::compare(got.lse, want_lse.data());
+    EXPECT_TRUE(lse.why.empty() && lse.max_abs <= 1e-3) << "lse max_abs " << lse.max_abs << " " << lse.why;
+  }
+}
+
 }  // namespace
 }  // namespace mla
