@@ -122,9 +122,12 @@ TEST(ManyRows, GatheredTilesStepMatchesCpu) {
 
 // A caller's strided o and lse (heads and dims padded) at D's height (128 heads: 64-row CTAs, fixed splits), merged
 // (f32, bf16) and as split partials: every element of the views written as the CPU backend writes it, the pads left
-// poisoned. Under MLA_ATTEND_KERNEL=wgmma (ctest ManyRows.StridedOutputsUnderWgmma) the many-rows kernel takes them
-// (by default attend() into a caller's o runs the mma.sync kernel): its epilogue writes rows 16-byte aligned by
-// bulk copies (s60a, attend_rows.cu's o_bulk_aligned: dims padded to 520) and others by pairs of dims (514, 516).
+// poisoned. Under MLA_ATTEND_KERNEL=wgmma (ctest ManyRows.StridedOutputsUnderWgmma) the many-rows kernel takes the
+// bf16 ones (by default attend() into a caller's o runs the mma.sync kernel, and f32 o always: exact P): its
+// epilogue writes rows 16-byte aligned by bulk copies (s60a, attend_rows.cu's o_bulk_aligned: dims padded to 520)
+// and others by pairs of dims (516). KNOWN FAILURE there (H100, session 56): o and the pads as they must be, but
+// the many-rows kernel's lse 1.09e-3 and 1.26e-3 from the CPU's, over SPEC's 1e-3 (docs/attention.md, item 3 (r)).
+// By default (the mma.sync kernel) every form passed (same call).
 TEST(ManyRows, StridedOutputsMatchCpu) {
   MLA_SKIP_WITHOUT_GPU("the many-rows kernel tests");
   int sms = 0;
@@ -191,7 +194,7 @@ TEST(ManyRows, StridedOutputsMatchCpu) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(cuda::take_device_errors(detail::backend_of(gpu)), 0u);
     const cuda::AttendRun ran = cuda::last_attend_run(detail::backend_of(gpu));
-    if (wgmma) {
+    if (wgmma && form.o_dtype == DType::bf16) {  // (f32 o asks for exact P: the mma.sync kernel, exact_p)
       EXPECT_EQ(ran.family, cuda::AttendKernel::kRows) << gpu.last_attend_kernel();
       EXPECT_EQ(ran.flat_ctas, 0) << gpu.last_attend_kernel();
     }
