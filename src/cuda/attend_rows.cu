@@ -74,9 +74,10 @@ constexpr auto kTmaKernel =
 // s60a (session 56; attend_rows_kernel.cuh's kBulkO): the last segment writes o by a bulk copy a row from shared
 // memory, where o's rows are 16-byte aligned (o_bulk_aligned). By default the 64-row instance on fixed splits (D,
 // E, 128 heads); MLA_ROWS_O_BULK=0 nowhere, =1 also the q.k-split 48- and 32-row ones and under the flat plan (the
-// stamped twin alike). H100, session 56 (calls 3-4, 3 rounds each, default / bulk everywhere, attend µs): D 231.4
-// / 228.4 and at page 16 233.8 / 230.5; F, G, 96 heads within -0.7..+1.2%; the uneven qlen-4 batch (flat plan)
-// 216.7 / 231.6, 7% slower, not understood (its stamped eager launch was faster in cycles).
+// stamped twin alike). H100, session 56 (attend µs, means of 3 rounds, bulk / direct): call 5 (the default against
+// =0) D at page 16 231.0 / 234.1, 64 heads x qlen 2 229.9 / 233.5, F (unchanged) 117.2 / 117.6; call 4 (=1 against
+// the direct stores) D 228.4 / 231.4, F, G, 96 heads within 0.2%, and the uneven qlen-4 batch (flat plan) 231.6 /
+// 216.7, 7% slower, not understood (its stamped eager launch ran its CTAs in fewer cycles): hence 64 rows, fixed.
 int rows_o_bulk_env() {  // -1: the default
   static const int mode = env_choice("MLA_ROWS_O_BULK", {{"0", 0}, {"1", 1}}, -1);
   return mode;

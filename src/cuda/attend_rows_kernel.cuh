@@ -806,12 +806,14 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       return f;
     };
 
-    // kBulkO (s60a, session 56; MLA_ROWS_O_BULK=1, attend_rows.cu): the CTA's last segment writes o through shared
-    // memory, a bulk copy a row (FlashMLA's split-KV epilogue, o_accum's rows at a pitch of 520 floats), where the
-    // direct stores below put each warp's 16 dims of 4 rows (4 x 64 bytes an instruction) on the memory system.
-    // Why: session 56's stamps put those stores at ~10.5k of F's 16.8k-cycle epilogue and ~15.7k of D's 29.8k (the
-    // probe without them), and bf16 o (half the bytes, as many instructions) did not shorten it. The stages are
-    // free then: the consumers' last p.v is done (the barriers above) and the producer sends no next segment.
+    // kBulkO (s60a, session 56; attend_rows.cu picks it: by default the 64-row instance on fixed splits): the CTA's
+    // last segment writes o through shared memory, a bulk copy a row (FlashMLA's split-KV epilogue, o_accum's rows at
+    // a pitch of 520 floats), where the direct stores below put each warp's 16 dims of 4 rows (4 x 64 bytes an
+    // instruction) on the memory system. Why: session 56's stamps put those stores at ~15k of F's 16.6k-cycle
+    // epilogue and ~30k of D's 31k, the rest (row sums, final state) under 2k; bf16 o (half the bytes, as many
+    // instructions) did not shorten them, and without them D ran 3% faster, F and G 1%, an uneven batch 6% (graph
+    // timings). The stages are free then: the consumers' last p.v is done (the barriers above) and the producer
+    // sends no next segment.
     if constexpr (kBulkO) {
       if (!has_next) {
         constexpr int kPitch = kLatent + 8;  // elements: rows 2 apart (a warp's 4 rows) 16 banks apart in f32

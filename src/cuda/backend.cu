@@ -203,12 +203,13 @@ int CudaBackend::plan_splits(int batch, int qlen, CacheKind cache, std::span<con
   return splits;
 }
 
-// MLA_STEP_PARTIALS=bf16 (s59a, session 55; prepared, not yet timed): the step's o partials in bf16 instead of f32
-// (attend's epilogue stores them, post reads and merges them, in f32 arithmetic either way; both kernels' bf16 o paths
-// are the ones a caller's bf16 o takes). Why: session 55's stamps put the fp8 many-rows kernel's epilogue at 8.3 µs of
-// F's 104 and 14.6 of D's 220 (H100), its CTAs ending together as if o's f32 stores (12.6 and 16.8 MB) drained at
-// ~1.2 TB/s; bf16 halves those bytes and post's reads of them. Cost: o rounded to bf16 once more before W_UV (2^-9
-// relative a value; SPEC holds the step's bf16 output to 1e-2, aim 4e-3). f32: the default.
+// MLA_STEP_PARTIALS=bf16 (s59a, session 55; a measurement switch since session 56): the step's o partials in bf16
+// instead of f32 (attend's epilogue stores them, post reads and merges them, in f32 arithmetic either way; both
+// kernels' bf16 o paths are the ones a caller's bf16 o takes). Why: session 55's stamps put the fp8 many-rows kernel's
+// epilogue at 8.3 µs of F's 104 and 14.6 of D's 220 (H100), its CTAs ending together as if o's f32 stores drained at
+// ~1.2 TB/s. Measured (H100, session 56 call 1, 3 rounds): the uneven batches 1.3-1.5% faster (attend; step 1.0-1.3%),
+// every other shape within 1%, and the epilogue no shorter (stamps: as many store instructions, half the bytes):
+// not worth o rounded to bf16 once more before W_UV for every caller. f32: the default.
 namespace {
 DType step_partials_dtype() {
   static const DType dtype =
