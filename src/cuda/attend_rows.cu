@@ -89,6 +89,13 @@ bool o_bulk_aligned(const AttendParams& p) {
 }
 template <int kRowsN, bool kSplit>
 constexpr bool kBulkInstance = kSplit;  // (not the 48- and 32-row instances without the split q.k)
+// Whether this height's instance sends o by bulk copies under MLA_ROWS_O_BULK (what launch_rows_tma adds at a launch:
+// o's rows aligned, and by default fixed splits); its kernels are prepared only then.
+template <int kRowsN, bool kSplit>
+bool rows_o_bulk_height() {
+  const int mode = rows_o_bulk_env();
+  return kBulkInstance<kRowsN, kSplit> && (mode == 1 || (mode < 0 && kRowsN == 64));
+}
 // MLA_ROWS_TIMELINE=FILE (session 55; a measurement, bench/rows_cta_timeline.py reads FILE): kTmaKernel's stamped twin
 // (kStamps: each segment's phases, attend_rows_kernel.cuh), where kTmaKernel would run. Why: the flat plan's segment
 // switch cost the bf16 kernel 11-28 µs (its tile stamps, session 55) and this kernel as much (F 121 -> 143 µs under
@@ -138,7 +145,8 @@ void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 gri
       if (e[kSegEntry] == 0) break;
       std::fprintf(f, "%d,%zu,%llu,%d,%llu", kRowsN, cta, (unsigned long long)(r[0] - 1), seg,
                    (unsigned long long)e[kSegTiles]);
-      for (const int k : {kSegEntry, kSegPrologue, kSegFirstLanded, kSegLastPv, kSegEnd, kSegLastPv1, kSegSums, kSegFinal})
+      for (const int k :
+           {kSegEntry, kSegPrologue, kSegFirstLanded, kSegLastPv, kSegEnd, kSegLastPv1, kSegSums, kSegFinal})
         std::fprintf(f, ",%lld", e[k] ? (long long)(e[k] - r[1]) : -1ll);  // (cycles from the CTA's start)
       std::fprintf(f, "\n");
     }
@@ -180,7 +188,7 @@ void prepare_rows_split() {
   prepare_rows_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
   if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit>, kRowsN>();
   if constexpr (kBulkInstance<kRowsN, kSplit>)
-    if (rows_o_bulk_env() != 0) {
+    if (rows_o_bulk_height<kRowsN, kSplit>()) {
       prepare_rows_kernel<kTmaKernel<kRowsN, kSplit, true>, kRowsN>();
       if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit, 1, true>, kRowsN>();
     }
@@ -307,9 +315,8 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
       return;
     }
   }
-  const int bulk_mode = rows_o_bulk_env();
-  const bool bulk = kBulkInstance<kRowsN, kSplit> && o_bulk_aligned(p) &&
-                    (bulk_mode == 1 || (bulk_mode < 0 && kRowsN == 64 && p.flat_ctas == 0));
+  const bool bulk = rows_o_bulk_height<kRowsN, kSplit>() && o_bulk_aligned(p) &&
+                    (rows_o_bulk_env() == 1 || p.flat_ctas == 0);
   if (rows_timeline_path()) return launch_rows_stamps<kRowsN, kSplit>(p, map, grid, smem, bulk, stream);
   if constexpr (kBulkInstance<kRowsN, kSplit>)
     if (bulk) return kTmaKernel<kRowsN, kSplit, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);

@@ -284,8 +284,7 @@ int attend_rows_cta_rows(int rows);
 // keep them: of the slots of ceil(fixed_ctas / slots) waves, 85% for the many-rows kernel (MLA_ROWS_FILL=full:
 // 100%, a measurement, attend_route.cu; one CTA an SM, compute-bound: a CTA's time goes with its tiles), 2/3 for the
 // 16-row kernel (two an SM, memory-bound: a lone CTA on an SM streams faster, so a partly filled wave loses less).
-// The 16-row
-// kernel at 12-16 heads (264 slots): B = 64 and 128 fill 97%; B = 150 57% (150 CTAs, one split
+// The 16-row kernel at 12-16 heads (264 slots): B = 64 and 128 fill 97%; B = 150 57% (150 CTAs, one split
 // each), B = 100 76% (2 splits), B = 200 76%, B = 300 57% (two waves, the second 36 CTAs). The
 // many-rows kernel (132 slots): D, E, F, G and 96 heads 97%; B = 67 x 128 heads 51%, B = 100 76%
 // (200 64-row CTAs). Such batches take the flat plan by default (MLA_ATTEND_FLAT=fill, s36a), whose

@@ -179,9 +179,9 @@ TEST(ManyRows, StridedOutputsMatchCpu) {
     testing::poison(lse_buf);
     auto views = [&](void* o, void* lse, Device d) {
       if (splits > 1)
-        return AttendOutputs{
-            TensorView::strided(o, form.o_dtype, {splits, s, g, 512}, {s * gp * form.pitch, gp * form.pitch, form.pitch, 1}, d),
-            TensorView::strided(lse, DType::f32, {splits, s, g}, {s * gp, gp, 1}, d)};
+        return AttendOutputs{TensorView::strided(o, form.o_dtype, {splits, s, g, 512},
+                                                 {s * gp * form.pitch, gp * form.pitch, form.pitch, 1}, d),
+                             TensorView::strided(lse, DType::f32, {splits, s, g}, {s * gp, gp, 1}, d)};
       return AttendOutputs{TensorView::strided(o, form.o_dtype, {s, g, 512}, {gp * form.pitch, form.pitch, 1}, d),
                            TensorView::strided(lse, DType::f32, {s, g}, {gp, 1}, d)};
     };
