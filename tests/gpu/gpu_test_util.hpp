@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -35,6 +36,20 @@ inline void expect_close(const TensorView& gpu_host, const TensorView& cpu_host,
   const std::vector<double> ref = to_doubles(cpu_host);
   const Compare c = compare(gpu_host, ref.data());
   EXPECT_TRUE(c.ok(tol)) << what << ": rel L2 " << c.rel_l2 << " (tolerance " << tol << ") " << c.why;
+}
+
+// lse (copied to the host): -inf (and NaN) at the same places as the CPU's, elsewhere within SPEC's 1e-3 absolute,
+// plus rel x |cpu lse| where a kernel's scores carry a relative error (fp8 QGMMA: ManyRows.StridedOutputsMatchCpu).
+inline void expect_lse_close(const TensorView& gpu_host, const TensorView& cpu_host, double rel = 0.0) {
+  const std::vector<double> a = to_doubles(gpu_host), b = to_doubles(cpu_host);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(b[i]) || std::isinf(a[i]) || std::isnan(a[i]) || std::isnan(b[i])) {
+      ASSERT_TRUE(a[i] == b[i]) << "lse[" << i << "]: cuda " << a[i] << ", cpu " << b[i];
+      continue;
+    }
+    ASSERT_NEAR(a[i], b[i], 1e-3 + rel * std::fabs(b[i])) << "lse[" << i << "]";
+  }
 }
 
 // The whole step of the host scenario on a CPU and a CUDA layer, each on its own fresh copy of it

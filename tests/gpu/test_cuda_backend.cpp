@@ -76,19 +76,6 @@ struct Fixture {
   Layer cpu, gpu;
 };
 
-// lse: -inf at the same places, within 1e-3 elsewhere.
-void expect_lse_close(const TensorView& gpu_host, const TensorView& cpu_host) {
-  const std::vector<double> a = testing::to_doubles(gpu_host), b = testing::to_doubles(cpu_host);
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(b[i]) || std::isinf(a[i]) || std::isnan(a[i]) || std::isnan(b[i])) {
-      ASSERT_TRUE(a[i] == b[i]) << "lse[" << i << "]: cuda " << a[i] << ", cpu " << b[i];
-      continue;
-    }
-    ASSERT_NEAR(a[i], b[i], 1e-3) << "lse[" << i << "]";
-  }
-}
-
 struct PreOut {
   Tensor q, gate;
   PreOutputs views() const { return {.q = q.view(), .gate = gate.view()}; }
@@ -160,7 +147,7 @@ void check_attend_post(Fixture& f, int k) {
   const Tensor gpu_o_host = gpu_o.to_host();
   EXPECT_EQ(testing::count_poison(gpu_o_host), 0);
   expect_close(gpu_o_host, cpu_o, cpu_o.view().dtype == DType::f32 ? 1e-4 : 1e-2, "attend o");
-  expect_lse_close(gpu_lse.to_host(), cpu_lse);
+  testing::expect_lse_close(gpu_lse.to_host(), cpu_lse);
 
   // post from the CPU's attend outputs and gate.
   Tensor gate_dev = f.cfg.gate_dim() > 0 ? device_copy(pre.gate) : Tensor();
