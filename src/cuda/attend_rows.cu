@@ -87,14 +87,6 @@ bool o_bulk_aligned(const AttendParams& p) {
   return reinterpret_cast<uintptr_t>(p.o) % 16 == 0 && (p.o_split_stride * esize) % 16 == 0 &&
          (p.o_s_stride * esize) % 16 == 0 && (p.o_h_stride * esize) % 16 == 0;
 }
-// s61a (session 59; attend_rows_kernel.cuh's kQkInFlight): MLA_ROWS_QK_INFLIGHT=3 runs the 48- and 32-row split q.k
-// on boxes with three f32-summed groups in flight instead of two (an A/B instance; not with bulk o or the stamps).
-bool rows_qk3_env() {
-  static const bool on = env_choice("MLA_ROWS_QK_INFLIGHT", {{"2", 2}, {"3", 3}}, 2) == 3;
-  return on;
-}
-template <int kRowsN>
-constexpr auto kTmaQk3Kernel = attend_rows_kernel<true, kRowsN, false, 1, false, false, true, 0, false, 0, false, 3>;
 template <int kRowsN, bool kSplit>
 constexpr bool kBulkInstance = kSplit;  // (not the 48- and 32-row instances without the split q.k)
 // Whether this height's instance sends o by bulk copies under MLA_ROWS_O_BULK (what launch_rows_tma adds at a launch:
@@ -194,8 +186,6 @@ constexpr auto kRowCopyKernel =
 template <int kRowsN, bool kSplit>
 void prepare_rows_split() {
   prepare_rows_kernel<kTmaKernel<kRowsN, kSplit>, kRowsN>();
-  if constexpr (kSplitQk<kRowsN, kSplit>)
-    if (rows_qk3_env()) prepare_rows_kernel<kTmaQk3Kernel<kRowsN>, kRowsN>();
   if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit>, kRowsN>();
   if constexpr (kBulkInstance<kRowsN, kSplit>)
     if (rows_o_bulk_height<kRowsN, kSplit>()) {
@@ -330,8 +320,6 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
   if (rows_timeline_path()) return launch_rows_stamps<kRowsN, kSplit>(p, map, grid, smem, bulk, stream);
   if constexpr (kBulkInstance<kRowsN, kSplit>)
     if (bulk) return kTmaKernel<kRowsN, kSplit, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-  if constexpr (kSplitQk<kRowsN, kSplit>)
-    if (rows_qk3_env()) return kTmaQk3Kernel<kRowsN><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   kTmaKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
 }
 template <int kRowsN>

@@ -168,14 +168,9 @@ static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in 
 // faster, s29b). The softmax state then covers all the rows in each warpgroup (a thread's rows are
 // its o columns: the lazy rescale's alpha stays in registers), the maxima meet only where a row
 // grows (as before), and each warpgroup's row sums cover its tile (added at the end).
-// kQkInFlight (s61a, session 59; MLA_ROWS_QK_INFLIGHT=3, an A/B instance of the 48- and 32-row split q.k on TMA
-// boxes): the split q.k's f32-summed groups in flight when a warpgroup waits for one (2: wait<1>, the group after
-// it runs under the sums; 3: wait<2>, two), one more 24- or 16-register accumulator. Why: at G a tile takes 2412
-// cycles on an H100 (session 59's stamps) against ~1270 of MMAs; each of the tile's nine groups is 2 MMAs (56
-// clocks), so between a group's wait and the next issue the warpgroup's queue holds one group's work.
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
           bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false,
-          int kStamps = 0, bool kBulkO = false, int kQkInFlight = 2>
+          int kStamps = 0, bool kBulkO = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -239,7 +234,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   // measured 4% slower at D: 238.9 vs 229.6-236.5 us, s29 call 3)
   static_assert(!kSplitQk || kRowsN < 64, "the split q.k: 48- and 32-row CTAs");
   static_assert(!kSplitQk || kTma, "the split q.k: TMA tiles (the cp.async gathers copy tile wg)");
-  static_assert(kQkInFlight == 2 || (kQkInFlight == 3 && kSplitQk && !kRowCopies), "3 groups: the split q.k on boxes");
   // kQSplit (s35, the default since session 37; MLA_ROWS_Q_SPLIT=0: off): a bf16 query over the fp8 cache,
   // each row split exactly into hi and lo e4m3 rows as in the 16-row kernel's kQSplit
   // (core/query_split.hpp, SplitQueryTile<32, 256, true>), here as K: q.k's 18 k32 steps over the hi
@@ -445,10 +439,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     const int q_row0 = kSplitQk ? 0 : kWgRows * wg;
     const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q) + q_row0 / 8 * 128, kRowChunkStride, 128);
 
-    constexpr int kAccs = kSplitQk ? kQkInFlight : 2;
-    float acc[kAccs][kQkAcc];  // q.k's group accumulators (each group's first MMA overwrites them)
+    float acc[2][kQkAcc];  // q.k's group accumulators (each group's first MMA overwrites them)
 #pragma unroll
-    for (int u = 0; u < kAccs; ++u)
+    for (int u = 0; u < 2; ++u)
 #pragma unroll
       for (int i = 0; i < kQkAcc; ++i) acc[u][i] = 0.0f;
     for (int j = 0; j < n_pairs; ++j) {
@@ -494,9 +487,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         land(u);
       }
       if constexpr (kSplitQk) {
-        // Tile wg for all the rows, in f32-summed groups of kGroupSteps k32 steps, kQkInFlight groups in
-        // flight (acc[grp % kQkInFlight]); the other tile's keys and mask before p.v (below). (key_mask: 0
-        // from the loop above until landed.)
+        // Tile wg for all the rows, in f32-summed groups of kGroupSteps k32 steps, two groups in flight
+        // (acc[grp % 2]); the other tile's keys and mask before p.v (below). (key_mask: 0 from the
+        // loop above until landed.)
         if (wg == 0) land(0);  // (constant indices: key_mask stays in registers)
         else if (land1) land(1);
         const uint64_t kd0 = wgmma::descriptor_sw128(ptx::smem_addr(&sm.kv[stage][wg][0]));
@@ -523,23 +516,21 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           wgmma::fence_operand(acc[slot]);
         };
 #pragma unroll
-        for (int grp = 0; grp < kQkInFlight; ++grp) load_k(grp, grp);
+        for (int grp = 0; grp < 2; ++grp) load_k(grp, grp);
 #pragma unroll
-        for (int grp = 0; grp < kQkInFlight; ++grp) issue_split(grp, grp);
+        for (int grp = 0; grp < 2; ++grp) issue_split(grp, grp);
         pv_done();
 #pragma unroll
         for (int grp = 0; grp < kQkGroups; ++grp) {
-          const int slot = grp % kQkInFlight;
-          // group grp done; the ones issued after it (up to kQkInFlight - 1) may still run
+          const int slot = grp % 2;
           if (grp + 1 == kQkGroups) wgmma::wait<0>();
-          else if (kQkInFlight == 2 || grp + 2 == kQkGroups) wgmma::wait<1>();
-          else wgmma::wait<2>();
+          else wgmma::wait<1>();  // group grp (grp + 1 may still run)
           wgmma::fence_operand(acc[slot]);
-          if (grp + kQkInFlight < kQkGroups) load_k(slot, grp + kQkInFlight);  // (under the sums below)
+          if (grp + 2 < kQkGroups) load_k(slot, grp + 2);  // (under the sums below)
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i)
             x[0][i] = grp == 0 ? acc[slot][i] : grp < kNGroups ? x[0][i] + acc[slot][i] : fmaf(acc[slot][i], 0.0625f, x[0][i]);
-          if (grp + kQkInFlight < kQkGroups) issue_split(slot, grp + kQkInFlight);
+          if (grp + 2 < kQkGroups) issue_split(slot, grp + 2);
         }
         if constexpr (kQSplit) {  // hi + lo / 16 times the row's 2^-e: the bf16 query's q.k
 #pragma unroll
