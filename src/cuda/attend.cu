@@ -17,7 +17,6 @@
 #include "cuda/attend_keys.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
-#include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 
@@ -292,7 +291,6 @@ __device__ __forceinline__ void load_query_batched(SharedPlan<V>& sm, const Atte
 template <class V>
 __global__ void __launch_bounds__(kThreads, V::kFp8 && V::kStages == 2 ? 2 : 1)
     attend_kernel(const __grid_constant__ AttendParams p) {
-  attend_entry(p.trigger_dependents);  // (s62a: pdl.cuh)
   extern __shared__ __align__(128) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<SharedPlan<V>*>(smem_raw);
   constexpr bool kFp8 = V::kFp8;
@@ -476,15 +474,6 @@ using Fp8Exact = Variant<true, true, 2>;
 using Bf16 = Variant<false, false, 2>;
 using Bf16Exact = Variant<false, true, 2>;
 
-// s62a (an A/B switch, off unless MLA_ATTEND_TRIGGER=1): AttendParams.trigger_dependents, where PDL is on.
-bool attend_trigger() {
-  static const bool on = [] {
-    const char* env = std::getenv("MLA_ATTEND_TRIGGER");
-    return env && std::string_view(env) == "1" && pdl_enabled();
-  }();
-  return on;
-}
-
 }  // namespace
 
 void prepare_attend_kernels() {
@@ -519,7 +508,6 @@ const char* attend_kernel_name(AttendKernel k) {
 AttendKernel launch_attend(const AttendParams& in, cudaStream_t stream) {
   if (in.batch == 0) return AttendKernel::kCount;
   AttendParams p = in;
-  p.trigger_dependents = attend_trigger();
   if (attend_wgmma_applies(p) || attend_rows_bf16_applies(p)) {
     p.l1_copies = wgmma_l1_copies();
     return launch_attend_wgmma(p, stream);

@@ -38,7 +38,6 @@
 #include "cuda/attend_wgmma_tiles.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
-#include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 #include "cuda/stamp_buffer.hpp"
@@ -242,7 +241,6 @@ template <bool kLean = false, bool kLeanWarps = false, bool kSlabBars = false, i
           bool kEarlyReload = false>
 __global__ void __launch_bounds__(kThreadsB, 1)
     attend_rows_bf16_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
-  attend_entry(p.trigger_dependents);  // (s62a: pdl.cuh)
   static_assert(!kLeanWarps || kLean, "kLeanWarps is kLean's");
   static_assert(!kStamps || (kSlabBars && !kLeanWarps && !kProbe), "kStamps (s52a) is kSlabBars' at pages of 64+ keys");
   static_assert(!kEarlyReload || (kSlabBars && !kLeanWarps && !kProbe), "kEarlyReload (s53b) is kSlabBars' at 64+");

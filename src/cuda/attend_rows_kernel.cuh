@@ -44,7 +44,6 @@
 #include "cuda/attend_wgmma_tiles.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
-#include "cuda/pdl.cuh"
 #include "cuda/flat_plan.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
@@ -174,7 +173,6 @@ template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool 
           int kStamps = 0, bool kBulkO = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
-  attend_entry(p.trigger_dependents);  // (s62a: pdl.cuh)
   using Shape = RowShape<kRowsN>;
   constexpr bool kProducer = kTma;
   constexpr int kCtaThreads = kRowsCtaThreads<kTma>;

@@ -146,7 +146,9 @@ AttendKernel launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
   const dim3 grid = attend_launch_grid(p, kN);
   const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
-  // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283).
+  // still needed (B1 step 52.3 -> 54.8 µs in a graph, 54.7 -> 63.3 eager; H200, 7a1c283). Nor does any attend
+  // kernel trigger its dependents early: post launched at attend's start (griddepcontrol.launch_dependents first)
+  // made the step slower (s62a, H100 GPU-6f7c99e0: B1 58.5 -> 64.7 µs in a graph, 128K 82.1 -> 88.3; attention.md).
   auto go = [&](auto kernel, int smem, int threads = kThreads) { kernel<<<grid, threads, smem, stream>>>(p, map); };
   // Many rows a key: 64-row CTAs. attend_rows_bf16.cu takes TMA tiles only (attend_rows_bf16_applies);
   // attend_rows.cu TMA tiles or, for other pages, rows gathered by cp.async (16-byte aligned rows,

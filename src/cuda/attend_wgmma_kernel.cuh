@@ -47,7 +47,6 @@
 #include "cuda/attend_wgmma_tiles.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
-#include "cuda/pdl.cuh"
 #include "cuda/flat_plan.hpp"
 #include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
@@ -103,7 +102,6 @@ template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bo
           bool kQSplit = false, bool kBf16 = false, bool kSkew = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 && !kBf16 ? 2 : 1)
     attend_wgmma_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
-  attend_entry(p.trigger_dependents);  // (s62a: pdl.cuh)
   constexpr bool kTma = kTiles != Tiles::kCopies;  // tiles by the TMA unit, on an mbarrier
   constexpr bool kRows = kTiles == Tiles::kRows;
   constexpr bool kBoxes = kTiles == Tiles::kBoxes;  // the consumer warps issue the TMA boxes

@@ -19,12 +19,6 @@ namespace mla::cuda {
 __device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-// An attend kernel's first statement (AttendParams.trigger_dependents: s62a): it reads and writes nothing
-// before, so post (which reads only W_UV before its own wait) may launch as soon as every attend CTA is in.
-__device__ __forceinline__ void attend_entry(bool trigger_dependents) {
-  if (trigger_dependents) allow_dependents();
-}
-
 inline bool pdl_enabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("MLA_PDL");

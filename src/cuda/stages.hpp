@@ -165,10 +165,6 @@ struct AttendParams {
   // The GPU's SM count where the batch takes skewed splits (attend_skew_wanted; s33a, skew_plan.hpp;
   // else 0): the 16-row kernel's FastDivs instance skews fixed splits where attend_wgmma_skews holds.
   int skew_sms = 0;
-  // s62a (MLA_ATTEND_TRIGGER=1, launch_attend; an A/B switch): every attend kernel lets the next kernel of the
-  // stream launch at its start (pdl.cuh's allow_dependents), so post, launched as a programmatic dependent,
-  // takes SMs as attend's CTAs leave and loads W_UV before its wait, instead of launching once attend ends.
-  bool trigger_dependents = false;
 };
 inline constexpr int kMaxQueryHeads = 8190;  // G: G * 8 + 16 <= 2^16 (launch_attend_wgmma's heads_magic)
 inline constexpr int kMinFlatTiles = 2;     // the flat plan: no segment plan finer than two key tiles
