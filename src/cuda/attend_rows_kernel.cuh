@@ -37,6 +37,7 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <type_traits>
 
 #include "core/query_split.hpp"
 #include "core/softmax_state.hpp"
@@ -721,35 +722,47 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       {
         // One stream of k16 steps over both tiles (no drain between them): step t is tile t / 4's
         // k16 step t % 4; fragments double-buffered (an in-flight wgmma reads its A registers).
-        const int steps = (both ? 2 : 1) * kPvSteps;
+        // Two copies (s63a): pairs of two whole tiles, the common case, run one without the V masks'
+        // branches, whose taken jumps over the mask code left this loop's instruction fetch behind
+        // (G's ncu profile, session 61: no_inst 6.4% of all stall samples in p.v, at the jumps' targets
+        // and after).
         const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128);
         auto kv_of = [&](int t) { return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]); };
-        uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
+        auto pv = [&](auto masked) {
+          constexpr bool kMasked = decltype(masked)::value;
+          const int steps = (kMasked && !both ? 1 : 2) * kPvSteps;
+          uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
 #pragma unroll
-        for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
-          v_load<kTiles>(kv_of(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+          for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
+            v_load<kTiles>(kv_of(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
 #pragma unroll
-        for (int t = 0; t < 2 * kPvSteps; ++t) {
-          if (t < steps) {
-            const int u = t / kPvSteps, ks = t % kPvSteps;
+          for (int t = 0; t < 2 * kPvSteps; ++t) {
+            if (t < steps) {
+              const int u = t / kPvSteps, ks = t % kPvSteps;
 #pragma unroll
-            for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
-              if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
-              v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
-              if (t + 1 < steps)
-                v_load<kTiles>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
-                                      vraw[jj]);
+              for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
+                if constexpr (kMasked)
+                  if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
+                v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
+                if (t + 1 < steps)
+                  v_load<kTiles>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
+                                 vraw[jj]);
+              }
+              if constexpr (kTileRelease)
+                if (t == kPvSteps - 1) release(&sm.empty[stage]);  // tile 0's last V fragments are in registers
+              wgmma::fence();
+              const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
+#pragma unroll
+              for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_pv_f16_rs<kRowsN>(o[blk], frag[t & 1][blk], bp);
+              wgmma::commit();
+              if (t > 0) wgmma::wait<1>();
             }
-            if constexpr (kTileRelease)
-              if (t == kPvSteps - 1) release(&sm.empty[stage]);  // tile 0's last V fragments are in registers
-            wgmma::fence();
-            const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
-#pragma unroll
-            for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_pv_f16_rs<kRowsN>(o[blk], frag[t & 1][blk], bp);
-            wgmma::commit();
-            if (t > 0) wgmma::wait<1>();
           }
-        }
+        };
+        // (One copy at 64 rows, where two spilled 150-250 bytes more a thread, and on the row copies'
+        // instances, whose q.k then had every wgmma serialized: ptxas C7513.)
+        if (kRowsN < 64 && !kRowCopies && both && (key_mask[0] & key_mask[1]) == ~0ull) pv(std::false_type{});
+        else pv(std::true_type{});
         // kEndWait: a segment's missing second tile (its phase completed with 0 bytes and no keys:
         // the producer's arrival, or the cp.async copies' with nothing copied) is waited on here,
         // off q.k's path, before the stage goes back (else with the landed ones, above). Unwaited,
