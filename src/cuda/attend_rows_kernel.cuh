@@ -761,8 +761,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         };
         // (One copy at 64 rows, where two spilled 150-250 bytes more a thread, and on the row copies'
         // instances, whose q.k then had every wgmma serialized: ptxas C7513.)
-        if (kRowsN < 64 && !kRowCopies && both && (key_mask[0] & key_mask[1]) == ~0ull) pv(std::false_type{});
-        else pv(std::true_type{});
+        constexpr bool kWholeCopy = kRowsN < 64 && !kRowCopies;
+        if constexpr (kWholeCopy) {
+          if (both && (key_mask[0] & key_mask[1]) == ~0ull) pv(std::false_type{});
+          else pv(std::true_type{});
+        } else {
+          pv(std::true_type{});
+        }
         // kEndWait: a segment's missing second tile (its phase completed with 0 bytes and no keys:
         // the producer's arrival, or the cp.async copies' with nothing copied) is waited on here,
         // off q.k's path, before the stage goes back (else with the landed ones, above). Unwaited,
