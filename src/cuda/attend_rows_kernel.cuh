@@ -726,13 +726,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // branches, whose taken jumps over the mask code left this loop's instruction fetch behind
         // (G's ncu profile, session 61: no_inst 6.4% of all stall samples in p.v, at the jumps' targets
         // and after).
-        // (One copy at 64 rows, where two spilled 150-250 bytes more a thread, and on the row copies'
-        // instances, whose q.k then had every wgmma serialized: ptxas C7513.) s64a: the 64-row TMA
-        // instances' one copy masks V without a branch (an AND with all ones on whole tiles; ptxas: 4-8
-        // bytes less spilled, 2 fewer local loads in the loop); elsewhere (cp.async tiles, row copies)
-        // that spilled 30-200 bytes more, so those keep the branch.
-        constexpr bool kWholeCopy = kRowsN < 64 && !kRowCopies;
-        constexpr bool kMaskAlways = kTma && kRowsN == 64 && !kRowCopies;
         const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128);
         auto kv_of = [&](int t) { return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]); };
         auto pv = [&](auto masked) {
@@ -748,9 +741,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
               const int u = t / kPvSteps, ks = t % kPvSteps;
 #pragma unroll
               for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
-                if constexpr (kMasked) {  // 0 x NaN is NaN
-                  if (kMaskAlways || key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);
-                }
+                if constexpr (kMasked)
+                  if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
                 v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
                 if (t + 1 < steps)
                   v_load<kTiles>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
@@ -767,6 +759,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             }
           }
         };
+        // (One copy at 64 rows, where two spilled 150-250 bytes more a thread, and on the row copies'
+        // instances, whose q.k then had every wgmma serialized: ptxas C7513.)
+        constexpr bool kWholeCopy = kRowsN < 64 && !kRowCopies;
         if constexpr (kWholeCopy) {
           if (both && (key_mask[0] & key_mask[1]) == ~0ull) pv(std::false_type{});
           else pv(std::true_type{});
