@@ -302,6 +302,73 @@ __device__ __forceinline__ void v_convert(const uint32_t (&r)[4], uint32_t (&a0)
   ptx::fp8x4_to_f16x2x2(__byte_perm(r[3], 0, 0x3120), a1[2], a1[3]);
 }
 
+// The fp8 p.v (s65a: the 64-row many-rows kernel's, MLA_ROWS_PV=fp8; s27a's form in the 16-row kernel,
+// measured in session 27 and removed, with another K order). K is permuted within each 16 keys (a q.k
+// warp's, one 16-byte chunk of P^T's rows): K position 2q holds key q and 2q + 1 key q + 8 (q < 8), so
+// the two keys a q.k thread holds of a row (g and g + 8) are one 16-bit unit of P^T and stmatrix.trans
+// stores them as it stores f16 weights (store_p_t_fp8).
+__host__ __device__ constexpr int fp8_pv_key(int k) { return (k >> 1) + 8 * (k & 1); }  // the key at K position k
+// v_pack_fp8's bytes (K 4c .. 4c + 3: keys 2c, 2c + 8, 2c + 1, 2c + 9) are this order, a permutation of 16 keys
+constexpr bool fp8_pv_key_check() {
+  bool seen[16] = {};
+  for (int k = 0; k < 16; ++k) {
+    const int c = k / 4, byte = k % 4, want = 2 * c + (byte >> 1) + 8 * (byte & 1);
+    if (fp8_pv_key(k) != want || seen[want]) return false;
+    seen[want] = true;
+  }
+  return true;
+}
+static_assert(fp8_pv_key_check(), "P^T's K order (store_p_t_fp8) and V^T's (v_pack_fp8) agree");
+
+// One k32 step of V^T as e4m3 A fragments (m64nNk32's layout: a[0] row g K 4c .. 4c + 3, a[1] row g + 8,
+// a[2], a[3] the same at K 16 + 4c) for dim blocks 2j and 2j + 1 from v_load's registers of k16 steps 2s
+// (r0) and 2s + 1 (r1), with no widening: a byte permute a register. Rows as v_convert's (row g: dim 2g,
+// row g + 8: dim 2g + 1), so o's layout is the f16 form's; K 4c .. 4c + 3 are keys 2c, 2c + 8, 2c + 1,
+// 2c + 9 (fp8_pv_key), from r[0] (keys 2c, 2c + 1) and r[1] (keys 2c + 8, 2c + 9).
+__device__ __forceinline__ void v_pack_fp8(const uint32_t (&r0)[4], const uint32_t (&r1)[4], uint32_t (&a0)[4],
+                                           uint32_t (&a1)[4]) {
+  // (prmt in asm: with __byte_perm ptxas serialized every wgmma of the 16-row kernel, C7520; s27a)
+  auto perm = [](uint32_t x, uint32_t y, uint32_t& even, uint32_t& odd) {
+    asm("prmt.b32 %0, %2, %3, 0x6240;\n prmt.b32 %1, %2, %3, 0x7351;\n" : "=r"(even), "=r"(odd) : "r"(x), "r"(y));
+  };
+  perm(r0[0], r0[1], a0[0], a0[1]);
+  perm(r1[0], r1[1], a0[2], a0[3]);
+  perm(r0[2], r0[3], a1[0], a1[1]);
+  perm(r1[2], r1[3], a1[2], a1[3]);
+}
+
+// P^T for the fp8 p.v from the weights of a q.k accumulator as store_p_t takes them (32 rows row0 ..
+// row0 + 31 on N, 16 a thread): hi = e4m3(w) at p_smem and lo = e5m2(w - hi) at p_smem + kRowsN x
+// kTileKeys, each with K position k of row n at byte b_offset_n<kRowsN>(n, k / 16) + k % 16. The thread's
+// weights of a row (keys g and g + 8 of its warp's 16) make one f16x2, rounded to e4m3 and back (exact)
+// for the residual, which e5m2 keeps to 3 bits: o within ~2e-3 (bench/p_fp8_error.py) where f16 P gives
+// ~3e-4. Weights are <= 2^8 (kLazyRescale), inside e4m3's 448.
+template <int kRowsN, int kAcc>
+__device__ __forceinline__ void store_p_t_fp8(uint32_t p_smem, const float (&w)[kAcc], int row0, int warp, int lane) {
+  static_assert(kAcc == 16, "a warpgroup's 32 rows (m64n32 q.k)");
+  // lane l < 16 addresses row l % 8 of matrix l / 8 of a pair: row row0 + l (+ 16), the warp's chunk
+  const uint32_t addr = p_smem + b_offset_n<kRowsN>(row0 + lane % 16, warp);
+#pragma unroll
+  for (int pair = 0; pair < 2; ++pair) {  // (x2 stores a pair of matrices: 4 registers held, not 8; the
+                                          // consumers' softmax is at the register limit)
+    uint32_t hi[2], lo[2];  // 8 x 8 matrix jb: rows row0 + 8 jb .. (acc_col), a unit [key g, key g + 8] a row
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int jb = 2 * pair + m;
+      uint32_t h[2], l[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {  // rows row0 + 8 jb + 2c + e: elements 4 jb + e (key g) and 4 jb + e + 2 (g + 8)
+        const uint32_t u = ptx::pack_f16x2(w[4 * jb + e], w[4 * jb + e + 2]);
+        h[e] = ptx::f16x2_to_e4m3x2(u);
+        l[e] = ptx::f16x2_to_e5m2x2(ptx::sub_f16x2(u, ptx::e4m3x2_to_f16x2(h[e])));
+      }
+      hi[m] = h[0] | h[1] << 16, lo[m] = l[0] | l[1] << 16;
+    }
+    ptx::stmatrix_x2_trans(addr + pair * 2 * 128, hi[0], hi[1]);
+    ptx::stmatrix_x2_trans(addr + pair * 2 * 128 + kRowsN * kTileKeys, lo[0], lo[1]);
+  }
+}
+
 // TMA key tiles (all wgmma kernels): a tile is kTileKeys / box_rows boxes, box_rows = min(page,
 // 64) keys of one page (the whole tile for pages of 64 or more), five 128-byte slabs each. The
 // boxes are shared by up to 4 warps (slots(p): one a box, at most 4): lane i of warp k < slots
