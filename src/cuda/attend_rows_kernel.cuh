@@ -171,7 +171,7 @@ static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in 
 // grows (as before), and each warpgroup's row sums cover its tile (added at the end).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
           bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false,
-          int kStamps = 0, bool kBulkO = false, bool kFp8Pv = false>
+          int kStamps = 0, bool kBulkO = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -245,12 +245,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
                 "the split query: 32-row CTAs on TMA boxes (q.k split by tile)");
   constexpr int kQkGroups = kQSplit ? 2 * kNGroups : kNGroups;  // q.k's groups a tile (kQSplit: hi, then lo)
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
-  // kFp8Pv (s65a, an A/B instance: MLA_ROWS_PV=fp8; attend_rows.cu): p.v on the fp8 tensor cores, V^T's
-  // e4m3 bytes as A by a byte permute a register (no widening: session 62's profile of D put 20% of the
-  // stall samples on p.v's widening chain) and P^T as e4m3 hi + e5m2 lo halves in f16 P^T's place
-  // (store_p_t_fp8): two QGMMA m64n64k32 a dim block and k32 step where f16 takes two HGMMA k16, the same
-  // tensor time. o within ~2e-3 (f16 P: ~3e-4): the step's partials only (its bf16 out, SPEC's 1e-2).
-  static_assert(!kFp8Pv || (kRowsN == 64 && kTma && !kRowCopies && !kQSplit), "the fp8 p.v: 64-row TMA boxes");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
@@ -662,8 +656,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             w[i] = exp2_ftz(fmaf(x[t][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
             sums[row_slot(i)] += w[i];
           }
-          if constexpr (kFp8Pv) store_p_t_fp8<kRowsN>(ptx::smem_addr(sm.p[t]), w, q_row0, warp, lane);
-          else store_p_t<kRowsN>(ptx::smem_addr(sm.p[kSplitQk ? wg : t]), w, q_row0, warp, lane);
+          store_p_t<kRowsN>(ptx::smem_addr(sm.p[kSplitQk ? wg : t]), w, q_row0, warp, lane);
         }
         wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
       };
@@ -766,65 +759,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             }
           }
         };
-        // kFp8Pv: a stream of k32 steps, each two k16 steps of V^T's bytes permuted into A fragments
-        // (v_pack_fp8) times P^T's hi and lo halves (hi at sm.p[u], lo kRowsN x kTileKeys bytes on).
-        auto pv_fp8 = [&] {
-          constexpr int kK32 = kPvSteps / 2;  // k32 steps a tile
-          const int steps = (both ? 2 : 1) * kK32;
-          uint32_t vraw[2][kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
-          // k32 step t's V^T bytes, half h: k16 step 2 (t % kK32) + h of tile t / kK32 (v_load's rows and
-          // chunks). The swizzle reads key & 7 and chunk & 7 only, so a step's and a block pair's address
-          // is the lane's first one plus a constant (16 keys: 2 KB; 8 chunks: a slab) (where v_load's address a step measured 61 local loads in the pair loop: ptxas held
-          // and spilled one an (step, block)).
-          const uint32_t v_base = ptx::smem_addr(&sm.kv[stage][0][0]) +
-                                  tile_offset<kTiles>((lane & 7) + ((lane >> 3) & 1) * 8,
-                                                      4 * (2 * (kGroupDimBlocks / 2 * wg) + (lane >> 4)) + warp);
-          auto load = [&](int t, int h) {
-#pragma unroll
-            for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
-              ptx::ldmatrix_x4_trans(vraw[h][jj], v_base + (t / kK32) * int(sizeof(sm.kv[0][0])) +
-                                                      (2 * (t % kK32) + h) * 16 * 128 + jj * kSlabBytes);
-          };
-          load(0, 0);
-          load(0, 1);
-#pragma unroll
-          for (int t = 0; t < 2 * kK32; ++t) {
-            if (t < steps) {
-              const int u = t / kK32, s = t % kK32;
-#pragma unroll
-              for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
-                if (key_mask[u] != ~0ull) {  // 0 x NaN is NaN
-                  v_mask(vraw[0][jj], key_mask[u], 2 * s, c);
-                  v_mask(vraw[1][jj], key_mask[u], 2 * s + 1, c);
-                }
-                v_pack_fp8(vraw[0][jj], vraw[1][jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
-              }
-              // The next step's first half now, its second once step t - 1's MMAs retired (their
-              // fragments' registers free): both halves across the MMAs' issue spilled (61 local
-              // loads and 22 stores in the pair loop against the f16 form's 13 and 3).
-              if (t + 1 < steps) load(t + 1, 0);
-              wgmma::fence();
-              const uint64_t b_hi = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + s * 2 * kRowChunkStride);
-              const uint64_t b_lo = wgmma::advance(b_hi, kRowsN * kTileKeys);
-#pragma unroll
-              for (int blk = 0; blk < kGroupDimBlocks; ++blk) {
-                if constexpr (kRowsN == 64) {  // (the 48- and 32-row instances compile, never call, this)
-                  wgmma::mma_m64n64k32_f8_rs<false>(o[blk], frag[t & 1][blk], b_hi);
-                  wgmma::mma_m64n64k32_f8_rs<true>(o[blk], frag[t & 1][blk], b_lo);
-                }
-              }
-              wgmma::commit();
-              if (t > 0) wgmma::wait<1>();
-              if (t + 1 < steps) load(t + 1, 1);
-            }
-          }
-        };
         // (One copy at 64 rows, where two spilled 150-250 bytes more a thread, and on the row copies'
         // instances, whose q.k then had every wgmma serialized: ptxas C7513.)
         constexpr bool kWholeCopy = kRowsN < 64 && !kRowCopies;
-        if constexpr (kFp8Pv) {
-          pv_fp8();
-        } else if constexpr (kWholeCopy) {
+        if constexpr (kWholeCopy) {
           if (both && (key_mask[0] & key_mask[1]) == ~0ull) pv(std::false_type{});
           else pv(std::true_type{});
         } else {

@@ -123,30 +123,6 @@ __device__ __forceinline__ void fp8x4_to_f16x2x2(uint32_t v, uint32_t& lo, uint3
       : "r"(v));
 }
 
-// An f16x2 as an e4m3 pair (low half -> low byte; round to nearest even, saturated to +-448), an e4m3
-// pair back to f16x2 (exact), and an f16x2 as an e5m2 pair: the fp8 p.v's P^T halves (s65a).
-__device__ __forceinline__ uint32_t f16x2_to_e4m3x2(uint32_t v) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;\n" : "=h"(r) : "r"(v));
-  return r;
-}
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  uint32_t h;
-  asm("{\n .reg .b16 a;\n cvt.u16.u32 a, %1;\n cvt.rn.f16x2.e4m3x2 %0, a;\n}\n" : "=r"(h) : "r"(v));
-  return h;
-}
-__device__ __forceinline__ uint32_t f16x2_to_e5m2x2(uint32_t v) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;\n" : "=h"(r) : "r"(v));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t sub_f16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);

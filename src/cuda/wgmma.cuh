@@ -288,36 +288,4 @@ __device__ __forceinline__ void mma_pv_f16_rs(float (&d)[kN / 2], const uint32_t
   else mma_m64n32k16_f16_rs(d, a, b);
 }
 
-// d (64 x 64 f32, the m64n64 layout above) += A (64 x 32 e4m3 from registers: v_pack_fp8's layout) * B
-// (64 N x 32 K fp8 in shared memory, K-major: e4m3, or e5m2 with kBE5m2): the 64-row many-rows kernel's
-// fp8 p.v (s65a, MLA_ROWS_PV=fp8), V^T as A and P^T's hi (e4m3) and lo (e5m2) halves as B.
-template <bool kBE5m2>
-__device__ __forceinline__ void mma_m64n64k32_f8_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-  if constexpr (kBE5m2) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e5m2 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1;\n"
-        "}\n"
-        : MLA_WGMMA_D32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1;\n"
-        "}\n"
-        : MLA_WGMMA_D32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-  }
-}
-
 }  // namespace mla::cuda::wgmma
