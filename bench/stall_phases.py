@@ -34,9 +34,13 @@ def main():
         # landmarks; its mbarrier waits still count as tile waits below, the rest as other.
         print('(no QGMMA: not the fp8 many-rows kernel, so only the tile waits are cut out as a phase)')
     else:
-        q1 = max(i for i in range(n) if op[i].startswith('QGMMA'))
-        h0 = first(lambda i: op[i].startswith('HGMMA'))
-        h1 = max(i for i in range(n) if op[i].startswith('HGMMA'))
+        # p.v's MMAs: HGMMA, or (the fp8 p.v, s65a: MLA_ROWS_PV=fp8) the QGMMA of another shape than q.k's
+        qk_shape = op[q0]
+        is_pv = lambda i: op[i].startswith('HGMMA') or (op[i].startswith('QGMMA') and op[i] != qk_shape and
+                                                          op[i].split('.')[1] != qk_shape.split('.')[1])
+        q1 = max(i for i in range(n) if op[i].startswith('QGMMA') and not is_pv(i))
+        h0 = first(is_pv)
+        h1 = max(i for i in range(n) if is_pv(i))
         qs = max(i for i in range(q0) if op[i].startswith('WARPGROUP.ARRIVE') or i == 0)
         w0 = max((i for i in range(qs) if op[i].startswith('SYNCS.PHASECHK')), default=qs)
         sm0 = first(lambda i: op[i].startswith('FSEL'), q1) or q1 + 1
