@@ -34,10 +34,9 @@ def main():
         # landmarks; its mbarrier waits still count as tile waits below, the rest as other.
         print('(no QGMMA: not the fp8 many-rows kernel, so only the tile waits are cut out as a phase)')
     else:
-        # p.v's MMAs: HGMMA, or (the fp8 p.v, s65a: MLA_ROWS_PV=fp8) the QGMMA of another shape than q.k's
-        qk_shape = op[q0]
-        is_pv = lambda i: op[i].startswith('HGMMA') or (op[i].startswith('QGMMA') and op[i] != qk_shape and
-                                                          op[i].split('.')[1] != qk_shape.split('.')[1])
+        # p.v's MMAs: HGMMA, or QGMMA of another shape than q.k's (an fp8 p.v: s65a's profile, session 63)
+        qk_shape = op[q0].split('.')[1]
+        is_pv = lambda i: op[i].startswith('HGMMA') or (op[i].startswith('QGMMA') and op[i].split('.')[1] != qk_shape)
         q1 = max(i for i in range(n) if op[i].startswith('QGMMA') and not is_pv(i))
         h0 = first(is_pv)
         h1 = max(i for i in range(n) if is_pv(i))
