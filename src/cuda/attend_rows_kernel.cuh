@@ -759,13 +759,18 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
             if (t < steps) {
               const int u = t / kPvSteps, ks = t % kPvSteps;
               if constexpr (kEarlyPv) {
-                if (t == kPvSteps && early) {  // tile 1's P^T under tile 0's last two steps (s66a)
-                  write_tile(1, sums);
-                  wgmma::fence_proxy_async();
-                  sync_rows();  // both warpgroups' rows of tile 1's P^T
+                if (t == kPvSteps) {
+                  if (early) {  // tile 1's P^T under tile 0's last two steps (s66a)
+                    write_tile(1, sums);
+                    wgmma::fence_proxy_async();
+                    sync_rows();  // both warpgroups' rows of tile 1's P^T
 #pragma unroll
-                  for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
-                  wgmma::wait<1>();  // step kPvSteps - 2 retired: its fragments' registers are free
+                    for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
+                  }
+                  // Step kPvSteps - 2 retired: its fragments' registers are free. (On every path: a wait
+                  // on one path only, the step before's skipped on that one, had ptxas serialize every
+                  // wgmma of the kernel, C7513, and D ran 30% slower: session 63's call 5.)
+                  wgmma::wait<1>();
                 }
               }
 #pragma unroll
@@ -785,7 +790,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
               for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_pv_f16_rs<kRowsN>(o[blk], frag[t & 1][blk], bp);
               wgmma::commit();
               // (kEarlyPv: tile 0's last step left in flight with the one before, under tile 1's P^T)
-              if (t > 0 && !(kEarlyPv && t == kPvSteps - 1 && early && both)) wgmma::wait<1>();
+              if (t > 0 && !(kEarlyPv && t == kPvSteps - 1)) wgmma::wait<1>();
             }
           }
         };
