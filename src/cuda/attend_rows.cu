@@ -68,16 +68,9 @@ template <int kRowsN, bool kCluster, bool kSplit = true>
 constexpr auto kPage1Kernel =
     attend_rows_kernel<true, kRowsN, kRowsN != 48, kRowsN != 48 ? 4 : 1, kCluster, true, kSplitQk<kRowsN, kSplit>>;
 // pages of 8+ rows (and 2, 4 at 48 rows) / pages of 2 and 4 at 64 and 32 rows
-template <int kRowsN, bool kSplit = true, bool kBulkO = false, bool kEarlyPv = false>
+template <int kRowsN, bool kSplit = true, bool kBulkO = false>
 constexpr auto kTmaKernel =
-    attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, 0, kBulkO, kEarlyPv>;
-// s66a (session 63; attend_rows_kernel.cuh's kEarlyPv): MLA_ROWS_EARLY_PV=1 takes the 64-row instances (pages of 8+
-// rows, bulk o or not) whose p.v of a pair's tile 0 goes out before tile 1's P^T is made. An A/B instance, off by
-// default until timed.
-bool rows_early_pv_env() {
-  static const bool on = env_choice("MLA_ROWS_EARLY_PV", {{"0", 0}, {"1", 1}}, 0) == 1;
-  return on;
-}
+    attend_rows_kernel<true, kRowsN, false, 1, false, false, kSplitQk<kRowsN, kSplit>, 0, false, 0, kBulkO>;
 // s60a (session 56; attend_rows_kernel.cuh's kBulkO): the last segment writes o by a bulk copy a row from shared
 // memory, where o's rows are 16-byte aligned (o_bulk_aligned). By default the 64-row instance on fixed splits (D,
 // E, 128 heads); MLA_ROWS_O_BULK=0 nowhere, =1 also the q.k-split 48- and 32-row ones and under the flat plan (the
@@ -201,11 +194,6 @@ void prepare_rows_split() {
     }
   if constexpr (kNoStoreProbe<kRowsN, kSplit>)
     if (rows_timeline_path()) prepare_rows_kernel<kTmaStampedKernel<kRowsN, kSplit, kStampsNoStore>, kRowsN>();
-  if constexpr (kRowsN == 64)
-    if (rows_early_pv_env()) {
-      prepare_rows_kernel<kTmaKernel<kRowsN, kSplit, false, true>, kRowsN>();
-      prepare_rows_kernel<kTmaKernel<kRowsN, kSplit, true, true>, kRowsN>();
-    }
   // The row-copy instances unless MLA_ROWS_ROW_COPIES=0 (by default the 48- and 32-row ones outside
   // clusters and the 48-row clusters run); 64 rows: one group step.
   if constexpr (kSplit) {
@@ -330,11 +318,6 @@ void launch_rows_tma(const AttendParams& p, const CUtensorMap& map, dim3 grid, i
   const bool bulk = rows_o_bulk_height<kRowsN, kSplit>() && o_bulk_aligned(p) &&
                     (rows_o_bulk_env() == 1 || p.flat_ctas == 0);
   if (rows_timeline_path()) return launch_rows_stamps<kRowsN, kSplit>(p, map, grid, smem, bulk, stream);
-  if constexpr (kRowsN == 64)
-    if (rows_early_pv_env()) {
-      if (bulk) return kTmaKernel<kRowsN, kSplit, true, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-      return kTmaKernel<kRowsN, kSplit, false, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
-    }
   if constexpr (kBulkInstance<kRowsN, kSplit>)
     if (bulk) return kTmaKernel<kRowsN, kSplit, true><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   kTmaKernel<kRowsN, kSplit><<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);

@@ -171,7 +171,7 @@ static_assert(kRowTileBytes <= kTmaTileBytes, "bulk-copied rows (kRowCopies) in 
 // grows (as before), and each warpgroup's row sums cover its tile (added at the end).
 template <bool kTma, int kRowsN, bool kSmallBoxes = false, int kAhead = 1, bool kMulticast = false,
           bool kMapUniform = false, bool kSplitQk = false, int kRowCopySteps = 0, bool kQSplit = false,
-          int kStamps = 0, bool kBulkO = false, bool kEarlyPv = false>
+          int kStamps = 0, bool kBulkO = false>
 __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     attend_rows_kernel(const __grid_constant__ AttendParams p, const __grid_constant__ CUtensorMap cache_map) {
   using Shape = RowShape<kRowsN>;
@@ -245,12 +245,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
                 "the split query: 32-row CTAs on TMA boxes (q.k split by tile)");
   constexpr int kQkGroups = kQSplit ? 2 * kNGroups : kNGroups;  // q.k's groups a tile (kQSplit: hi, then lo)
   constexpr int kRowChunkStride = Shape::kRowChunkStride;
-  // kEarlyPv (s66a, an A/B instance: MLA_ROWS_EARLY_PV=1; attend_rows.cu): where no row grows, tile 0's P^T goes
-  // out alone before the pair's barrier, p.v of tile 0 is issued, and tile 1's weights are made and stored while
-  // its last two steps run (a second barrier before tile 1's p.v). Why: by session 63's pipe model the tensor pipe
-  // idles through each pair's softmax (~2100 of D's ~5900 cycles a pair on an H100), the two warpgroups in lock
-  // step; this puts tile 1's half of the softmax under MMAs, for one barrier more a pair (s19c: 1.3-2.5% each).
-  static_assert(!kEarlyPv || (kRowsN == 64 && kTma && !kRowCopies && !kSplitQk), "the early p.v: 64-row TMA boxes");
   // Aligned to 1024 bytes (the 128-byte swizzle) by an offset from smem_raw, so the compiler still
   // sees shared memory (a pointer through uintptr_t makes every access generic: 64-bit addresses).
   extern __shared__ uint8_t smem_raw[];
@@ -650,8 +644,9 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // by stmatrix from f16x2 pairs (store_p_t), with the running maxima as they are: one barrier
       // a pair (s19c; the lazy rescale's vote was a barrier of its own before P^T). If a row of the
       // CTA grows, the maxima move and P^T is written again; `sums` takes the weights' row sums.
-      auto write_tile = [&](int t, float (&sums)[kSlots]) {
-        {
+      auto write_p = [&](float (&sums)[kSlots]) {
+#pragma unroll
+        for (int t = 0; t < kQkTiles; ++t) {
           float w[kQkAcc];
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) {
@@ -663,31 +658,17 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           }
           store_p_t<kRowsN>(ptx::smem_addr(sm.p[kSplitQk ? wg : t]), w, q_row0, warp, lane);
         }
-      };
-      auto write_p = [&](float (&sums)[kSlots]) {
-#pragma unroll
-        for (int t = 0; t < kQkTiles; ++t) write_tile(t, sums);
         wgmma::fence_proxy_async();  // P (st.shared) before the tensor cores read it
       };
       float sums[kSlots];
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) sums[r] = 0.0f;
       ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
-      if constexpr (kEarlyPv) {
-        write_tile(0, sums);
-        wgmma::fence_proxy_async();
-      } else {
-        write_p(sums);
-      }
-      // Both tiles' P^T (kEarlyPv: tile 0's); both warpgroups are past pair j - 1's reads of red and alpha.
-      bool early = false;  // kEarlyPv: tile 1's P^T still to write (in p.v, below)
+      write_p(sums);
+      // Both tiles' P^T; both warpgroups are past pair j - 1's reads of red and alpha.
       if (!sync_consumers_or<kProducer, kRowThreads>(grows)) {
-        if constexpr (kEarlyPv) {
-          early = true;
-        } else {
 #pragma unroll
-          for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
-        }
+        for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
       } else {
         // Row maxima over the keys this warpgroup scored (its rows, both tiles; kSplitQk: all rows,
         // its tile), a warp's into red.
@@ -758,21 +739,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           for (int t = 0; t < 2 * kPvSteps; ++t) {
             if (t < steps) {
               const int u = t / kPvSteps, ks = t % kPvSteps;
-              if constexpr (kEarlyPv) {
-                if (t == kPvSteps) {
-                  if (early) {  // tile 1's P^T under tile 0's last two steps (s66a)
-                    write_tile(1, sums);
-                    wgmma::fence_proxy_async();
-                    sync_rows();  // both warpgroups' rows of tile 1's P^T
-#pragma unroll
-                    for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
-                  }
-                  // Step kPvSteps - 2 retired: its fragments' registers are free. (On every path: a wait
-                  // on one path only, the step before's skipped on that one, had ptxas serialize every
-                  // wgmma of the kernel, C7513, and D ran 30% slower: session 63's call 5.)
-                  wgmma::wait<1>();
-                }
-              }
 #pragma unroll
               for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) {
                 if constexpr (kMasked)
@@ -789,8 +755,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
               for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_pv_f16_rs<kRowsN>(o[blk], frag[t & 1][blk], bp);
               wgmma::commit();
-              // (kEarlyPv: tile 0's last step left in flight with the one before, under tile 1's P^T)
-              if (t > 0 && !(kEarlyPv && t == kPvSteps - 1)) wgmma::wait<1>();
+              if (t > 0) wgmma::wait<1>();
             }
           }
         };
@@ -802,12 +767,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           else pv(std::true_type{});
         } else {
           pv(std::true_type{});
-        }
-        if constexpr (kEarlyPv) {
-          if (early && !both) {  // (a missing second tile: no P^T of it, its sums are 0)
-#pragma unroll
-            for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
-          }
         }
         // kEndWait: a segment's missing second tile (its phase completed with 0 bytes and no keys:
         // the producer's arrival, or the cp.async copies' with nothing copied) is waited on here,
