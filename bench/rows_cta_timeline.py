@@ -18,7 +18,16 @@ start. Prints the median, min and max over segments (or switches) of
   end to entry      a segment's end to the next one's entry (serve_segments' walk: the next keys)
   switch in all     a segment's last p.v retired to the next one's first tile landed
 
-and each CTA's span (its start to its last segment's end) by the number of segments it served.
+and each CTA's span (its start to its last segment's end) by the number of segments it served. Where FILE.pairs.csv is
+beside it (session 63, s67a: each consumer warpgroup's first 16 pairs of the CTA's first segment), also, by warpgroup,
+the median of each pair's parts (pairs 1 on: pair 0 takes the first rescale):
+
+  q.k               its first groups issued (and the previous p.v retired) to its last group summed
+  weights, P^T      to P^T of both tiles written
+  barrier, vote     to past the pair's barrier (both warpgroups' P^T; the lazy rescale's vote)
+  p.v issue         to p.v's MMAs issued (its last step in flight)
+  to next q.k       to the next pair's first q.k groups issued and this p.v retired
+  pair              the whole pair
 
 Why: under the flat plan (uneven batches, or MLA_ROWS_FILL=full) a key-CTA serves several requests one after another,
 and the even shapes D, F, G ran 8-18% slower so than on fixed splits (session 55's call 4) though this kernel's
@@ -26,6 +35,7 @@ producer sends the next segment's tiles ahead: these stamps say which part of a 
 """
 import argparse
 import csv
+import os
 import statistics
 import sys
 
@@ -79,6 +89,36 @@ def main():
     for n, v in sorted(spans.items()):
         print(f"  CTAs of {n} segment(s): {len(v)}, span median {statistics.median(v) / a.mhz:.1f} µs, min "
               f"{min(v) / a.mhz:.1f}, max {max(v) / a.mhz:.1f}")
+    pairs_csv = a.csv + ".pairs.csv"
+    if os.path.exists(pairs_csv):
+        pair_parts(pairs_csv, a.mhz)
+
+
+def pair_parts(path, mhz):
+    runs = {}  # (cta, wg) -> pairs in order
+    for r in csv.DictReader(open(path)):
+        runs.setdefault((int(r["cta"]), int(r["wg"])), []).append({k: int(v) for k, v in r.items()})
+    names = [("q.k", "qk_issued", "qk_done"), ("weights, P^T", "qk_done", "p_written"),
+             ("barrier, vote", "p_written", "voted"), ("p.v issue", "voted", "pv_issued")]
+    for wg in sorted({w for _, w in runs}):
+        parts = {name: [] for name, _, _ in names}
+        parts["to next q.k"], parts["pair"] = [], []
+        for (cta, w), ps in runs.items():
+            if w != wg:
+                continue
+            ps.sort(key=lambda p: p["pair"])
+            for i, p in enumerate(ps):
+                if p["pair"] == 0 or min(p[k] for _, k, _ in names) < 0 or p["pv_issued"] < 0:
+                    continue
+                for name, start, end in names:
+                    parts[name].append(p[end] - p[start])
+                if i + 1 < len(ps) and ps[i + 1]["qk_issued"] >= 0:
+                    parts["to next q.k"].append(ps[i + 1]["qk_issued"] - p["pv_issued"])
+                    parts["pair"].append(ps[i + 1]["qk_issued"] - p["qk_issued"])
+        print(f"{path}: warpgroup {wg}, pairs 1 on of each CTA's first segment ({len(parts['pair'])} whole pairs)")
+        print(f"  {'interval':<18} {'median':>9} {'min':>9} {'max':>9} {'median µs':>10}")
+        for name, v in parts.items():
+            row(name, v, mhz)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cuda/attend_rows_kernel.cuh"
@@ -152,6 +153,24 @@ void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 gri
     }
   }
   std::fclose(f);
+  // The first segment's pairs (RowsPairStamp, s67a) in FILE.pairs.csv: a line a consumer warpgroup and pair.
+  const std::string pairs_path = std::string(rows_timeline_path()) + ".pairs.csv";
+  std::FILE* g = open_stamp_csv(pairs_path.c_str(), "MLA_ROWS_TIMELINE");
+  std::fprintf(g, "rows,cta,smid,wg,pair,qk_issued,qk_done,p_written,voted,pv_issued\n");
+  for (size_t cta = 0; cta < grid.x; ++cta) {
+    const uint64_t* r = &host[cta * kRowsStampWords];
+    if (r[0] == 0) continue;
+    for (int wg = 0; wg < kGroups; ++wg)
+      for (int pair = 0; pair < kRowsStampPairs; ++pair) {
+        const uint64_t* e = &r[kRowsPairBase + (wg * kRowsStampPairs + pair) * kRowsPairEvents];
+        if (e[kPairQkIssued] == 0) break;  // (the segment had fewer pairs)
+        std::fprintf(g, "%d,%zu,%llu,%d,%d", kRowsN, cta, (unsigned long long)(r[0] - 1), wg, pair);
+        for (int k = 0; k < kRowsPairEvents; ++k)
+          std::fprintf(g, ",%lld", e[k] ? (long long)(e[k] - r[1]) : -1ll);
+        std::fprintf(g, "\n");
+      }
+  }
+  std::fclose(g);
 }
 template <int kRowsN, bool kSplit = true>
 constexpr auto kSmallPageKernel = attend_rows_kernel<true, kRowsN, true, 1, false, false, kSplitQk<kRowsN, kSplit>>;

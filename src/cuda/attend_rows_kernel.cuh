@@ -85,7 +85,20 @@ enum RowsSegmentStamp : int {
   kRowsSegmentWords
 };
 constexpr int kRowsStampSegments = 8;
-constexpr int kRowsStampWords = 2 + kRowsStampSegments * kRowsSegmentWords;
+// And each consumer warpgroup's thread 0 (tids 0 and 128) stamps the first kRowsStampPairs pairs of the CTA's first
+// segment (session 63, s67a: where a pair's ~5900 cycles go at D; the pipe model in docs/attention.md's plan):
+// pair j of warpgroup w at word kRowsPairBase + (w kRowsStampPairs + j) kRowsPairEvents + event.
+enum RowsPairStamp : int {
+  kPairQkIssued,   // the pair's first q.k groups issued and the previous pair's p.v retired (pv_done)
+  kPairQkDone,     // q.k's last group retired and summed (the scores in registers)
+  kPairPWritten,   // P^T written (both tiles), before the pair's barrier and vote
+  kPairVoted,      // past that barrier (both warpgroups' P^T; the lazy rescale's vote)
+  kPairPvIssued,   // p.v's MMAs issued (its last step in flight)
+  kRowsPairEvents
+};
+constexpr int kRowsStampPairs = 16;
+constexpr int kRowsPairBase = 2 + kRowsStampSegments * kRowsSegmentWords;
+constexpr int kRowsStampWords = kRowsPairBase + kGroups * kRowsStampPairs * kRowsPairEvents;
 
 // A CTA's query rows (wgmma N of p.v): kAttendRowsPerCta (64), or 48 or 32 where that many CTAs a
 // request hold its rows (48 rows of 12 heads x qlen 4, 96 of 12 x 8 or 96 heads, 32 of 16 x 2:
@@ -265,6 +278,13 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       if (tid == by && segment < kRowsStampSegments)
         p.timeline[int64_t(blockIdx.x) * kRowsStampWords + 2 + segment * kRowsSegmentWords + k] =
             value >= 0 ? uint64_t(value) : uint64_t(clock64());
+    }
+  };
+  auto pair_stamp = [&](int j, int event) {
+    if constexpr (kStamps > 0) {
+      if (tid % 128 == 0 && segment == 0 && j < kRowsStampPairs)
+        p.timeline[int64_t(blockIdx.x) * kRowsStampWords + kRowsPairBase +
+                   ((tid / 128) * kRowsStampPairs + j) * kRowsPairEvents + event] = uint64_t(clock64());
     }
   };
   if constexpr (kStamps > 0) {
@@ -521,6 +541,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
         for (int grp = 0; grp < 2; ++grp) issue_split(grp, grp);
         pv_done();
+        pair_stamp(j, kPairQkIssued);
 #pragma unroll
         for (int grp = 0; grp < kQkGroups; ++grp) {
           const int slot = grp % 2;
@@ -585,6 +606,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         issue_group(u, 0);
       }
       pv_done();
+      pair_stamp(j, kPairQkIssued);
 #pragma unroll
       for (int grp = 0; grp < kNGroups; ++grp) {
 #pragma unroll
@@ -599,6 +621,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         }
       }
       }  // kSplitQk
+      pair_stamp(j, kPairQkDone);
       // Scores masked by a select (a NaN of a masked key goes too). The thread's two keys of tile u:
       // 16 warp + g (+ 8); its rows: kWgRows wg + acc_col(i, c). Positions grow with the local index, so
       // the warp's last key decides whether every row sees all 16. The scale (> 0: its factors are
@@ -665,8 +688,11 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       for (int r = 0; r < kSlots; ++r) sums[r] = 0.0f;
       ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
       write_p(sums);
+      pair_stamp(j, kPairPWritten);
       // Both tiles' P^T; both warpgroups are past pair j - 1's reads of red and alpha.
-      if (!sync_consumers_or<kProducer, kRowThreads>(grows)) {
+      const bool any_grows = sync_consumers_or<kProducer, kRowThreads>(grows);
+      pair_stamp(j, kPairVoted);
+      if (!any_grows) {
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
       } else {
@@ -768,6 +794,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         } else {
           pv(std::true_type{});
         }
+        pair_stamp(j, kPairPvIssued);
         // kEndWait: a segment's missing second tile (its phase completed with 0 bytes and no keys:
         // the producer's arrival, or the cp.async copies' with nothing copied) is waited on here,
         // off q.k's path, before the stage goes back (else with the landed ones, above). Unwaited,
