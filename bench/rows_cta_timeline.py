@@ -98,8 +98,9 @@ def pair_parts(path, mhz):
     runs = {}  # (cta, wg) -> pairs in order
     for r in csv.DictReader(open(path)):
         runs.setdefault((int(r["cta"]), int(r["wg"])), []).append({k: int(v) for k, v in r.items()})
-    names = [("q.k", "qk_issued", "qk_done"), ("weights, P^T", "qk_done", "p_written"),
-             ("barrier, vote", "p_written", "voted"), ("p.v issue", "voted", "pv_issued")]
+    events = ["qk_issued", "qk_done", "p_written", "voted", "pv_issued"]  # (RowsPairStamp's order)
+    names = [(name, events[i], events[i + 1])
+             for i, name in enumerate(["q.k", "weights, P^T", "barrier, vote", "p.v issue"])]
     for wg in sorted({w for _, w in runs}):
         parts = {name: [] for name, _, _ in names}
         parts["to next q.k"], parts["pair"] = [], []
@@ -108,7 +109,7 @@ def pair_parts(path, mhz):
                 continue
             ps.sort(key=lambda p: p["pair"])
             for i, p in enumerate(ps):
-                if p["pair"] == 0 or min(p[k] for _, k, _ in names) < 0 or p["pv_issued"] < 0:
+                if p["pair"] == 0 or min(p[k] for k in events) < 0:  # (-1: not stamped)
                     continue
                 for name, start, end in names:
                     parts[name].append(p[end] - p[start])

@@ -136,11 +136,17 @@ void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 gri
     rows_stamped_kernel<kRowsN, kSplit>(bulk)<<<grid, kRowsCtaThreads<true>, smem, stream>>>(p, map);
   });
   if (host.empty()) return;  // (a graph capture)
+  // FILE: a line a segment; FILE.pairs.csv: a line a consumer warpgroup and pair of the first segment (RowsPairStamp,
+  // s67a). Times in cycles from the CTA's start (-1: not stamped).
   std::FILE* f = open_stamp_csv(rows_timeline_path(), "MLA_ROWS_TIMELINE");
+  const std::string pairs_path = std::string(rows_timeline_path()) + ".pairs.csv";
+  std::FILE* g = open_stamp_csv(pairs_path.c_str(), "MLA_ROWS_TIMELINE");
   std::fprintf(f, "rows,cta,smid,segment,tiles,entry,prologue,first_landed,last_pv,end,last_pv1,sums,final\n");
+  std::fprintf(g, "rows,cta,smid,wg,pair,qk_issued,qk_done,p_written,voted,pv_issued\n");
   for (size_t cta = 0; cta < grid.x; ++cta) {
     const uint64_t* r = &host[cta * kRowsStampWords];
     if (r[0] == 0) continue;  // (not stamped)
+    const auto cycles = [&](uint64_t t) { return t ? (long long)(t - r[1]) : -1ll; };
     for (int seg = 0; seg < kRowsStampSegments; ++seg) {
       const uint64_t* e = &r[2 + seg * kRowsSegmentWords];
       if (e[kSegEntry] == 0) break;
@@ -148,28 +154,19 @@ void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 gri
                    (unsigned long long)e[kSegTiles]);
       for (const int k :
            {kSegEntry, kSegPrologue, kSegFirstLanded, kSegLastPv, kSegEnd, kSegLastPv1, kSegSums, kSegFinal})
-        std::fprintf(f, ",%lld", e[k] ? (long long)(e[k] - r[1]) : -1ll);  // (cycles from the CTA's start)
+        std::fprintf(f, ",%lld", cycles(e[k]));
       std::fprintf(f, "\n");
     }
-  }
-  std::fclose(f);
-  // The first segment's pairs (RowsPairStamp, s67a) in FILE.pairs.csv: a line a consumer warpgroup and pair.
-  const std::string pairs_path = std::string(rows_timeline_path()) + ".pairs.csv";
-  std::FILE* g = open_stamp_csv(pairs_path.c_str(), "MLA_ROWS_TIMELINE");
-  std::fprintf(g, "rows,cta,smid,wg,pair,qk_issued,qk_done,p_written,voted,pv_issued\n");
-  for (size_t cta = 0; cta < grid.x; ++cta) {
-    const uint64_t* r = &host[cta * kRowsStampWords];
-    if (r[0] == 0) continue;
     for (int wg = 0; wg < kGroups; ++wg)
       for (int pair = 0; pair < kRowsStampPairs; ++pair) {
         const uint64_t* e = &r[kRowsPairBase + (wg * kRowsStampPairs + pair) * kRowsPairEvents];
         if (e[kPairQkIssued] == 0) break;  // (the segment had fewer pairs)
         std::fprintf(g, "%d,%zu,%llu,%d,%d", kRowsN, cta, (unsigned long long)(r[0] - 1), wg, pair);
-        for (int k = 0; k < kRowsPairEvents; ++k)
-          std::fprintf(g, ",%lld", e[k] ? (long long)(e[k] - r[1]) : -1ll);
+        for (int k = 0; k < kRowsPairEvents; ++k) std::fprintf(g, ",%lld", cycles(e[k]));
         std::fprintf(g, "\n");
       }
   }
+  std::fclose(f);
   std::fclose(g);
 }
 template <int kRowsN, bool kSplit = true>

@@ -273,26 +273,26 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
   const int rows_total = cta.rows_total, m_base = cta.m_base;
   // (kStamps: the CTA's segment `segment` (counted by the consumers), its event k; `value` a count, else the clock)
   int segment = 0;
+  auto stamp_word = [&](int word) -> uint64_t& { return p.timeline[int64_t(blockIdx.x) * kRowsStampWords + word]; };
   auto stamp = [&](int k, int64_t value = -1, int by = 0) {
     if constexpr (kStamps > 0) {
       if (tid == by && segment < kRowsStampSegments)
-        p.timeline[int64_t(blockIdx.x) * kRowsStampWords + 2 + segment * kRowsSegmentWords + k] =
-            value >= 0 ? uint64_t(value) : uint64_t(clock64());
+        stamp_word(2 + segment * kRowsSegmentWords + k) = value >= 0 ? uint64_t(value) : uint64_t(clock64());
     }
   };
+  // (pair j's event by each consumer warpgroup's thread 0: RowsPairStamp)
   auto pair_stamp = [&](int j, int event) {
     if constexpr (kStamps > 0) {
       if (tid % 128 == 0 && segment == 0 && j < kRowsStampPairs)
-        p.timeline[int64_t(blockIdx.x) * kRowsStampWords + kRowsPairBase +
-                   ((tid / 128) * kRowsStampPairs + j) * kRowsPairEvents + event] = uint64_t(clock64());
+        stamp_word(kRowsPairBase + (wg * kRowsStampPairs + j) * kRowsPairEvents + event) = uint64_t(clock64());
     }
   };
   if constexpr (kStamps > 0) {
     if (tid == 0) {
       uint32_t sm_id;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
-      p.timeline[int64_t(blockIdx.x) * kRowsStampWords] = sm_id + 1;
-      p.timeline[int64_t(blockIdx.x) * kRowsStampWords + 1] = uint64_t(clock64());
+      stamp_word(0) = sm_id + 1;
+      stamp_word(1) = uint64_t(clock64());
     }
   }
   if (tid == 0) {
