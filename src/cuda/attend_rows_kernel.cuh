@@ -753,14 +753,19 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // (G's ncu profile, session 61: no_inst 6.4% of all stall samples in p.v, at the jumps' targets
         // and after).
         const uint64_t p_desc = wgmma::descriptor(ptx::smem_addr(sm.p[0]), kRowChunkStride, 128);
-        auto kv_of = [&](int t) { return ptx::smem_addr(&sm.kv[stage][t / kPvSteps][0]); };
+        // Step t's V of block pair jj: the lane's one address plus constants (s68a; v_lane_offset).
+        const uint32_t v_base = ptx::smem_addr(&sm.kv[stage][0][0]) +
+                                v_lane_offset<kTiles>(kGroupDimBlocks / 2 * wg, warp, lane);
+        auto v_at = [&](int t, int jj) {
+          return v_base + (t / kPvSteps) * int(sizeof(sm.kv[0][0])) + (t % kPvSteps) * kVStepBytes<kTiles> +
+                 jj * kVPairBytes<kTiles>;
+        };
         auto pv = [&](auto masked) {
           constexpr bool kMasked = decltype(masked)::value;
           const int steps = (kMasked && !both ? 1 : 2) * kPvSteps;
           uint32_t vraw[kGroupDimBlocks / 2][4], frag[2][kGroupDimBlocks][4];
 #pragma unroll
-          for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj)
-            v_load<kTiles>(kv_of(0), 0, kGroupDimBlocks / 2 * wg + jj, warp, lane, vraw[jj]);
+          for (int jj = 0; jj < kGroupDimBlocks / 2; ++jj) ptx::ldmatrix_x4_trans(vraw[jj], v_at(0, jj));
 #pragma unroll
           for (int t = 0; t < 2 * kPvSteps; ++t) {
             if (t < steps) {
@@ -770,9 +775,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
                 if constexpr (kMasked)
                   if (key_mask[u] != ~0ull) v_mask(vraw[jj], key_mask[u], ks, c);  // 0 x NaN is NaN
                 v_convert(vraw[jj], frag[t & 1][2 * jj], frag[t & 1][2 * jj + 1]);
-                if (t + 1 < steps)
-                  v_load<kTiles>(kv_of(t + 1), (t + 1) % kPvSteps, kGroupDimBlocks / 2 * wg + jj, warp, lane,
-                                 vraw[jj]);
+                if (t + 1 < steps) ptx::ldmatrix_x4_trans(vraw[jj], v_at(t + 1, jj));
               }
               if constexpr (kTileRelease)
                 if (t == kPvSteps - 1) release(&sm.empty[stage]);  // tile 0's last V fragments are in registers

@@ -67,7 +67,7 @@ __device__ __forceinline__ void k_frag_load(uint32_t (&a)[kSteps][4], uint32_t r
 // Byte offset of a key's 16-byte chunk in a tile: K-major core matrices (cp.async), the swizzled
 // slabs (TMA boxes: chunk c of a 128-byte line at c ^ (line % 8)) or plain rows (bulk row copies).
 template <Tiles kTiles>
-__device__ __forceinline__ int tile_offset(int key, int chunk) {
+__host__ __device__ constexpr int tile_offset(int key, int chunk) {
   if constexpr (kTiles == Tiles::kBoxes)
     return (chunk >> 3) * kSlabBytes + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
   else if constexpr (kTiles == Tiles::kRows) return key * kRowPitch + chunk * 16;
@@ -280,12 +280,37 @@ struct SplitQueryTile {
 // (fragment row g) and dim 2g+1 (row g+8). So A row r of the warp is dim 2r (r < 8) or
 // 2(r - 8) + 1 of its 16: accumulator M row g + 8 h holds dim 64 blk + 16 warp + 2g + h.
 // (v_load issues the ldmatrix early, v_convert makes the fragments when they are needed.)
+__host__ __device__ constexpr int v_key(int ks, int lane) { return 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8; }
+__host__ __device__ constexpr int v_chunk(int j, int warp, int lane) { return 4 * (2 * j + (lane >> 4)) + warp; }
 template <Tiles kTiles>
 __device__ __forceinline__ void v_load(uint32_t tile, int ks, int j, int warp, int lane, uint32_t (&r)[4]) {
-  const int key = 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8;
-  const int chunk = 4 * (2 * j + (lane >> 4)) + warp;
-  ptx::ldmatrix_x4_trans(r, tile + tile_offset<kTiles>(key, chunk));
+  ptx::ldmatrix_x4_trans(r, tile + tile_offset<kTiles>(v_key(ks, lane), v_chunk(j, warp, lane)));
 }
+// v_load's address is the lane's at step 0 of block pair j0 plus constants: each layout is linear in 16 keys and 8
+// chunks (the swizzle reads key & 7 and chunk & 7 only). So a loop over steps and block pairs can hold one address
+// and add immediates (the many-rows kernel's p.v, s68a: ptxas had kept an address a step and pair, spilled).
+template <Tiles kTiles>
+inline constexpr int kVStepBytes = tile_offset<kTiles>(16, 0) - tile_offset<kTiles>(0, 0);  // ks + 1
+template <Tiles kTiles>
+inline constexpr int kVPairBytes = tile_offset<kTiles>(0, 8) - tile_offset<kTiles>(0, 0);  // j + 1
+template <Tiles kTiles>
+__host__ __device__ constexpr int v_lane_offset(int j0, int warp, int lane) {
+  return tile_offset<kTiles>(v_key(0, lane), v_chunk(j0, warp, lane));
+}
+template <Tiles kTiles>
+constexpr bool v_offsets_linear() {
+  for (int lane = 0; lane < 32; ++lane)
+    for (int warp = 0; warp < 4; ++warp)
+      for (int ks = 0; ks < kPvSteps; ++ks)
+        for (int j = 0; j < kDimBlocks / 2; ++j)
+          if (tile_offset<kTiles>(v_key(ks, lane), v_chunk(j, warp, lane)) !=
+              v_lane_offset<kTiles>(0, warp, lane) + ks * kVStepBytes<kTiles> + j * kVPairBytes<kTiles>)
+            return false;
+  return true;
+}
+static_assert(v_offsets_linear<Tiles::kBoxes>() && v_offsets_linear<Tiles::kRows>() &&
+                  v_offsets_linear<Tiles::kCopies>(),
+              "v_load's address: the lane's plus a step's and a block pair's constants");
 // TMA tiles (boxes or rows) are not zero-filled where keys are masked, and 0 x NaN is NaN in p.v:
 // the raw V bytes of masked keys are zeroed before widening. Lane (g, c) holds keys 16 ks + 2c, +1 (r[0], r[2]) and
 // 16 ks + 8 + 2c, +1 (r[1], r[3]), one 16-bit half each.
