@@ -67,7 +67,7 @@ __device__ __forceinline__ void k_frag_load(uint32_t (&a)[kSteps][4], uint32_t r
 // Byte offset of a key's 16-byte chunk in a tile: K-major core matrices (cp.async), the swizzled
 // slabs (TMA boxes: chunk c of a 128-byte line at c ^ (line % 8)) or plain rows (bulk row copies).
 template <Tiles kTiles>
-__host__ __device__ constexpr int tile_offset(int key, int chunk) {
+__host__ __device__ __forceinline__ constexpr int tile_offset(int key, int chunk) {
   if constexpr (kTiles == Tiles::kBoxes)
     return (chunk >> 3) * kSlabBytes + key * 128 + (((chunk & 7) ^ (key & 7)) << 4);
   else if constexpr (kTiles == Tiles::kRows) return key * kRowPitch + chunk * 16;
@@ -280,11 +280,19 @@ struct SplitQueryTile {
 // (fragment row g) and dim 2g+1 (row g+8). So A row r of the warp is dim 2r (r < 8) or
 // 2(r - 8) + 1 of its 16: accumulator M row g + 8 h holds dim 64 blk + 16 warp + 2g + h.
 // (v_load issues the ldmatrix early, v_convert makes the fragments when they are needed.)
-__host__ __device__ constexpr int v_key(int ks, int lane) { return 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8; }
-__host__ __device__ constexpr int v_chunk(int j, int warp, int lane) { return 4 * (2 * j + (lane >> 4)) + warp; }
+__host__ __device__ __forceinline__ constexpr int v_key(int ks, int lane) {
+  return 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8;
+}
+__host__ __device__ __forceinline__ constexpr int v_chunk(int j, int warp, int lane) {
+  return 4 * (2 * j + (lane >> 4)) + warp;
+}
 template <Tiles kTiles>
 __device__ __forceinline__ void v_load(uint32_t tile, int ks, int j, int warp, int lane, uint32_t (&r)[4]) {
-  ptx::ldmatrix_x4_trans(r, tile + tile_offset<kTiles>(v_key(ks, lane), v_chunk(j, warp, lane)));
+  // (v_key's and v_chunk's formulas written out: through the functions ptxas allocated the 16-row kernel's
+  // registers differently, scripts/sass-compare, and that kernel was measured in this form)
+  const int key = 16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int chunk = 4 * (2 * j + (lane >> 4)) + warp;
+  ptx::ldmatrix_x4_trans(r, tile + tile_offset<kTiles>(key, chunk));
 }
 // v_load's address is the lane's at step 0 of block pair j0 plus constants: each layout is linear in 16 keys and 8
 // chunks (the swizzle reads key & 7 and chunk & 7 only). So a loop over steps and block pairs can hold one address
@@ -294,7 +302,7 @@ inline constexpr int kVStepBytes = tile_offset<kTiles>(16, 0) - tile_offset<kTil
 template <Tiles kTiles>
 inline constexpr int kVPairBytes = tile_offset<kTiles>(0, 8) - tile_offset<kTiles>(0, 0);  // j + 1
 template <Tiles kTiles>
-__host__ __device__ constexpr int v_lane_offset(int j0, int warp, int lane) {
+__host__ __device__ __forceinline__ constexpr int v_lane_offset(int j0, int warp, int lane) {
   return tile_offset<kTiles>(v_key(0, lane), v_chunk(j0, warp, lane));
 }
 template <Tiles kTiles>
