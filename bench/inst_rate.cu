@@ -1,6 +1,6 @@
-// Microbenchmark: throughput of a few instructions per SM clock on sm_90a: the F2FP e4m3x2 -> f16x2 widening (p.v's V), MUFU.EX2
-// (the softmax), PRMT and FFMA for reference. 1 CTA an SM of 128, 256 or 1024 threads, 8 independent chains a thread
-// (session 64, not part of the build). On a GPU (from the repository root):
+// Microbenchmark (session 64, not part of the build): throughput of a few instructions per SM clock on sm_90a: the
+// F2FP e4m3x2 -> f16x2 widening (p.v's V), MUFU.EX2 (the softmax), PRMT and FFMA for reference. 1 CTA an SM of 128,
+// 256 or 1024 threads, 8 independent chains a thread. On a GPU (from the repository root):
 //   nvcc -arch=sm_90a -O3 -o /tmp/inst_rate bench/inst_rate.cu && /tmp/inst_rate
 // H100 (session 64, bench/results/2026-12-07-h100-s64-inst-rate.txt), results a clock an SM: ex2 16 (MUFU: 8 clocks a
 // warp instruction a scheduler, so D's 32 weights a thread take >= 512 clocks of a pair for two warps a scheduler),
@@ -13,7 +13,10 @@ template <int kKind>
 __global__ void probe(uint32_t* out, long long* cycles, uint32_t seed) {
   uint32_t v[kChains];
   float f[kChains];
-  for (int c = 0; c < kChains; ++c) { v[c] = seed * (threadIdx.x + c * 7919) | 0x10101; f[c] = -float(c + threadIdx.x % 7) * 0.01f; }
+  for (int c = 0; c < kChains; ++c) {
+    v[c] = seed * (threadIdx.x + c * 7919) | 0x10101;
+    f[c] = -float(c + threadIdx.x % 7) * 0.01f;
+  }
   __syncthreads();
   long long t0 = clock64();
   for (int it = 0; it < kIters; ++it) {
@@ -55,8 +58,8 @@ void run(const char* name, int threads, int sms) {
   long long c; cudaMemcpy(&c, cyc, 8, cudaMemcpyDeviceToHost);
   double per_sm_clk = double(threads) * kIters * kChains / c;
   // the extra instruction a step (the FMUL for ex2's chain, the half move for cvt) is in the loop: see the SASS count
-  printf("%-8s threads %4d: %8lld cycles, %.1f ops a clock an SM (%.2f warp instructions a clock an SM)\n", name, threads, c,
-         per_sm_clk, per_sm_clk / 32);
+  printf("%-8s threads %4d: %8lld cycles, %.1f ops a clock an SM (%.2f warp instructions a clock an SM)\n", name,
+         threads, c, per_sm_clk, per_sm_clk / 32);
   cudaFree(out); cudaFree(cyc);
 }
 int main() {

@@ -12,14 +12,48 @@
 // nothing at either N; the fp8 form 95% (N = 64) and 87% (N = 48). So the step's cost is V's shared-memory loads beside
 // the MMAs' own operand reads (P^T, B, is read once a dim block: at N = 48 ~64 bytes a clock for B plus ~43 for V's
 // ldmatrix, near shared memory's 128), not the widening's latency, which a third buffer would have hidden.
+// (Those figures are from this file at 2f7e9a0 and 53829ca; the helpers shared with qk_turn.cu since compile the same
+// loops, instruction for instruction by kind, with other registers.)
 #include <cstdint>
 #include <cstdio>
 
+#include "probe_clock.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
 using namespace mla::cuda;
 
 constexpr int kPairs = 256, kSteps = 8, kBlocks = 4;
+
+// p.v's accumulators: zeroed, drained at a pair's end, summed to keep them live
+template <int kN>
+__device__ __forceinline__ void zero_o(float (&o)[kBlocks][kN / 2]) {
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b)
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) o[b][i] = 0.f;
+}
+template <int kN>
+__device__ __forceinline__ void drain(float (&o)[kBlocks][kN / 2]) {
+  wgmma::wait<0>();
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b) wgmma::fence_operand(o[b]);
+}
+template <int kN>
+__device__ __forceinline__ float sum_o(const float (&o)[kBlocks][kN / 2]) {
+  float s = 0;
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b)
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) s += o[b][i];
+  return s;
+}
+// V's stand-in bytes (alternate 16-byte units of e4m3 1.0 and 0) and P^T's, then the warpgroups this run times
+__device__ __forceinline__ bool fill_smem(uint8_t* sm, int wgs) {
+  for (int i = threadIdx.x; i < 96 * 1024 / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(sm)[i] = 0x38383838u * (i & 1);
+  __syncthreads();
+  return threadIdx.x / 128 < wgs;
+}
 
 // kDepth commits in flight (kDepth fragment buffers), kPerCommit k16 steps a commit; kPrep, the fragments between
 // steps: 1 loaded from shared memory's fp8 bytes and widened (as p.v does), 0 reused as they are, 2 loaded and not
@@ -28,17 +62,12 @@ template <int kN, int kDepth, int kPerCommit, int kPrep>
 __global__ void __launch_bounds__(256, 1) turn(long long* out, int wgs) {
   extern __shared__ __align__(1024) uint8_t sm[];
   const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
-  for (int i = tid; i < 96 * 1024 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0x38383838u * (i & 1);
-  __syncthreads();
-  if (wg >= wgs) return;
+  if (!fill_smem(sm, wgs)) return;
   const uint32_t base = ptx::smem_addr(sm);
   const uint32_t p = base + 64 * 1024;  // P^T: kN rows x 16 keys a step
   const uint8_t* v = sm + wg * 16384 + (tid % 128) * 16;
   float o[kBlocks][kN / 2];
-#pragma unroll
-  for (int b = 0; b < kBlocks; ++b)
-#pragma unroll
-    for (int i = 0; i < kN / 2; ++i) o[b][i] = 0.f;
+  zero_o<kN>(o);
   uint32_t frag[kDepth][kPerCommit][kBlocks][4];
 #pragma unroll
   for (int d = 0; d < kDepth; ++d)
@@ -89,25 +118,17 @@ __global__ void __launch_bounds__(256, 1) turn(long long* out, int wgs) {
       for (int s = 0; s < kPerCommit; ++s)
 #pragma unroll
         for (int b = 0; b < kBlocks; ++b)
-          wgmma::mma_pv_f16_rs<kN>(o[b], frag[buf][s][b], wgmma::advance(pd, (t * kPerCommit + s) % 4 * 2 * (kN / 8 * 128)));
+          wgmma::mma_pv_f16_rs<kN>(o[b], frag[buf][s][b],
+                                   wgmma::advance(pd, (t * kPerCommit + s) % 4 * 2 * (kN / 8 * 128)));
       wgmma::commit();
       if (t + 1 < kCommits) {
         if constexpr (kDepth == 3) wgmma::wait<2>();
         else wgmma::wait<1>();
       }
     }
-    wgmma::wait<0>();  // the pair's end (the kernel drains p.v under the next pair's q.k)
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) wgmma::fence_operand(o[b]);
+    drain<kN>(o);  // the pair's end (the kernel drains p.v under the next pair's q.k)
   }
-  long long t1 = clock64();
-  float s = 0;
-#pragma unroll
-  for (int b = 0; b < kBlocks; ++b)
-#pragma unroll
-    for (int i = 0; i < kN / 2; ++i) s += o[b][i];
-  if (tid % 128 == 0) out[blockIdx.x * 2 + wg] = t1 - t0;
-  if (s == 12345.f) out[0] = 0;
+  store_clocks(out, clock64() - t0, wg, sum_o<kN>(o));
 }
 
 // The fp8 form (s65a's, session 63, at 64 rows; removed): k32 steps, each two k16 halves of V^T's bytes permuted into
@@ -130,16 +151,11 @@ template <int kN>
 __global__ void __launch_bounds__(256, 1) turn_fp8(long long* out, int wgs) {
   extern __shared__ __align__(1024) uint8_t sm[];
   const int tid = threadIdx.x, wg = tid / 128;
-  for (int i = tid; i < 96 * 1024 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0x38383838u * (i & 1);
-  __syncthreads();
-  if (wg >= wgs) return;
+  if (!fill_smem(sm, wgs)) return;
   const uint32_t p = ptx::smem_addr(sm) + 64 * 1024;
   const uint8_t* v = sm + wg * 16384 + (tid % 128) * 16;
   float o[kBlocks][kN / 2];
-#pragma unroll
-  for (int b = 0; b < kBlocks; ++b)
-#pragma unroll
-    for (int i = 0; i < kN / 2; ++i) o[b][i] = 0.f;
+  zero_o<kN>(o);
   uint32_t frag[2][kBlocks][4];
   const uint64_t pd = wgmma::descriptor(p, kN / 8 * 128, 128);
   constexpr int kCommits = kSteps / 2;
@@ -170,18 +186,9 @@ __global__ void __launch_bounds__(256, 1) turn_fp8(long long* out, int wgs) {
       wgmma::commit();
       if (t + 1 < kCommits) wgmma::wait<1>();
     }
-    wgmma::wait<0>();
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) wgmma::fence_operand(o[b]);
+    drain<kN>(o);
   }
-  long long t1 = clock64();
-  float s = 0;
-#pragma unroll
-  for (int b = 0; b < kBlocks; ++b)
-#pragma unroll
-    for (int i = 0; i < kN / 2; ++i) s += o[b][i];
-  if (tid % 128 == 0) out[blockIdx.x * 2 + wg] = t1 - t0;
-  if (s == 12345.f) out[0] = 0;
+  store_clocks(out, clock64() - t0, wg, sum_o<kN>(o));
 }
 
 template <int kN, int kDepth, int kPerCommit, int kPrep>
@@ -190,36 +197,27 @@ void run(const char* name, long long* dout, int sms, int wgs) {
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
   k<<<sms, 256, 96 * 1024>>>(dout, wgs);  // warm
   k<<<sms, 256, 96 * 1024>>>(dout, wgs);
-  static long long h[2048];
-  cudaMemcpy(h, dout, sizeof(long long) * 2 * sms, cudaMemcpyDeviceToHost);
-  double clk = 0;
-  for (int i = 0; i < sms; ++i) clk += h[2 * i];
-  clk /= sms;
-  const double pair = clk / kPairs, mma = double(kSteps) * kBlocks * wgs * (kN / 2);  // f16: N / 2 clocks an MMA
-  printf("%-34s N=%d wgs=%d  clocks a pair %7.1f  MMAs' own %6.0f  (%.0f%%)  turn a step %5.1f  %s\n", name, kN, wgs, pair,
-         mma, 100.0 * mma / pair, (pair - mma) / kSteps, cudaGetErrorString(cudaGetLastError()));
+  const double pair = mean_cta_clocks(dout, sms) / kPairs;
+  const double mma = double(kSteps) * kBlocks * wgs * (kN / 2);  // f16: N / 2 clocks an MMA
+  printf("%-34s N=%d wgs=%d  clocks a pair %7.1f  MMAs' own %6.0f  (%.0f%%)  turn a step %5.1f  %s\n", name, kN, wgs,
+         pair, mma, 100.0 * mma / pair, (pair - mma) / kSteps, cudaGetErrorString(cudaGetLastError()));
+}
+// The variants at one N (the output's order: the kernel's, its parts, then the other forms)
+template <int kN>
+void run_all(long long* dout, int sms, int wgs) {
+  run<kN, 2, 1, 1>("as the kernel (2 in flight, widen)", dout, sms, wgs);
+  run<kN, 2, 1, 0>("2 in flight, no load, no widening", dout, sms, wgs);
+  run<kN, 2, 1, 2>("2 in flight, load, no widening", dout, sms, wgs);
+  run<kN, 2, 1, 3>("2 in flight, widen, no load", dout, sms, wgs);
+  run<kN, 3, 1, 1>("3 in flight, widen", dout, sms, wgs);
+  if constexpr (kN == 64) run<kN, 2, 2, 1>("2 steps a commit, widen", dout, sms, wgs);
+  run<kN, 0, 1, 1>("fp8 (s65a: prmt, k32 hi + lo)", dout, sms, wgs);
 }
 int main() {
-  cudaDeviceProp prop;
-  cudaGetDeviceProperties(&prop, 0);
-  long long* dout;
-  cudaMalloc(&dout, sizeof(long long) * 2 * 1024);
-  const int sms = prop.multiProcessorCount;
-  printf("%s, %d SMs; a pair = 8 k16 steps x 4 blocks of m64nNk16 RS f16 a warpgroup\n", prop.name, sms);
+  const ProbeDevice d = probe_device("a pair = 8 k16 steps x 4 blocks of m64nNk16 RS f16 a warpgroup");
   for (int wgs = 2; wgs >= 1; --wgs) {
-    run<64, 2, 1, 1>("as the kernel (2 in flight, widen)", dout, sms, wgs);
-    run<64, 2, 1, 0>("2 in flight, no load, no widening", dout, sms, wgs);
-    run<64, 2, 1, 2>("2 in flight, load, no widening", dout, sms, wgs);
-    run<64, 2, 1, 3>("2 in flight, widen, no load", dout, sms, wgs);
-    run<64, 3, 1, 1>("3 in flight, widen", dout, sms, wgs);
-    run<64, 2, 2, 1>("2 steps a commit, widen", dout, sms, wgs);
-    run<64, 0, 1, 1>("fp8 (s65a: prmt, k32 hi + lo)", dout, sms, wgs);
-    run<48, 2, 1, 1>("as the kernel (2 in flight, widen)", dout, sms, wgs);
-    run<48, 2, 1, 0>("2 in flight, no load, no widening", dout, sms, wgs);
-    run<48, 2, 1, 2>("2 in flight, load, no widening", dout, sms, wgs);
-    run<48, 2, 1, 3>("2 in flight, widen, no load", dout, sms, wgs);
-    run<48, 3, 1, 1>("3 in flight, widen", dout, sms, wgs);
-    run<48, 0, 1, 1>("fp8 (s65a: prmt, k32 hi + lo)", dout, sms, wgs);
+    run_all<64>(d.dout, d.sms, wgs);
+    run_all<48>(d.dout, d.sms, wgs);
   }
   return 0;
 }

@@ -11,9 +11,12 @@
 // 1728), split with one group in flight 2153 (slower: each warpgroup waits out its group and its 32 sums while the
 // other's one group runs), split with two 1637 (15% under the kernel's, 70% of its own 1152). So at 64 rows the split
 // q.k could give back at most ~300 of the pair's ~5900 cycles, and only in the form that spills.
+// (Those figures are from this file at 53829ca; the clock helpers shared with pv_turn.cu since leave its loops as
+// they were.)
 #include <cstdint>
 #include <cstdio>
 
+#include "probe_clock.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/wgmma.cuh"
 using namespace mla::cuda;
@@ -29,7 +32,8 @@ template <bool kSplit, int kInFlight>
 __global__ void __launch_bounds__(256, 1) turn(long long* out) {
   extern __shared__ __align__(1024) uint8_t sm[];
   const int tid = threadIdx.x, wg = tid / 128;
-  for (int i = tid; i < 200 * 1024 / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(sm)[i] = 0x38383838u * ((i >> 3) & 1);
+  for (int i = tid; i < 200 * 1024 / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(sm)[i] = 0x38383838u * ((i >> 3) & 1);
   __syncthreads();
   const uint32_t base = ptx::smem_addr(sm);
   const uint32_t tiles = base, q = base + 2 * 40960;  // two 40 KB key tiles, then the query (64 rows x 576)
@@ -106,9 +110,7 @@ __global__ void __launch_bounds__(256, 1) turn(long long* out) {
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) sink += x[t][i];
   }
-  long long t1 = clock64();
-  if (tid % 128 == 0) out[blockIdx.x * 2 + wg] = t1 - t0;
-  if (sink == 12345.f) out[0] = 0;
+  store_clocks(out, clock64() - t0, wg, sink);
 }
 
 template <bool kSplit, int kInFlight>
@@ -117,25 +119,15 @@ void run(const char* name, long long* dout, int sms) {
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
   k<<<sms, 256, 200 * 1024>>>(dout);  // warm
   k<<<sms, 256, 200 * 1024>>>(dout);
-  static long long h[2048];
-  cudaMemcpy(h, dout, sizeof(long long) * 2 * sms, cudaMemcpyDeviceToHost);
-  double clk = 0;
-  for (int i = 0; i < sms; ++i) clk += h[2 * i];
-  clk /= sms;
-  const double pair = clk / kPairs;
+  const double pair = mean_cta_clocks(dout, sms) / kPairs;
   const double rule = kSplit ? 2.0 * kQkSteps * (16 + 64 / 4) : 2.0 * 2 * kQkSteps * (16 + 32 / 4);  // both warpgroups
-  printf("%-40s clocks a pair %7.1f  by the 16 + N / 4 rule %6.0f  (%.0f%%)  %s\n", name, pair, rule, 100.0 * rule / pair,
-         cudaGetErrorString(cudaGetLastError()));
+  printf("%-40s clocks a pair %7.1f  by the 16 + N / 4 rule %6.0f  (%.0f%%)  %s\n", name, pair, rule,
+         100.0 * rule / pair, cudaGetErrorString(cudaGetLastError()));
 }
 int main() {
-  cudaDeviceProp prop;
-  cudaGetDeviceProperties(&prop, 0);
-  long long* dout;
-  cudaMalloc(&dout, sizeof(long long) * 2 * 1024);
-  const int sms = prop.multiProcessorCount;
-  printf("%s, %d SMs; q.k of a pair (2 tiles x 64 keys) for 64 rows, two warpgroups\n", prop.name, sms);
-  run<false, 2>("the kernel's (N = 32, both tiles, wait<1>)", dout, sms);
-  run<true, 1>("split by tile, 1 group in flight", dout, sms);
-  run<true, 2>("split by tile, 2 groups in flight", dout, sms);
+  const ProbeDevice d = probe_device("q.k of a pair (2 tiles x 64 keys) for 64 rows, two warpgroups");
+  run<false, 2>("the kernel's (N = 32, both tiles, wait<1>)", d.dout, d.sms);
+  run<true, 1>("split by tile, 1 group in flight", d.dout, d.sms);
+  run<true, 2>("split by tile, 2 groups in flight", d.dout, d.sms);
   return 0;
 }
