@@ -4,7 +4,9 @@
 // double-buffered) before it widens the next step's V. s67a's stamps (session 64) found 7 steps' 1792 clocks of MMAs
 // (D, two warpgroups) taking ~2400: ~85 clocks a step. This loop runs that pattern alone, with two (or one) warpgroups
 // a CTA, one CTA an SM, every SM, and variants: no widening between steps; three commits in flight (three fragment
-// buffers, `wait<2>`); two steps a commit (eight MMAs); the fp8 form (turn_fp8). On a GPU (from the repository root):
+// buffers, `wait<2>`); two steps a commit (eight MMAs); the fp8 form (turn_fp8). (Its V: the same bytes a step as the
+// kernel's, by LDS.128 where the kernel uses ldmatrix.trans, widened by ptx::fp8x4_to_f16x2x2 without v_convert's
+// byte permute: 8 PRMT a step fewer.) On a GPU (from the repository root):
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -o /tmp/pv_turn bench/pv_turn.cu && /tmp/pv_turn
 // H100 (session 64, bench/results/2026-12-07-h100-s64-pv-turn.txt), two warpgroups, a pair's clocks against its MMAs':
 // N = 64 96% as the kernel (10 clocks a step), 100% without V's loads; N = 48 79% as the kernel (50 a step), 80% with
@@ -104,8 +106,7 @@ __global__ void __launch_bounds__(256, 1) turn(long long* out, int wgs) {
               if constexpr (kPrep == 2) {  // loaded, not widened
                 lo = w[r], hi = w[r] ^ 0x00ff00ffu;
               } else {
-                asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
-                    : "=r"(lo), "=r"(hi) : "r"(w[r]));
+                ptx::fp8x4_to_f16x2x2(w[r], lo, hi);
               }
               frag[buf][s][2 * jj + r / 2][(r % 2) * 2] = lo;
               frag[buf][s][2 * jj + r / 2][(r % 2) * 2 + 1] = hi;
