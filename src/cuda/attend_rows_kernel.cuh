@@ -667,26 +667,16 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // by stmatrix from f16x2 pairs (store_p_t), with the running maxima as they are: one barrier
       // a pair (s19c; the lazy rescale's vote was a barrier of its own before P^T). If a row of the
       // CTA grows, the maxima move and P^T is written again; `sums` takes the weights' row sums.
-      // kLateP1 (s69a; 64 rows, where each warpgroup scores both tiles for its 32 rows; the unsplit
-      // 48- and 32-row instances keep the whole write): write_p makes
-      // tile 0's weights only, and tile 1's are made between tile 0's p.v steps (late_p1, below), on
-      // the ALUs while the tensor cores run those steps, where both warpgroups' weights of both tiles
-      // left the tensor pipe idle (D's stamps, session 64: 1079 of a pair's 5931 cycles).
-      constexpr bool kLateP1 = !kSplitQk && kRowsN == 64;
-      constexpr int kWrittenTiles = kLateP1 ? 1 : kQkTiles;
-      auto weight = [&](int t, int i) {  // tile t's weight i, of the running maximum of its row
-        const float m = m_run[row_slot(i)];
-        // (exp2_ftz: 1.3-3% faster than exp2f's subnormal fix-up at D, F, G, qlen 2; s15c. A quarter or half of
-        // them by a polynomial on the FMA pipe, s56c, s56d: 0-3% slower at D, E, 96 heads, G; code at f5d02dc.)
-        return exp2_ftz(fmaf(x[t][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
-      };
       auto write_p = [&](float (&sums)[kSlots]) {
 #pragma unroll
-        for (int t = 0; t < kWrittenTiles; ++t) {
+        for (int t = 0; t < kQkTiles; ++t) {
           float w[kQkAcc];
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i) {
-            w[i] = weight(t, i);
+            const float m = m_run[row_slot(i)];
+            // (exp2_ftz: 1.3-3% faster than exp2f's subnormal fix-up at D, F, G, qlen 2; s15c. A quarter or half of
+            // them by a polynomial on the FMA pipe, s56c, s56d: 0-3% slower at D, E, 96 heads, G; code at f5d02dc.)
+            w[i] = exp2_ftz(fmaf(x[t][i], scale_log2, -(m == -INFINITY ? 0.0f : m)));
             sums[row_slot(i)] += w[i];
           }
           store_p_t<kRowsN>(ptx::smem_addr(sm.p[kSplitQk ? wg : t]), w, q_row0, warp, lane);
@@ -699,7 +689,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
       write_p(sums);
       pair_stamp(j, kPairPWritten);
-      // Both tiles' P^T (kLateP1: tile 0's); both warpgroups are past pair j - 1's reads of red and alpha.
+      // Both tiles' P^T; both warpgroups are past pair j - 1's reads of red and alpha.
       const bool any_grows = sync_consumers_or<kProducer, kRowThreads>(grows);
       pair_stamp(j, kPairVoted);
       if (!any_grows) {
@@ -750,7 +740,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           wgmma::fence_operand(o[blk]);
         }
         write_p(d_run);
-        sync_rows();  // both tiles' P^T again (kLateP1: tile 0's); every warp has read red and alpha
+        sync_rows();  // both tiles' P^T again; every warp has read red and alpha
       }
 
       // p.v over the pair's tiles for this warpgroup's dims: V^T fragments from the fp8 tile
@@ -770,26 +760,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           return v_base + (t / kPvSteps) * int(sizeof(sm.kv[0][0])) + (t % kPvSteps) * kVStepBytes<kTiles> +
                  jj * kVPairBytes<kTiles>;
         };
-        // kLateP1: tile 1's weights, a quarter (kQkAcc / 4) after each of tile 0's p.v steps is issued,
-        // packed, stored to P^T by halves (store_p_t_part) and summed into d_run (the maxima are final
-        // here: the vote and any rescale are done); then both warpgroups' halves of tile 1's P^T meet
-        // at a barrier before tile 1's first step. (A missing tile 1: its masked weights, 0, are
-        // written and not read.)
-        const uint32_t p1_lane = p_t_lane_addr<kRowsN>(ptx::smem_addr(sm.p[1]), q_row0, warp, lane);
-        uint32_t h1[4];
-        auto late_p1 = [&](int ks) {
-          constexpr int kQuarter = kQkAcc / 4;
-          float w[kQuarter];
-#pragma unroll
-          for (int e = 0; e < kQuarter; ++e) {
-            w[e] = weight(1, kQuarter * ks + e);
-            d_run[row_slot(kQuarter * ks + e)] += w[e];
-          }
-#pragma unroll
-          for (int e = 0; e < kQuarter / 2; ++e) h1[(ks & 1) * kQuarter / 2 + e] = pack_p(w[2 * e], w[2 * e + 1]);
-          if (ks & 1) store_p_t_part(p1_lane, ks / 2, h1);
-        };
-        static_assert(!kLateP1 || kQkAcc == 16, "late_p1: two halves of 8 weights, a stmatrix each");
         auto pv = [&](auto masked) {
           constexpr bool kMasked = decltype(masked)::value;
           const int steps = (kMasked && !both ? 1 : 2) * kPvSteps;
@@ -809,18 +779,11 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
               }
               if constexpr (kTileRelease)
                 if (t == kPvSteps - 1) release(&sm.empty[stage]);  // tile 0's last V fragments are in registers
-              if constexpr (kLateP1)
-                if (t == kPvSteps) {  // both warpgroups' tile-1 P^T
-                  wgmma::fence_proxy_async();
-                  sync_rows();
-                }
               wgmma::fence();
               const uint64_t bp = wgmma::advance(p_desc, u * int(sizeof(sm.p[0])) + ks * 2 * kRowChunkStride);
 #pragma unroll
               for (int blk = 0; blk < kGroupDimBlocks; ++blk) wgmma::mma_pv_f16_rs<kRowsN>(o[blk], frag[t & 1][blk], bp);
               wgmma::commit();
-              if constexpr (kLateP1)
-                if (t < kPvSteps) late_p1(t);  // (on the ALUs while step t runs)
               if (t > 0) wgmma::wait<1>();
             }
           }

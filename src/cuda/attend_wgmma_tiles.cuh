@@ -133,29 +133,16 @@ __device__ __forceinline__ int slot_col(int r, int c) { return 8 * (r >> 1) + 2 
 // of 8 keys, one 16-byte core-matrix row each: kAcc / 2 conversions and kAcc / 8 stores a thread
 // instead of kAcc of each (st.shared.b16 of every weight, which lands keys, not rows, in pairs).
 // (kBf16P: bf16 weights, for p.v against a bf16 cache's V.)
-template <int kRowsN>
-__device__ __forceinline__ uint32_t p_t_lane_addr(uint32_t p_smem, int row0, int warp, int lane) {
-  const int m = lane / 8;  // the block whose row lane % 8 this lane addresses (first of each 4)
-  return p_smem + b_offset_n<kRowsN>(row0 + 8 * (m >> 1) + lane % 8, 2 * warp + (m & 1));
-}
-template <bool kBf16P = false>
-__device__ __forceinline__ uint32_t pack_p(float lo, float hi) {
-  return kBf16P ? ptx::pack_bf16x2(lo, hi) : ptx::pack_f16x2(lo, hi);
-}
-// Elements 8 s .. 8 s + 7 (blocks 4 s .. 4 s + 3: rows row0 + 16 s ..) of store_p_t, packed by pack_p:
-// a part of P^T on its own (the many-rows kernel's tile-1 weights made between p.v steps, s69a).
-__device__ __forceinline__ void store_p_t_part(uint32_t lane_addr, int s, const uint32_t (&h)[4]) {
-  ptx::stmatrix_x4_trans(lane_addr + s * 2 * 128, h[0], h[1], h[2], h[3]);
-}
 template <int kRowsN, int kAcc, bool kBf16P = false>
 __device__ __forceinline__ void store_p_t(uint32_t p_smem, const float (&w)[kAcc], int row0, int warp, int lane) {
-  auto pack = [](float lo, float hi) { return pack_p<kBf16P>(lo, hi); };
+  auto pack = [](float lo, float hi) { return kBf16P ? ptx::pack_bf16x2(lo, hi) : ptx::pack_f16x2(lo, hi); };
   static_assert(kAcc % 4 == 0, "whole 8 x 8 blocks, in pairs");
-  const uint32_t addr = p_t_lane_addr<kRowsN>(p_smem, row0, warp, lane);
+  const int m = lane / 8;  // the block whose row lane % 8 this lane addresses (first of each 4)
+  const uint32_t addr = p_smem + b_offset_n<kRowsN>(row0 + 8 * (m >> 1) + lane % 8, 2 * warp + (m & 1));
 #pragma unroll
   for (int s = 0; s < kAcc / 8; ++s)  // blocks 4 s .. 4 s + 3: rows row0 + 16 s ..
-    store_p_t_part(addr, s, {pack(w[8 * s], w[8 * s + 1]), pack(w[8 * s + 2], w[8 * s + 3]),
-                             pack(w[8 * s + 4], w[8 * s + 5]), pack(w[8 * s + 6], w[8 * s + 7])});
+    ptx::stmatrix_x4_trans(addr + s * 2 * 128, pack(w[8 * s], w[8 * s + 1]), pack(w[8 * s + 2], w[8 * s + 3]),
+                           pack(w[8 * s + 4], w[8 * s + 5]), pack(w[8 * s + 6], w[8 * s + 7]));
   if constexpr (kAcc % 8 != 0)
     ptx::stmatrix_x2_trans(addr + kAcc / 8 * 2 * 128, pack(w[kAcc - 4], w[kAcc - 3]), pack(w[kAcc - 2], w[kAcc - 1]));
 }
