@@ -1,4 +1,4 @@
-// Microbenchmark (session 64, not part of the build; not yet run): the fp8 many-rows kernel's weights at D's 64 rows
+// Microbenchmark (session 64, not part of the build; its first run, session 65 call 1, was void: see the loop): the fp8 many-rows kernel's weights at D's 64 rows
 // alone. attend_rows_kernel.cuh's write_p makes a pair's weights from each thread's 32 q.k scores (two tiles of an
 // m64n32 accumulator): w = exp2(x scale - m) (exp2_ftz, MUFU.EX2), the row sums, P^T by stmatrix (store_p_t) and the
 // proxy fence; around it the lazy rescale's growth check and the pair's vote (a named barrier of both consumer
@@ -38,11 +38,14 @@ __global__ void __launch_bounds__(256, 1) weights(long long* out) {
   __syncthreads();
   const long long t0 = clock64();
   for (int pair = 0; pair < kPairs; ++pair) {
-    // fresh scores every pair, as the q.k accumulators' (no instruction: the compiler may not keep anything)
+    // fresh scores every pair, as the q.k accumulators': one FFMA each (in every part, "sums only" too).
+    // (Session 65: an empty `asm volatile` emits no PTX instruction, so ptxas saw the same scores every
+    // pair and hoisted the exponentials out of the loop: "exp2 and sums only" took 33 clocks a pair
+    // against MUFU's 512-clock floor, and every figure of that run was void.)
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) asm volatile("" : "+f"(x[t][i]));
+      for (int i = 0; i < kAcc; ++i) x[t][i] = fmaf(x[t][i], 0.9990234375f, 0.0009765625f);
     bool grows = false;
     if constexpr ((kParts & 4) != 0) {
       float grow_at[kSlots];
