@@ -1,5 +1,5 @@
-// Microbenchmark (session 64, not part of the build; its first run, session 65 call 1, was void: see the loop): the fp8 many-rows kernel's weights at D's 64 rows
-// alone. attend_rows_kernel.cuh's write_p makes a pair's weights from each thread's 32 q.k scores (two tiles of an
+// Microbenchmark (session 64, not part of the build; its first run, session 65's call 1, was void: see the loop): the
+// fp8 many-rows kernel's weights at D's 64 rows alone. attend_rows_kernel.cuh's write_p makes a pair's weights from each thread's 32 q.k scores (two tiles of an
 // m64n32 accumulator): w = exp2(x scale - m) (exp2_ftz, MUFU.EX2), the row sums, P^T by stmatrix (store_p_t) and the
 // proxy fence; around it the lazy rescale's growth check and the pair's vote (a named barrier of both consumer
 // warpgroups). s67a's stamps (session 64) put that part of D's pair at 1079-1163 cycles where MUFU's rate (16 results
