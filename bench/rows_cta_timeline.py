@@ -95,12 +95,19 @@ def main():
 
 
 def pair_parts(path, mhz):
+    rows = list(csv.DictReader(open(path)))
     runs = {}  # (cta, wg) -> pairs in order
-    for r in csv.DictReader(open(path)):
+    for r in rows:
         runs.setdefault((int(r["cta"]), int(r["wg"])), []).append({k: int(v) for k, v in r.items()})
-    events = ["qk_issued", "qk_done", "p_written", "voted", "pv_issued"]  # (RowsPairStamp's order)
-    names = [(name, events[i], events[i + 1])
-             for i, name in enumerate(["q.k", "weights, P^T", "barrier, vote", "p.v issue"])]
+    # (RowsPairStamp's order; pt_free since session 66: the masks and the wait for the other warpgroup's
+    # previous p.v, split off the weights)
+    events = [e for e in ["qk_issued", "qk_done", "pt_free", "p_written", "voted", "pv_issued"]
+              if not rows or e in rows[0]]
+    labels = {"qk_done": "q.k", "pt_free": "masks, P^T free", "p_written": "weights, P^T", "voted": "barrier, vote",
+              "pv_issued": "p.v issue"}
+    if "pt_free" not in events:
+        labels["p_written"] = "masks, weights, P^T"
+    names = [(labels[events[i + 1]], events[i], events[i + 1]) for i in range(len(events) - 1)]
     for wg in sorted({w for _, w in runs}):
         parts = {name: [] for name, _, _ in names}
         parts["to next q.k"], parts["pair"] = [], []

@@ -91,6 +91,7 @@ constexpr int kRowsStampSegments = 8;
 enum RowsPairStamp : int {
   kPairQkIssued,   // the pair's first q.k groups issued and the previous pair's p.v retired (pv_done)
   kPairQkDone,     // q.k's last group retired and summed (the scores in registers)
+  kPairPtFree,     // masked, and past the other warpgroup's p.v of the previous pair (P^T's buffer free; session 66)
   kPairPWritten,   // P^T written (both tiles), before the pair's barrier and vote
   kPairVoted,      // past that barrier (both warpgroups' P^T; the lazy rescale's vote)
   kPairPvIssued,   // p.v's MMAs issued (its last step in flight)
@@ -687,6 +688,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
 #pragma unroll
       for (int r = 0; r < kSlots; ++r) sums[r] = 0.0f;
       ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
+      pair_stamp(j, kPairPtFree);
       write_p(sums);
       pair_stamp(j, kPairPWritten);
       // Both tiles' P^T; both warpgroups are past pair j - 1's reads of red and alpha.
