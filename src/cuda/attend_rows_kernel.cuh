@@ -631,31 +631,48 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       auto position = [&](int64_t jj) {
         return keys.plain_positions ? jj : dcp_global_position(jj, p.dcp_size, p.dcp_rank, p.dcp_interleave);
       };
-      bool grows = false;
-      float grow_at[kSlots];
+      // Masks only where some key of the pair is missing or past the causal edge (s70a, session 66): one branch,
+      // unlikely, around the per-tile checks, whose several branches and their fetch cost the pair ~200 cycles at D
+      // (session 66's profile). Positions grow with the local index, so the warp's last key of the last tile it
+      // scores decides the causal edge for the pair.
+      uint64_t pair_mask = ~0ull;
 #pragma unroll
-      for (int r = 0; r < kSlots; ++r) grow_at[r] = (m_run[r] + kLazyRescale) * inv_scale_log2;
+      for (int t = 0; t < kQkTiles; ++t) pair_mask &= kSplitQk ? (wg ? key_mask[1] : key_mask[0]) : key_mask[t];
+      const int64_t warp_last = keys.k_begin + int64_t(2 * j + (kSplitQk ? wg : kQkTiles - 1)) * kTileKeys + 16 * warp + 15;
+      if (__builtin_expect(pair_mask != ~0ull || position(warp_last) > min_limit, 0)) {
 #pragma unroll
-      for (int t = 0; t < kQkTiles; ++t) {
-        const int u = kSplitQk ? wg : t;  // the tile x[t] scores
-        const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
-        // A whole tile (its mask warp-uniform, all 64 bits set) skips the kQkAcc selects (s41a, as
-        // the bf16 kernel's lean path, s39a; H100 session 41: G 1.5-2% faster, D, E, F within noise).
-        const uint64_t tile_mask = kSplitQk ? (wg ? key_mask[1] : key_mask[0]) : key_mask[t];
-        if (tile_mask != ~0ull) {
+        for (int t = 0; t < kQkTiles; ++t) {
+          const int u = kSplitQk ? wg : t;  // the tile x[t] scores
+          const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
+          // A whole tile (its mask warp-uniform, all 64 bits set) skips the kQkAcc selects (s41a, as
+          // the bf16 kernel's lean path, s39a; H100 session 41: G 1.5-2% faster, D, E, F within noise).
+          const uint64_t tile_mask = kSplitQk ? (wg ? key_mask[1] : key_mask[0]) : key_mask[t];
+          if (tile_mask != ~0ull) {
 #pragma unroll
-          for (int i = 0; i < kQkAcc; ++i)
-            if (!((tile_mask >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[t][i] = -INFINITY;
+            for (int i = 0; i < kQkAcc; ++i)
+              if (!((tile_mask >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[t][i] = -INFINITY;
+          }
+          if (position(key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
+            const int32_t pos0 = int32_t(position(key0)), pos1 = int32_t(position(key0 + 8));
+#pragma unroll
+            for (int i = 0; i < kQkAcc; ++i)
+              if ((acc_half(i) ? pos1 : pos0) > sm.limit[q_row0 + acc_col(i, c)]) x[t][i] = -INFINITY;
+          }
         }
-        if (position(key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
-          const int32_t pos0 = int32_t(position(key0)), pos1 = int32_t(position(key0 + 8));
-#pragma unroll
-          for (int i = 0; i < kQkAcc; ++i)
-            if ((acc_half(i) ? pos1 : pos0) > sm.limit[q_row0 + acc_col(i, c)]) x[t][i] = -INFINITY;
-        }
-#pragma unroll
-        for (int i = 0; i < kQkAcc; ++i) grows |= x[t][i] > grow_at[row_slot(i)];
       }
+      // The lazy rescale's growth check on each row slot's largest score (s70a): chains of kQkAcc / kSlots x
+      // kQkTiles maxima side by side and kSlots compares, where `grows |= x > grow_at` a score made ptxas chain
+      // all 32 compares through one predicate (~175 cycles a pair at D in session 66's profile). (fmaxf drops a
+      // NaN as the compare did; -inf scores never grow a row.)
+      float top[kSlots];
+#pragma unroll
+      for (int t = 0; t < kQkTiles; ++t)
+#pragma unroll
+        for (int i = 0; i < kQkAcc; ++i)  // (i & 2) == 0 in tile 0: a slot's first element
+          top[row_slot(i)] = t == 0 && (i & 2) == 0 ? x[0][i] : fmaxf(top[row_slot(i)], x[t][i]);
+      bool grows = false;
+#pragma unroll
+      for (int r = 0; r < kSlots; ++r) grows |= top[r] > (m_run[r] + kLazyRescale) * inv_scale_log2;
       if constexpr (!kTma) {  // both warpgroups finished pair j - 1: its stage takes pair j + 1
         sync_rows();
         if (j + 1 < n_pairs) {
