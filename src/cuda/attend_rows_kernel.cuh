@@ -91,7 +91,7 @@ constexpr int kRowsStampSegments = 8;
 enum RowsPairStamp : int {
   kPairQkIssued,   // the pair's first q.k groups issued and the previous pair's p.v retired (pv_done)
   kPairQkDone,     // q.k's last group retired and summed (the scores in registers)
-  kPairPtFree,     // masked, and past the other warpgroup's p.v of the previous pair (P^T's buffer free; session 66)
+  kPairPtFree,     // masked, growth checked, past the other warpgroup's p.v of the previous pair (P^T free; session 66)
   kPairPWritten,   // P^T written (both tiles), before the pair's barrier and vote
   kPairVoted,      // past that barrier (both warpgroups' P^T; the lazy rescale's vote)
   kPairPvIssued,   // p.v's MMAs issued (its last step in flight)
