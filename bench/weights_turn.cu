@@ -1,11 +1,13 @@
-// Microbenchmark (session 64, not part of the build; its first run, session 65's call 1, was void: see the loop): the
+// Microbenchmark (session 64, not part of the build; its first run, session 65's call 1, was void: see the loop; first
+// valid run session 66 call 1, H100: as the kernel 815 clocks a pair, no growth check or vote 594, exp2 and sums 552,
+// no exp2 390, sums only 153; bench/results/2026-12-07-h100-cuda-s66-call1-weights-probe-s68a-revs.json): the
 // fp8 many-rows kernel's weights at D's 64 rows alone. attend_rows_kernel.cuh's write_p makes a pair's weights from
 // each thread's 32 q.k scores (two tiles of an m64n32 accumulator): w = exp2(x scale - m) (exp2_ftz, MUFU.EX2), the row
 // sums, P^T by stmatrix (store_p_t) and the proxy fence; around it the lazy rescale's growth check and the pair's vote
 // (a named barrier of both consumer warpgroups). s67a's stamps (session 64) put that part of D's pair at 1079-1163
 // cycles where MUFU's rate (16 results a clock an SM, bench/inst_rate.cu) makes the 8192 exponentials 512. This loop
 // runs the same instructions with no MMAs, two warpgroups a CTA, one CTA an SM, every SM, by parts (kParts: bit 0 the
-// exponentials, else the scores themselves as weights; bit 1 P^T's stores and the fence; bit 2 the growth check and the
+// exponentials, else the scores themselves as weights; bit 1 P^T's stores and the fence; bit 2 the growth check (one compare a score, as before s70a) and the
 // vote). If the kernel's part takes about what this loop takes, the weights are at their own floor and only an overlap
 // with the MMAs moves them; if far less, the kernel loses the difference around them. On a GPU (from the repository
 // root, one line):
