@@ -99,8 +99,8 @@ def pair_parts(path, mhz):
     runs = {}  # (cta, wg) -> pairs in order
     for r in rows:
         runs.setdefault((int(r["cta"]), int(r["wg"])), []).append({k: int(v) for k, v in r.items()})
-    # (RowsPairStamp's order; pt_free since session 66: the masks and the wait for the other warpgroup's
-    # previous p.v, split off the weights)
+    # (RowsPairStamp's order; pt_free since session 66: the masks, the growth check and the wait for the other
+    # warpgroup's previous p.v, split off the weights)
     events = [e for e in ["qk_issued", "qk_done", "pt_free", "p_written", "voted", "pv_issued"]
               if not rows or e in rows[0]]
     labels = {"qk_done": "q.k", "pt_free": "masks, P^T free", "p_written": "weights, P^T", "voted": "barrier, vote",

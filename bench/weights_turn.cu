@@ -7,10 +7,10 @@
 // (a named barrier of both consumer warpgroups). s67a's stamps (session 64) put that part of D's pair at 1079-1163
 // cycles where MUFU's rate (16 results a clock an SM, bench/inst_rate.cu) makes the 8192 exponentials 512. This loop
 // runs the same instructions with no MMAs, two warpgroups a CTA, one CTA an SM, every SM, by parts (kParts: bit 0 the
-// exponentials, else the scores themselves as weights; bit 1 P^T's stores and the fence; bit 2 the growth check (one compare a score, as before s70a) and the
-// vote). If the kernel's part takes about what this loop takes, the weights are at their own floor and only an overlap
-// with the MMAs moves them; if far less, the kernel loses the difference around them. On a GPU (from the repository
-// root, one line):
+// exponentials, else the scores themselves as weights; bit 1 P^T's stores and the fence; bit 2 the growth check, one
+// compare a score as before s70a, and the vote). If the kernel's part takes about what this loop takes, the weights are
+// at their own floor and only an overlap with the MMAs moves them; if far less, the kernel loses the difference around
+// them. On a GPU (from the repository root, one line):
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude -DMLA_WITH_CUDA=1
 //     --expt-relaxed-constexpr -o /tmp/weights_turn bench/weights_turn.cu && /tmp/weights_turn
 #include <cstdint>
