@@ -631,48 +631,64 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       auto position = [&](int64_t jj) {
         return keys.plain_positions ? jj : dcp_global_position(jj, p.dcp_size, p.dcp_rank, p.dcp_interleave);
       };
-      // Masks only where some key of the pair is missing or past the causal edge (s70a, session 66): one branch,
-      // unlikely, around the per-tile checks, whose several branches and their fetch cost the pair ~200 cycles at D
-      // (session 66's profile). Positions grow with the local index, so the warp's last key of the last tile it
-      // scores decides the causal edge for the pair.
-      uint64_t pair_mask = ~0ull;
+      // A tile's masks: its missing keys, then the causal edge where some row does not see some key.
+      auto mask_tile = [&](int t) {
+        const int u = kSplitQk ? wg : t;  // the tile x[t] scores
+        const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
+        // A whole tile (its mask warp-uniform, all 64 bits set) skips the kQkAcc selects (s41a, as
+        // the bf16 kernel's lean path, s39a; H100 session 41: G 1.5-2% faster, D, E, F within noise).
+        const uint64_t tile_mask = kSplitQk ? (wg ? key_mask[1] : key_mask[0]) : key_mask[t];
+        if (tile_mask != ~0ull) {
 #pragma unroll
-      for (int t = 0; t < kQkTiles; ++t) pair_mask &= kSplitQk ? (wg ? key_mask[1] : key_mask[0]) : key_mask[t];
-      const int64_t warp_last = keys.k_begin + int64_t(2 * j + (kSplitQk ? wg : kQkTiles - 1)) * kTileKeys + 16 * warp + 15;
-      if (__builtin_expect(pair_mask != ~0ull || position(warp_last) > min_limit, 0)) {
+          for (int i = 0; i < kQkAcc; ++i)
+            if (!((tile_mask >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[t][i] = -INFINITY;
+        }
+        if (position(key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
+          const int32_t pos0 = int32_t(position(key0)), pos1 = int32_t(position(key0 + 8));
+#pragma unroll
+          for (int i = 0; i < kQkAcc; ++i)
+            if ((acc_half(i) ? pos1 : pos0) > sm.limit[q_row0 + acc_col(i, c)]) x[t][i] = -INFINITY;
+        }
+      };
+      bool grows = false;
+      if constexpr (kTma && kRowsN == 64) {
+        // 64 rows on TMA tiles (s70a, session 66): the masks behind one unlikely branch a pair, where the per-tile
+        // checks and their several branches cost the pair ~200 cycles at D (session 66's profile). Positions grow
+        // with the local index, so the warp's last key of the pair's last tile decides the causal edge for the pair.
+        // Then the lazy rescale's growth check on each row slot's largest score: kSlots chains of maxima side by side
+        // and kSlots compares, where `grows |= x > grow_at` a score made ptxas chain all 32 compares through one
+        // predicate (~175 cycles a pair at D in that profile). (fmaxf drops a NaN as the compare did; -inf scores
+        // never grow a row.) Session 67 (H100, 3 rounds against 9a9c0c4): D 1.7% and E ~4% faster, D at page 1 a
+        // tie; the split instances (48 and 32 rows, the bf16 query's) 1.2-2.2% slower with it, so they keep the
+        // per-tile form below, as do the untimed ones: 48 and 32 rows without the split (MLA_ATTEND_SPLIT_QK=0) and
+        // the cp.async copies (s70a put a local load in the 64-row one's pair loop).
+        uint64_t pair_mask = ~0ull;
+#pragma unroll
+        for (int t = 0; t < kQkTiles; ++t) pair_mask &= key_mask[t];
+        const int64_t warp_last = keys.k_begin + int64_t(2 * j + kQkTiles - 1) * kTileKeys + 16 * warp + 15;
+        if (__builtin_expect(pair_mask != ~0ull || position(warp_last) > min_limit, 0)) {
+#pragma unroll
+          for (int t = 0; t < kQkTiles; ++t) mask_tile(t);
+        }
+        float top[kSlots];
+#pragma unroll
+        for (int t = 0; t < kQkTiles; ++t)
+#pragma unroll
+          for (int i = 0; i < kQkAcc; ++i)  // (i & 2) == 0 in tile 0: a slot's first element
+            top[row_slot(i)] = t == 0 && (i & 2) == 0 ? x[0][i] : fmaxf(top[row_slot(i)], x[t][i]);
+#pragma unroll
+        for (int r = 0; r < kSlots; ++r) grows |= top[r] > (m_run[r] + kLazyRescale) * inv_scale_log2;
+      } else {  // 48 and 32 rows, and the cp.async copies: a compare a score
+        float grow_at[kSlots];
+#pragma unroll
+        for (int r = 0; r < kSlots; ++r) grow_at[r] = (m_run[r] + kLazyRescale) * inv_scale_log2;
 #pragma unroll
         for (int t = 0; t < kQkTiles; ++t) {
-          const int u = kSplitQk ? wg : t;  // the tile x[t] scores
-          const int64_t key0 = keys.k_begin + int64_t(2 * j + u) * kTileKeys + 16 * warp + g;
-          // A whole tile (its mask warp-uniform, all 64 bits set) skips the kQkAcc selects (s41a, as
-          // the bf16 kernel's lean path, s39a; H100 session 41: G 1.5-2% faster, D, E, F within noise).
-          const uint64_t tile_mask = kSplitQk ? (wg ? key_mask[1] : key_mask[0]) : key_mask[t];
-          if (tile_mask != ~0ull) {
+          mask_tile(t);
 #pragma unroll
-            for (int i = 0; i < kQkAcc; ++i)
-              if (!((tile_mask >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[t][i] = -INFINITY;
-          }
-          if (position(key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
-            const int32_t pos0 = int32_t(position(key0)), pos1 = int32_t(position(key0 + 8));
-#pragma unroll
-            for (int i = 0; i < kQkAcc; ++i)
-              if ((acc_half(i) ? pos1 : pos0) > sm.limit[q_row0 + acc_col(i, c)]) x[t][i] = -INFINITY;
-          }
+          for (int i = 0; i < kQkAcc; ++i) grows |= x[t][i] > grow_at[row_slot(i)];
         }
       }
-      // The lazy rescale's growth check on each row slot's largest score (s70a): chains of kQkAcc / kSlots x
-      // kQkTiles maxima side by side and kSlots compares, where `grows |= x > grow_at` a score made ptxas chain
-      // all 32 compares through one predicate (~175 cycles a pair at D in session 66's profile). (fmaxf drops a
-      // NaN as the compare did; -inf scores never grow a row.)
-      float top[kSlots];
-#pragma unroll
-      for (int t = 0; t < kQkTiles; ++t)
-#pragma unroll
-        for (int i = 0; i < kQkAcc; ++i)  // (i & 2) == 0 in tile 0: a slot's first element
-          top[row_slot(i)] = t == 0 && (i & 2) == 0 ? x[0][i] : fmaxf(top[row_slot(i)], x[t][i]);
-      bool grows = false;
-#pragma unroll
-      for (int r = 0; r < kSlots; ++r) grows |= top[r] > (m_run[r] + kLazyRescale) * inv_scale_log2;
       if constexpr (!kTma) {  // both warpgroups finished pair j - 1: its stage takes pair j + 1
         sync_rows();
         if (j + 1 < n_pairs) {
