@@ -658,8 +658,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         // Then the lazy rescale's growth check on each row slot's largest score: kSlots chains of maxima side by side
         // and kSlots compares, where `grows |= x > grow_at` a score made ptxas chain all 32 compares through one
         // predicate (~175 cycles a pair at D in that profile). (fmaxf drops a NaN as the compare did; -inf scores
-        // never grow a row.) Session 67 (H100, 3 rounds against 9a9c0c4): D 1.7% and E ~4% faster, D at page 1 a
-        // tie; the split instances (48 and 32 rows, the bf16 query's) 1.2-2.2% slower with it, so they keep the
+        // never grow a row.) Session 67 (H100, 3 rounds against 9a9c0c4, medians): D 2.0% and E 6.4% faster, D at
+        // page 1 a tie; the split instances (48 and 32 rows, the bf16 query's) 1.3-2.6% slower with it: they keep the
         // per-tile form below, as do the untimed ones: 48 and 32 rows without the split (MLA_ATTEND_SPLIT_QK=0) and
         // the cp.async copies (s70a put a local load in the 64-row one's pair loop).
         uint64_t pair_mask = ~0ull;
