@@ -127,6 +127,30 @@ def pair_parts(path, mhz):
         print(f"  {'interval':<18} {'median':>9} {'min':>9} {'max':>9} {'median µs':>10}")
         for name, v in parts.items():
             row(name, v, mhz)
+        if rows and "next_landed" in rows[0]:
+            next_landed(runs, wg, events)
+
+
+def next_landed(runs, wg, events):
+    """next_landed (session 67): the first stamp from q.k's end on at which the next pair's first q.k tile had landed
+    (polled there without waiting; -1: not by p.v's issue). Pairs with a next pair in the stamps, by that stamp."""
+    points = [e for e in events if e != "qk_issued"]
+    count = {e: 0 for e in points}
+    count["later"] = 0
+    total = 0
+    for (cta, w), ps in runs.items():
+        if w != wg:
+            continue
+        for i, p in enumerate(ps):
+            if i + 1 >= len(ps) or min(p[k] for k in events) < 0:
+                continue
+            total += 1
+            t = p["next_landed"]  # (polled just after a stamp: counted at the last stamp at or before it)
+            seen = [e for e in points if 0 <= p[e] <= t] if t >= 0 else []
+            count[seen[-1] if seen else "later"] += 1
+    if total:
+        shares = ", ".join(f"{e} {100 * n / total:.0f}%" for e, n in count.items())
+        print(f"  next pair's first tile seen landed at: {shares} ({total} pairs)")
 
 
 if __name__ == "__main__":

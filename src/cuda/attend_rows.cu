@@ -142,7 +142,7 @@ void launch_rows_stamps(const AttendParams& in, const CUtensorMap& map, dim3 gri
   const std::string pairs_path = std::string(rows_timeline_path()) + ".pairs.csv";
   std::FILE* g = open_stamp_csv(pairs_path.c_str(), "MLA_ROWS_TIMELINE");
   std::fprintf(f, "rows,cta,smid,segment,tiles,entry,prologue,first_landed,last_pv,end,last_pv1,sums,final\n");
-  std::fprintf(g, "rows,cta,smid,wg,pair,qk_issued,qk_done,pt_free,p_written,voted,pv_issued\n");
+  std::fprintf(g, "rows,cta,smid,wg,pair,qk_issued,qk_done,pt_free,p_written,voted,pv_issued,next_landed\n");
   for (size_t cta = 0; cta < grid.x; ++cta) {
     const uint64_t* r = &host[cta * kRowsStampWords];
     if (r[0] == 0) continue;  // (not stamped)

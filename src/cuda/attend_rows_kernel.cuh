@@ -95,6 +95,9 @@ enum RowsPairStamp : int {
   kPairPWritten,   // P^T written (both tiles), before the pair's barrier and vote
   kPairVoted,      // past that barrier (both warpgroups' P^T; the lazy rescale's vote)
   kPairPvIssued,   // p.v's MMAs issued (its last step in flight)
+  kPairNextLanded, // the first of the stamps from kPairQkDone on at which pair j + 1's first q.k tile (tile 0; the split
+                   // q.k: tile wg) had landed, polled without waiting; 0 if not by kPairPvIssued or no next pair
+                   // (session 67: can pair j + 1's q.k start under pair j's softmax, with two stages?)
   kRowsPairEvents
 };
 constexpr int kRowsStampPairs = 16;
@@ -490,6 +493,18 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           m = (sm.key_mask[stage][u][0] | sm.key_mask[stage][u][1]) | (sm.key_mask[stage][u][2] | sm.key_mask[stage][u][3]);
         key_mask[u] = __shfl_sync(~0u, m, 0);
       };
+      // (kStamps) after each pair stamp from kPairQkDone on: kPairNextLanded (RowsPairStamp)
+      bool next_seen = false;
+      auto stamp_next = [&] {
+        if constexpr (kStamps > 0 && kTma) {
+          if (tid % 128 == 0 && segment == 0 && j < kRowsStampPairs && !next_seen && j + 1 < n_pairs &&
+              tma::test_parity(ptx::smem_addr(&sm.full[(at + 1) & 1][kSplitQk ? wg : 0]), ((at + 1) >> 1) & 1)) {
+            next_seen = true;
+            stamp_word(kRowsPairBase + (wg * kRowsStampPairs + j) * kRowsPairEvents + kPairNextLanded) =
+                uint64_t(clock64());
+          }
+        }
+      };
       // After this pair's first q.k groups went out: the previous pair's p.v (kDrainLate: drained
       // under them) is done, and so is its read of the other warpgroup's rows of P^T: named barrier
       // kPtBarrier + wg, which the other waits on before it writes its rows of P^T for pair j.
@@ -623,6 +638,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       }
       }  // kSplitQk
       pair_stamp(j, kPairQkDone);
+      stamp_next();
       // Scores masked by a select (a NaN of a masked key goes too). The thread's two keys of tile u:
       // 16 warp + g (+ 8); its rows: kWgRows wg + acc_col(i, c). Positions grow with the local index, so
       // the warp's last key decides whether every row sees all 16. The scale (> 0: its factors are
@@ -722,11 +738,14 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       for (int r = 0; r < kSlots; ++r) sums[r] = 0.0f;
       ptx::named_sync(kPtBarrier + 1 - wg, kRowThreads);  // the other warpgroup's p.v of pair j - 1 is done
       pair_stamp(j, kPairPtFree);
+      stamp_next();
       write_p(sums);
       pair_stamp(j, kPairPWritten);
+      stamp_next();
       // Both tiles' P^T; both warpgroups are past pair j - 1's reads of red and alpha.
       const bool any_grows = sync_consumers_or<kProducer, kRowThreads>(grows);
       pair_stamp(j, kPairVoted);
+      stamp_next();
       if (!any_grows) {
 #pragma unroll
         for (int r = 0; r < kSlots; ++r) d_run[r] += sums[r];
@@ -833,6 +852,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           pv(std::true_type{});
         }
         pair_stamp(j, kPairPvIssued);
+        stamp_next();
         // kEndWait: a segment's missing second tile (its phase completed with 0 bytes and no keys:
         // the producer's arrival, or the cp.async copies' with nothing copied) is waited on here,
         // off q.k's path, before the stage goes back (else with the landed ones, above). Unwaited,

@@ -40,6 +40,18 @@ __device__ __forceinline__ bool wait_parity(uint32_t bar, uint32_t parity, uint3
   return false;
 }
 
+// Whether the phase with this parity has completed, without waiting (test_wait: never blocks; the
+// many-rows kernel's stamped twin polls the next pair's tiles with it, session 67).
+__device__ __forceinline__ bool test_parity(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // MLA_CLUSTER_SCOPE_SYNC (a diagnostic build only: -DMLA_CLUSTER_SCOPE_SYNC, `scripts/device-check
 // cluster-race`): the waits acquire and the remote arrivals release at cluster scope, the PTX memory
 // model's formal order between a CTA's reads and its cluster peer's later copies into them, to tell
