@@ -285,9 +285,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     }
   };
   // (pair j's event by each consumer warpgroup's thread 0: RowsPairStamp)
+  auto stamps_pair = [&](int j) { return kStamps > 0 && tid % 128 == 0 && segment == 0 && j < kRowsStampPairs; };
   auto pair_stamp = [&](int j, int event) {
     if constexpr (kStamps > 0) {
-      if (tid % 128 == 0 && segment == 0 && j < kRowsStampPairs)
+      if (stamps_pair(j))
         stamp_word(kRowsPairBase + (wg * kRowsStampPairs + j) * kRowsPairEvents + event) = uint64_t(clock64());
     }
   };
@@ -497,11 +498,10 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       bool next_seen = false;
       auto stamp_next = [&] {
         if constexpr (kStamps > 0 && kTma) {
-          if (tid % 128 == 0 && segment == 0 && j < kRowsStampPairs && !next_seen && j + 1 < n_pairs &&
+          if (stamps_pair(j) && !next_seen && j + 1 < n_pairs &&
               tma::test_parity(ptx::smem_addr(&sm.full[(at + 1) & 1][kSplitQk ? wg : 0]), ((at + 1) >> 1) & 1)) {
             next_seen = true;
-            stamp_word(kRowsPairBase + (wg * kRowsStampPairs + j) * kRowsPairEvents + kPairNextLanded) =
-                uint64_t(clock64());
+            pair_stamp(j, kPairNextLanded);
           }
         }
       };
