@@ -135,6 +135,7 @@ struct RowsSmem {
   uint64_t empty1[2];                                   // kTileRelease: a stage's tile 1 consumed
   alignas(16) int32_t box_y[4][16];                     // small boxes: a producer warp's box rows (TmaTiles::issue)
   int32_t q_exp[kQSplit ? kRowsN : 1];                  // kQSplit: row n's power-of-two scale (SplitQueryTile)
+  int32_t edge_pair[2][4];                              // 64 rows (s72a): a consumer warp's first pair past the edge
 };
 template <int kRowsN, bool kQSplit = false>
 constexpr int rows_smem_bytes() { return int(sizeof(RowsSmem<kRowsN, kQSplit>)) + 1024; }
@@ -451,6 +452,28 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     // Causal limits: every row of the CTA sees keys up to min_limit (the first row's); a tile past
     // it takes the per-row rule (rows past the request's see nothing), from shared memory.
     const int32_t min_limit = keys.limit(p, m_base, rows_total);
+    // 64 rows (s72a): the first pair whose warp's last key (of the pair's last tile) is past the causal edge, by
+    // bisection once a segment (positions grow with the local index), kept in shared memory (in a register ptxas
+    // spilled it: a local load in the pair loop), so that the pair's mask check below is one shared load and a
+    // compare, where s70a recomputed that key's position from segment constants reloaded every pair. Session 68 (H100,
+    // against e92476d, rounds in turns): D at page 1 1.7% faster in every round at equal clocks (medians 246.3 / 250.5
+    // µs, 8 rounds), D and E within the clock noise (218.9 / 222.3, 1785.9 / 1786.8); D's masks stamp ~300 -> ~250 cycles.
+    if constexpr (kTma && kRowsN == 64) {
+      auto past_edge = [&](int pair) {
+        const int64_t last = keys.k_begin + int64_t(2 * pair + kQkTiles - 1) * kTileKeys + 16 * warp + 15;
+        return (keys.plain_positions ? last : dcp_global_position(last, p.dcp_size, p.dcp_rank, p.dcp_interleave)) >
+               min_limit;
+      };
+      int edge = n_pairs;
+      for (int lo = 0; lo < edge;) {
+        const int mid = (lo + edge) / 2;
+        if (past_edge(mid)) edge = mid;
+        else lo = mid + 1;
+      }
+      __syncwarp();  // the warp's reads of the previous segment's value are done
+      if (lane == 0) sm.edge_pair[wg][warp] = edge;
+      __syncwarp();
+    }
     float m_run[kSlots], d_run[kSlots];
 #pragma unroll
     for (int r = 0; r < kSlots; ++r) m_run[r] = -INFINITY, d_run[r] = 0.0f;
@@ -681,8 +704,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
         uint64_t pair_mask = ~0ull;
 #pragma unroll
         for (int t = 0; t < kQkTiles; ++t) pair_mask &= key_mask[t];
-        const int64_t warp_last = keys.k_begin + int64_t(2 * j + kQkTiles - 1) * kTileKeys + 16 * warp + 15;
-        if (__builtin_expect(pair_mask != ~0ull || position(warp_last) > min_limit, 0)) {
+        if (__builtin_expect(pair_mask != ~0ull || j >= sm.edge_pair[wg][warp], 0)) {
 #pragma unroll
           for (int t = 0; t < kQkTiles; ++t) mask_tile(t);
         }
