@@ -192,13 +192,18 @@ struct KeyStream {
     return m < rows_total && len_ok ? seq_len - p.qlen + t : -1;
   }
 
+  // Local key j's global position (the causal rule's): j itself where W = 1, else its DCP rank's
+  // interleaved position.
+  __device__ int64_t position(const AttendParams& p, int64_t j) const {
+    return plain_positions ? j : dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave);
+  }
+
   // Key `key` of tile `tile` (key < kTileKeys): issues its page id load.
   __device__ KeyRow page_of(const AttendParams& p, int tile, int key) const {
     KeyRow k;
     const int64_t j = k_begin + int64_t(tile) * kTileKeys + key;
     if (key < kTileKeys && j < k_end) {
-      const int32_t pos = plain_positions ? int32_t(j)
-                                          : int32_t(dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave));
+      const int32_t pos = int32_t(position(p, j));
       if (pos <= tile_limit) {
         const int32_t page_index = page_shift >= 0 ? int32_t(j) >> page_shift : int32_t(j) / p.page_size;
         if (page_index < pages_avail) {

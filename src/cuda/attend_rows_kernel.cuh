@@ -461,8 +461,7 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
     if constexpr (kTma && kRowsN == 64) {
       auto past_edge = [&](int pair) {
         const int64_t last = keys.k_begin + int64_t(2 * pair + kQkTiles - 1) * kTileKeys + 16 * warp + 15;
-        return (keys.plain_positions ? last : dcp_global_position(last, p.dcp_size, p.dcp_rank, p.dcp_interleave)) >
-               min_limit;
+        return keys.position(p, last) > min_limit;
       };
       int edge = n_pairs;
       for (int lo = 0; lo < edge;) {
@@ -667,9 +666,6 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
       // the warp's last key decides whether every row sees all 16. The scale (> 0: its factors are
       // validated positive) stays out of the scores: a row grows where x > (m + 2^3) / scale, and
       // its weight is exp2(x scale - m), one FFMA.
-      auto position = [&](int64_t jj) {
-        return keys.plain_positions ? jj : dcp_global_position(jj, p.dcp_size, p.dcp_rank, p.dcp_interleave);
-      };
       // A tile's masks: its missing keys, then the causal edge where some row does not see some key.
       auto mask_tile = [&](int t) {
         const int u = kSplitQk ? wg : t;  // the tile x[t] scores
@@ -682,8 +678,8 @@ __global__ void __launch_bounds__(kRowsCtaThreads<kTma>, 1)
           for (int i = 0; i < kQkAcc; ++i)
             if (!((tile_mask >> (16 * warp + g + 8 * acc_half(i))) & 1)) x[t][i] = -INFINITY;
         }
-        if (position(key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
-          const int32_t pos0 = int32_t(position(key0)), pos1 = int32_t(position(key0 + 8));
+        if (keys.position(p, key0 - g + 15) > min_limit) {  // the causal edge: some row does not see some key
+          const int32_t pos0 = int32_t(keys.position(p, key0)), pos1 = int32_t(keys.position(p, key0 + 8));
 #pragma unroll
           for (int i = 0; i < kQkAcc; ++i)
             if ((acc_half(i) ? pos1 : pos0) > sm.limit[q_row0 + acc_col(i, c)]) x[t][i] = -INFINITY;

@@ -444,11 +444,7 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         const int key = 16 * warp + g + 8 * h;
         if constexpr (kTma) {
           const int64_t j = keys.k_begin + int64_t(t) * kTileKeys + key;
-          key_pos[h] = (key_mask >> key) & 1
-                           ? int32_t(keys.plain_positions
-                                         ? j
-                                         : dcp_global_position(j, p.dcp_size, p.dcp_rank, p.dcp_interleave))
-                           : INT_MAX;
+          key_pos[h] = (key_mask >> key) & 1 ? int32_t(keys.position(p, j)) : INT_MAX;
         } else {
           key_pos[h] = sm.pos[slot][key];
         }
