@@ -133,7 +133,8 @@ def pair_parts(path, mhz):
 
 def next_landed(runs, wg, events):
     """next_landed (session 67): the first stamp from q.k's end on at which the next pair's first q.k tile had landed
-    (polled there without waiting; -1: not by p.v's issue). Pairs with a next pair in the stamps, by that stamp."""
+    (polled there without waiting; -1: not by p.v's issue). Pairs 1 on with a next pair in the stamps (as the parts
+    above: pair 0's next tiles went out in the prologue), by that stamp."""
     points = [e for e in events if e != "qk_issued"]
     count = {e: 0 for e in points}
     count["later"] = 0
@@ -142,7 +143,7 @@ def next_landed(runs, wg, events):
         if w != wg:
             continue
         for i, p in enumerate(ps):
-            if i + 1 >= len(ps) or min(p[k] for k in events) < 0:
+            if p["pair"] == 0 or i + 1 >= len(ps) or min(p[k] for k in events) < 0:
                 continue
             total += 1
             t = p["next_landed"]  # (polled just after a stamp: counted at the last stamp at or before it)
