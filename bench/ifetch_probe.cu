@@ -1,0 +1,113 @@
+// Microbenchmark (session 69, not part of the build): how fast an SM runs straight-line code it has not run
+// yet (instructions fetched from L2 or DRAM) against the same code run again. The question it answers: how much
+// of the 16-row kernel's ~2.9 µs from a CTA's start to its first boxes (docs/attention.md, the fp8 memory-bound
+// targets; sessions 22-26 took the divisions and dependent loads off that path for 1-4%) can be the fetch of its
+// prologue's code, ~14 KB from its entry to the first UTMALDG (0x3950-0x70b0 of the default TMA instance's SASS,
+// after a jump over the flat plan's scan), as every SM starts the kernel at once.
+// Each of the grid's CTAs (one warp, one CTA an SM) runs a body of kLen unrolled FFMAs (8 independent chains, so
+// ~1 a clock once fetched; 16 bytes an instruction) twice (a loop of two passes, not unrolled) and stamps clock64
+// and globaltimer before, between and after: pass 1 fetches the body, pass 2 runs it from the instruction caches.
+// The launches follow each other on one stream: the same kernel twice (does its code stay cached from one launch
+// to the next?), another kernel of the same size, then the first again. On a GPU (from the repository root):
+//   nvcc -arch=sm_90a -O3 -o /tmp/ifetch bench/ifetch_probe.cu && /tmp/ifetch
+// Prints a line a launch: the median over CTAs of each pass's clocks, the cold pass's extra clocks a 128-byte line
+// of code, and its ns at the measured clock.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+constexpr int kChains = 8;
+
+#define CHECK(x)                                                                            \
+  do {                                                                                      \
+    cudaError_t e = (x);                                                                    \
+    if (e != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+__device__ __forceinline__ long long global_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// kSalt makes each instance's code its own (the FFMAs' immediate), so launches of two instances share no lines.
+template <int kLen, int kSalt>
+__global__ void __launch_bounds__(32, 1) straight(long long* out, float seed) {
+  float f[kChains];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) f[c] = seed * float(c + 1 + threadIdx.x);
+  long long clk[3], ns[3];
+  clk[0] = clock64(), ns[0] = global_ns();
+#pragma unroll 1
+  for (int pass = 0; pass < 2; ++pass) {
+#pragma unroll
+    for (int i = 0; i < kLen; ++i) {
+      const int c = i % kChains;
+      asm volatile("fma.rn.f32 %0, %0, %1, %2;" : "+f"(f[c]) : "f"(0.999f + 1e-6f * kSalt), "f"(1e-3f));
+    }
+    clk[pass + 1] = clock64(), ns[pass + 1] = global_ns();
+  }
+  float sum = 0;
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) sum += f[c];
+  if (threadIdx.x == 0) {
+    long long* o = out + 5 * blockIdx.x;
+    o[0] = clk[1] - clk[0], o[1] = clk[2] - clk[1], o[2] = ns[1] - ns[0], o[3] = ns[2] - ns[1];
+    o[4] = sum == 12345.f;  // (keeps the chains live)
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <int kLen, int kSalt>
+void launch(const char* what, int sms, long long* d_out) {
+  std::vector<long long> h(5 * sms);
+  straight<kLen, kSalt><<<sms, 32>>>(d_out, 1e-3f);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaMemcpy(h.data(), d_out, h.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+  std::vector<double> c1, c2, n1, n2;
+  for (int b = 0; b < sms; ++b) c1.push_back(h[5 * b]), c2.push_back(h[5 * b + 1]), n1.push_back(h[5 * b + 2]),
+                                n2.push_back(h[5 * b + 3]);
+  const double m1 = median(c1), m2 = median(c2), t1 = median(n1), t2 = median(n2);
+  const double lines = kLen * 16.0 / 128;
+  std::printf("%-34s body %6d B: pass 1 %8.0f clk %7.0f ns | pass 2 %8.0f clk %7.0f ns | cold extra %6.1f clk a line, "
+              "%6.1f ns a KB (max pass 1 %8.0f clk)\n",
+              what, kLen * 16, m1, t1, m2, t2, (m1 - m2) / lines, (t1 - t2) / (kLen * 16.0 / 1024),
+              *std::max_element(c1.begin(), c1.end()));
+}
+
+}  // namespace
+
+int main() {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  long long* d_out = nullptr;
+  CHECK(cudaMalloc(&d_out, 5 * sms * sizeof(long long)));
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs; one warp a CTA, one CTA an SM\n", prop.name, sms);
+  // 14 KB, the prologue's size; 64 KB, past the L1 instruction cache's reach if it is smaller.
+  launch<896, 1>("A 14 KB, first launch", sms, d_out);
+  launch<896, 1>("A again", sms, d_out);
+  launch<896, 2>("B (other code, same size)", sms, d_out);
+  launch<896, 1>("A after B", sms, d_out);
+  launch<4096, 3>("C 64 KB, first launch", sms, d_out);
+  launch<4096, 3>("C again", sms, d_out);
+  launch<896, 1>("A after C", sms, d_out);
+  // One CTA only: the fetch without 131 other SMs asking for the same lines.
+  launch<896, 4>("D 14 KB, first launch, 1 CTA", 1, d_out);
+  CHECK(cudaFree(d_out));
+  return 0;
+}
