@@ -8,7 +8,8 @@
 // ~1 a clock once fetched; 16 bytes an instruction) twice (a loop of two passes, not unrolled) and stamps clock64
 // and globaltimer before, between and after: pass 1 fetches the body, pass 2 runs it from the instruction caches.
 // The launches follow each other on one stream: the same kernel twice (does its code stay cached from one launch
-// to the next?), another kernel of the same size, then the first again. On a GPU (from the repository root):
+// to the next?), another kernel of the same size, then the first again; then after reads of 4x the L2 (as
+// mla_graph_bench flushes it before each timed replay: the code from DRAM). On a GPU (from the repository root):
 //   nvcc -arch=sm_90a -O3 -o /tmp/ifetch bench/ifetch_probe.cu && /tmp/ifetch
 // Prints a line a launch: the median over CTAs of each pass's clocks, the cold pass's extra clocks a 128-byte line
 // of code, and its ns at the measured clock.
@@ -65,6 +66,15 @@ __global__ void __launch_bounds__(32, 1) straight(long long* out, float seed) {
   }
 }
 
+// Reads a buffer of several times the L2 (as mla_graph_bench's L2 flush does before each timed replay), so that
+// the next launch's code comes from DRAM, not L2.
+__global__ void flush_l2(const float4* buf, size_t n, float* sink) {
+  float acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    acc += buf[i].x;
+  if (acc == 12345.f) *sink = acc;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -106,6 +116,22 @@ int main() {
   launch<4096, 3>("C 64 KB, first launch", sms, d_out);
   launch<4096, 3>("C again", sms, d_out);
   launch<896, 1>("A after C", sms, d_out);
+  // The L2 flushed by reading 4x its size: A's code (and C's) from DRAM again.
+  const size_t flush_bytes = 4 * size_t(prop.l2CacheSize);
+  float4* flush = nullptr;
+  float* sink = nullptr;
+  CHECK(cudaMalloc(&flush, flush_bytes));
+  CHECK(cudaMalloc(&sink, sizeof(float)));
+  CHECK(cudaMemset(flush, 0, flush_bytes));
+  for (int k = 0; k < 2; ++k) {
+    flush_l2<<<4 * sms, 512>>>(flush, flush_bytes / sizeof(float4), sink);
+    CHECK(cudaGetLastError());
+    launch<896, 1>(k == 0 ? "A after an L2 flush" : "A after another L2 flush", sms, d_out);
+  }
+  flush_l2<<<4 * sms, 512>>>(flush, flush_bytes / sizeof(float4), sink);
+  launch<4096, 3>("C after an L2 flush", sms, d_out);
+  CHECK(cudaFree(flush));
+  CHECK(cudaFree(sink));
   // One CTA only: the fetch without 131 other SMs asking for the same lines.
   launch<896, 4>("D 14 KB, first launch, 1 CTA", 1, d_out);
   CHECK(cudaFree(d_out));
