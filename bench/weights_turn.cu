@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "cuda/attend_segments.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
 #include "probe_clock.cuh"
 using namespace mla::cuda;

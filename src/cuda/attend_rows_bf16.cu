@@ -35,6 +35,7 @@
 
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
+#include "cuda/attend_segments.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"

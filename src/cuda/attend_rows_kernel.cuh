@@ -42,6 +42,7 @@
 #include "core/query_split.hpp"
 #include "core/softmax_state.hpp"
 #include "cuda/attend_keys.cuh"
+#include "cuda/attend_segments.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
