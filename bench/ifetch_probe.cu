@@ -24,14 +24,12 @@ namespace {
 
 constexpr int kChains = 8;
 
-#define CHECK(x)                                                                            \
-  do {                                                                                      \
-    cudaError_t e = (x);                                                                    \
-    if (e != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "ifetch_probe: %s: %s\n", what, cudaGetErrorString(e));
+  std::exit(1);
+}
+#define CHECK(x) check((x), #x)
 
 __device__ __forceinline__ long long global_ns() {
   long long t;
