@@ -76,7 +76,7 @@ Config parse(const std::string& s) {
 // many ms besides time_us's 10 warm-up runs. Session 43's question: when heavy work begins the H200's SM
 // clock drops from 1980 MHz to 1755-1860 under the SW power cap for ~0.1-0.2 s and runs at ~1965 for ~0.3 s
 // more (nvidia-smi, 50 ms apart), and E's configs are timed within ~0.5 s of that onset; whether E's
-// window sat in it is what the clock probes beside each timing tell (docs/attention.md's queue, item 1).
+// window sat in it is what the clock probes beside each timing tell (docs/attention-log.md's earlier queue, item 1).
 double warmup_ms() {
   static const double ms = [] {
     const char* env = std::getenv("MLA_BENCH_WARMUP_MS");
@@ -125,7 +125,7 @@ Timed graph_us(mla::detail::BackendImpl& backend, cudaStream_t stream, int iters
 // random from the whole cache, as a serving engine's allocator leaves them after a while) or ordered
 // (each request's pages consecutive). Session 42's question: whether E's fast mode (one build's E
 // 1659-1675 us in one call, 1840-1869 in the next) depends on where the pages lie (the TLB's reach
-// over E's 2.4 GB of cache, docs/attention.md's queue, item 0).
+// over E's 2.4 GB of cache, docs/attention-log.md's earlier queue, item 0).
 bool pages_shuffled() {
   static const bool shuffled = [] {
     const char* env = std::getenv("MLA_BENCH_PAGES");

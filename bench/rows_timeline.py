@@ -35,7 +35,7 @@ from segment s to s + 1 (its first tile f) is reported as
 and each CTA's span (its first stamp to its last segment's end) with its segment count.
 
 Why: the stall samples (sessions 46-51) say where warps waited, not how long a tile's load took or which step of the
-round holds the next load back; these intervals do (docs/attention.md's queue, items 3 (n) and (o)).
+round holds the next load back; these intervals do (docs/attention-log.md's earlier queue, items 3 (n) and (o)).
 """
 import argparse
 import csv

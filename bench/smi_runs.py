@@ -13,7 +13,7 @@ samples' masks, hex; 0x0 none, 0x1 idle, 0x4 the power cap, 0x20 / 0x40 / 0x80 t
 
 Why: session 42 saw one build's E take 1659-1675 us in one call and 1840-1869 in the next on the same
 H200; whether the faster runs had higher sustained clocks (power or thermal throttling) is the first
-question (docs/attention.md's queue, item 0). nvidia-smi's timestamp is local time, read here in the
+question (docs/attention-log.md's earlier queue, item 0). nvidia-smi's timestamp is local time, read here in the
 same local time as the spans' epoch seconds.
 """
 import datetime

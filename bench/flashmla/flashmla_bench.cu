@@ -5,7 +5,7 @@
 //
 // Why: issue 5 compares our bf16 many-rows kernel with FlashMLA's figures from another run (D: 224 us,
 // 82% of the bf16 matmul); this measures FlashMLA beside ours in the same device call, on the same GPU (session 51:
-// three H100s; docs/attention.md's queue, item 3 (m)).
+// three H100s; docs/attention-log.md's earlier queue, item 3 (m)).
 //
 // FlashMLA's sources are not part of this repository (its license is MIT, but the project keeps other
 // libraries' code out): scripts/flashmla-bench builds it against FlashMLA's files (which, from where: that

@@ -84,7 +84,7 @@ namespace {
 // fill 128 of 132 slots (their waves 97%): their 4 idle SMs' share of the keys is 3% of each CTA's time, which the
 // flat plan's whole wave of key-CTAs (attend_flat_key_ctas: 66 at D, each ~124 of a request's 128 tiles) spreads over
 // every SM. Measured 3.6-18% slower (H100, session 55: F 121.2 -> 142.6 µs, D 233.4 -> 255.6): a segment switch
-// costs 11-29 µs, more than the idle SMs' share (docs/attention.md's queue, item 3 (q)); so it measures that switch at
+// costs 11-29 µs, more than the idle SMs' share (docs/attention-log.md's earlier queue, item 3 (q)); so it measures that switch at
 // equal work.
 int attend_rows_fill_per_mille() {
   static const int v = env_choice("MLA_ROWS_FILL", {{"850", 850}, {"full", 1000}}, 850);

@@ -206,7 +206,7 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // waits box by box). Measured (session 44, two H100s, each twice, kLean / kSlabBars µs): D 300.8 / 279.7 and
 // 305.5 / 283.8, G 170.4 / 159.1 and 169.3 / 160.0, 96 heads 297.5 / 276.9, F 223.4 / 218.3, uneven 646.1 /
 // 608.9, D at page 128 299.1 / 281.5; the tests, racecheck and memcheck passed under it (synccheck's report
-// on the long step test is every instance's: docs/attention.md's queue, item 3). H200 (session 47's README table,
+// on the long step test is every instance's: docs/attention-log.md's earlier queue, item 3). H200 (session 47's README table,
 // under s44b and s44c): D 271.8 µs against session 42's 287.2.
 // s44c (the default since session 46; MLA_ROWS_BF16_SLABS=1: kLeanWarps' part barriers at pages of 16 and 32
 // keys, as sessions 44-45): kLeanWarps' twin at pages of 16 and 32 keys, each issuing warp arming every slab
@@ -219,12 +219,12 @@ __host__ __device__ constexpr bool lean_warps_boxes(int boxes) { return boxes > 
 // buffers keep stale tiles: every wait, barrier and MMA as by default, the memory system out); = 2 no q.k or p.v
 // MMAs (the scores zero: every load, wait and barrier as by default, the tensor pipe out). Session 16's probes
 // (s16c) split the fp8 kernel's time so; these ask whether bf16 D's tile waits are the loads' pace or the lock step's
-// (docs/attention.md's queue, item 3 (g)). = 3 and 4 (s48f, prepared in session 48): = 2 with half the slabs loaded,
+// (docs/attention-log.md's earlier queue, item 3 (g)). = 3 and 4 (s48f, prepared in session 48): = 2 with half the slabs loaded,
 // the other half's mbarriers armed with no bytes: = 3 the request's two 64-row CTAs complementary halves (even slabs
 // in the first row tile, odd in the second: each byte still read once from DRAM, the L2 -> SM stream halved, as a
 // multicast pair would have it), = 4 both CTAs the even slabs (DRAM halved too). Against = 2: whether the load half's
 // pace (s47b: 231 µs at D on the H200, 84% of the kernel's time) is the L2 -> SM stream (= 3 faster: multicast is the
-// lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention.md's queue, item 3 (i)). = 5 (s51a, session 51): neither
+// lever) or DRAM (= 3 as = 2, = 4 faster) (docs/attention-log.md's earlier queue, item 3 (i)). = 5 (s51a, session 51): neither
 // (= 1's stale tiles and = 2's missing MMAs): the skeleton's time alone (waits, barriers, softmax, the loads' issue),
 // the floor that neither half's overlap can go under (session 50: loads alone 231.8 µs at D, MMAs alone 245).
 // kStamps (s52a, session 52; MLA_ROWS_BF16_TIMELINE=FILE, a measurement: the host's launch_stamps below): kSlabBars'
