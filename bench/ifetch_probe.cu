@@ -12,7 +12,9 @@
 // mla_graph_bench flushes it before each timed replay: the code from DRAM). On a GPU (from the repository root):
 //   nvcc -arch=sm_90a -O3 -o /tmp/ifetch bench/ifetch_probe.cu && /tmp/ifetch
 // Prints a line a launch: the median over CTAs of each pass's clocks, the cold pass's extra clocks a 128-byte line
-// of code, and its ns at the measured clock.
+// of code, and its ns at the measured clock. Then `chains`: the clocks of one dependent round trip at a kernel's start,
+// through the constant cache (the kernel's parameters) and to global memory, from DRAM and from L2, so that the
+// 16-row kernel's stamps (scripts/device-check timeline) can be read as so many fetches and round trips.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -73,6 +75,32 @@ __global__ void flush_l2(const float4* buf, size_t n, float* sink) {
   if (acc == 12345.f) *sink = acc;
 }
 
+// The prologue's other ingredient, a chain of dependent round trips (the request head, the page ids; the kernel's
+// parameters come through the constant cache): kHops dependent reads of a __grid_constant__ array 128 bytes apart
+// (each a constant-cache line of its own), then kHops dependent global loads 64 KB apart (a line and a DRAM page each,
+// another 256 bytes for each CTA, so no two SMs share one), stamped by clock64 before, between and after. The
+// launch after an L2 flush times DRAM round trips; the one after it, L2's.
+constexpr int kHops = 16, kStrideWords = 32, kChaseStride = 16384;  // 128 bytes; 64 KB in ints
+struct ChainParams {
+  int idx[kHops * kStrideWords];  // 2 KB: idx[32 h] = 32 (h + 1), the last back to 0
+};
+__global__ void __launch_bounds__(32, 1) chains(const __grid_constant__ ChainParams cp, const int* chase, long long* out) {
+  long long clk[3];
+  clk[0] = clock64();
+  int cur = 0;
+#pragma unroll 1
+  for (int h = 0; h < kHops; ++h) cur = cp.idx[cur];
+  clk[1] = clock64();
+  int off = int(blockIdx.x) * 64 + (cur & 1);  // (cur is 0 here: the chase starts after the constant chain)
+#pragma unroll 1
+  for (int h = 0; h < kHops; ++h) off = __ldcg(chase + off);
+  clk[2] = clock64();
+  if (threadIdx.x == 0) {
+    long long* o = out + 5 * blockIdx.x;
+    o[0] = clk[1] - clk[0], o[1] = clk[2] - clk[1], o[2] = off, o[3] = 0, o[4] = 0;
+  }
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -94,6 +122,21 @@ void launch(const char* what, int sms, long long* d_out) {
               "%6.1f ns a KB (max pass 1 %8.0f clk)\n",
               what, kLen * 16, m1, t1, m2, t2, (m1 - m2) / lines, (t1 - t2) / (kLen * 16.0 / 1024),
               *std::max_element(c1.begin(), c1.end()));
+}
+
+void launch_chains(const char* what, int sms, const int* d_chase, long long* d_out) {
+  ChainParams cp{};
+  for (int h = 0; h < kHops; ++h) cp.idx[h * kStrideWords] = h + 1 < kHops ? (h + 1) * kStrideWords : 0;
+  chains<<<sms, 32>>>(cp, d_chase, d_out);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  std::vector<long long> h(5 * sms);
+  CHECK(cudaMemcpy(h.data(), d_out, h.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+  std::vector<double> c, g;
+  for (int b = 0; b < sms; ++b) c.push_back(h[5 * b]), g.push_back(h[5 * b + 1]);
+  std::printf("%-34s %d dependent hops: constant %6.0f clk a hop (max %6.0f) | global %6.0f clk a hop (max %6.0f)\n",
+              what, kHops, median(c) / kHops, *std::max_element(c.begin(), c.end()) / kHops, median(g) / kHops,
+              *std::max_element(g.begin(), g.end()) / kHops);
 }
 
 }  // namespace
@@ -128,10 +171,21 @@ int main() {
   }
   flush_l2<<<4 * sms, 512>>>(flush, flush_bytes / sizeof(float4), sink);
   launch<4096, 3>("C after an L2 flush", sms, d_out);
-  CHECK(cudaFree(flush));
-  CHECK(cudaFree(sink));
+  // The round trips: each CTA chases its own 256 bytes of 17 lines 64 KB apart.
+  std::vector<int> chase_h(size_t(kHops + 1) * kChaseStride, 0);
+  for (int b = 0; b < sms; ++b)
+    for (int h = 0; h < kHops; ++h) chase_h[size_t(h) * kChaseStride + b * 64] = (h + 1) * kChaseStride + b * 64;
+  int* d_chase = nullptr;
+  CHECK(cudaMalloc(&d_chase, chase_h.size() * sizeof(int)));
+  CHECK(cudaMemcpy(d_chase, chase_h.data(), chase_h.size() * sizeof(int), cudaMemcpyHostToDevice));
+  flush_l2<<<4 * sms, 512>>>(flush, flush_bytes / sizeof(float4), sink);
+  launch_chains("chains after an L2 flush", sms, d_chase, d_out);
+  launch_chains("chains again (L2)", sms, d_chase, d_out);
+  CHECK(cudaFree(d_chase));
   // One CTA only: the fetch without 131 other SMs asking for the same lines.
   launch<896, 4>("D 14 KB, first launch, 1 CTA", 1, d_out);
+  CHECK(cudaFree(flush));
+  CHECK(cudaFree(sink));
   CHECK(cudaFree(d_out));
   return 0;
 }
