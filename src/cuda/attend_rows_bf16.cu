@@ -337,9 +337,6 @@ __global__ void __launch_bounds__(kThreadsB, 1)
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
     const uint64_t q_desc = wgmma::descriptor(ptx::smem_addr(sm.q), kChunkStrideM, 128);
-    auto position = [&](int64_t jj) {
-      return keys.plain_positions ? jj : dcp_global_position(jj, p.dcp_size, p.dcp_rank, p.dcp_interleave);
-    };
     auto v_desc = [&](uint32_t kv, int ks) {  // keys 16 ks .. of the tile, this warpgroup's 4 slabs of dims
       return wgmma::descriptor_sw128_mn(kv + kDimSlabs * wg * kSlabBytes + 16 * ks * 128, kSlabBytes);
     };
@@ -441,10 +438,10 @@ __global__ void __launch_bounds__(kThreadsB, 1)
         for (int i = 0; i < 32; ++i)
           if (!((mask >> (8 * (i >> 2) + 2 * c + (i & 1))) & 1)) s[i] = -INFINITY;
       }
-      if (position(key0 + kTileKeys - 1) > min_limit) {
+      if (keys.position(p, key0 + kTileKeys - 1) > min_limit) {
 #pragma unroll
         for (int i = 0; i < 32; ++i)
-          if (position(key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
+          if (keys.position(p, key0 + 8 * (i >> 2) + 2 * c + (i & 1)) > row_limit[(i >> 1) & 1]) s[i] = -INFINITY;
       }
       return mask;
     };
