@@ -106,17 +106,25 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-template <int kLen, int kSalt>
-void launch(const char* what, int sms, long long* d_out) {
-  std::vector<long long> h(5 * sms);
-  straight<kLen, kSalt><<<sms, 32>>>(d_out, 1e-3f);
+// After a launch of `sms` CTAs: its errors checked, and the CTAs' 5 words each as columns (column k: word k of
+// every CTA).
+std::vector<std::vector<double>> columns(int sms, const long long* d_out) {
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
+  std::vector<long long> h(5 * sms);
   CHECK(cudaMemcpy(h.data(), d_out, h.size() * sizeof(long long), cudaMemcpyDeviceToHost));
-  std::vector<double> c1, c2, n1, n2;
-  for (int b = 0; b < sms; ++b) c1.push_back(h[5 * b]), c2.push_back(h[5 * b + 1]), n1.push_back(h[5 * b + 2]),
-                                n2.push_back(h[5 * b + 3]);
-  const double m1 = median(c1), m2 = median(c2), t1 = median(n1), t2 = median(n2);
+  std::vector<std::vector<double>> cols(5);
+  for (int b = 0; b < sms; ++b)
+    for (int k = 0; k < 5; ++k) cols[k].push_back(double(h[5 * b + k]));
+  return cols;
+}
+
+template <int kLen, int kSalt>
+void launch(const char* what, int sms, long long* d_out) {
+  straight<kLen, kSalt><<<sms, 32>>>(d_out, 1e-3f);
+  const auto cols = columns(sms, d_out);
+  const std::vector<double>& c1 = cols[0];
+  const double m1 = median(c1), m2 = median(cols[1]), t1 = median(cols[2]), t2 = median(cols[3]);
   const double lines = kLen * 16.0 / 128;
   std::printf("%-34s body %6d B: pass 1 %8.0f clk %7.0f ns | pass 2 %8.0f clk %7.0f ns | cold extra %6.1f clk a line, "
               "%6.1f ns a KB (max pass 1 %8.0f clk)\n",
@@ -128,12 +136,9 @@ void launch_chains(const char* what, int sms, const int* d_chase, long long* d_o
   ChainParams cp{};
   for (int h = 0; h < kHops; ++h) cp.idx[h * kStrideWords] = h + 1 < kHops ? (h + 1) * kStrideWords : 0;
   chains<<<sms, 32>>>(cp, d_chase, d_out);
-  CHECK(cudaGetLastError());
-  CHECK(cudaDeviceSynchronize());
-  std::vector<long long> h(5 * sms);
-  CHECK(cudaMemcpy(h.data(), d_out, h.size() * sizeof(long long), cudaMemcpyDeviceToHost));
-  std::vector<double> c, g;
-  for (int b = 0; b < sms; ++b) c.push_back(h[5 * b]), g.push_back(h[5 * b + 1]);
+  const auto cols = columns(sms, d_out);
+  const std::vector<double>& c = cols[0];  // constant hops
+  const std::vector<double>& g = cols[1];  // global hops
   std::printf("%-34s %d dependent hops: constant %6.0f clk a hop (max %6.0f) | global %6.0f clk a hop (max %6.0f)\n",
               what, kHops, median(c) / kHops, *std::max_element(c.begin(), c.end()) / kHops, median(g) / kHops,
               *std::max_element(g.begin(), g.end()) / kHops);

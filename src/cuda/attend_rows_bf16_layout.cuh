@@ -2,13 +2,10 @@
 // The bf16 many-rows kernel's layout (attend_rows_bf16.cu, the kernel and its instances): its shapes, named
 // barriers and tile stamps (s52a), its shared memory (Bf16RowsSmem), and the query's two paths into q.k: dims
 // 0..511 through shared memory (QueryRowsBf16) and the rope dims as register A fragments (load_rope).
-#include <cuda_bf16.h>
-
 #include <cstdint>
 
 #include "cuda/attend_keys.cuh"
 #include "cuda/attend_wgmma_tiles.cuh"
-#include "cuda/ptx.cuh"
 #include "cuda/stages.hpp"
 #include "cuda/wgmma.cuh"
 
