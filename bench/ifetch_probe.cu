@@ -15,6 +15,8 @@
 // of code, and its ns at the measured clock. Then `chains`: the clocks of one dependent round trip at a kernel's start,
 // through the constant cache (the kernel's parameters) and to global memory, from DRAM and from L2, so that the
 // 16-row kernel's stamps (scripts/device-check timeline) can be read as so many fetches and round trips.
+// Session 70 (after the first run, session 70's call 1: straight code cold ~43 ns a KB more than warm): `hops`, run
+// blocks with forward jumps over code not run, to price a cold branch target beside the straight-line fetch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,6 +65,47 @@ __global__ void __launch_bounds__(32, 1) straight(long long* out, float seed) {
     long long* o = out + 5 * blockIdx.x;
     o[0] = clk[1] - clk[0], o[1] = clk[2] - clk[1], o[2] = ns[1] - ns[0], o[3] = ns[2] - ns[1];
     o[4] = sum == 12345.f;  // (keeps the chains live)
+  }
+}
+
+// Session 70: the same with jumps. kBlocks blocks of kExec FFMAs run, each followed by a block of kSkip FFMAs behind a
+// branch never taken (a runtime-false `skip`: ptxas keeps it in place, a forward BRA over it), so pass 1 fetches the
+// run blocks' lines after a jump of kSkip * 16 bytes each, as the 16-row kernel's prologue jumps over the paths a
+// launch does not take (the flat plan's scan, ~13 KB, and shorter ones). Against `straight` of the same run bytes:
+// what a cold branch target costs beyond the straight-line fetch.
+template <int kBlocks, int kExec, int kSkip, int kSalt>
+__global__ void __launch_bounds__(32, 1) hops(long long* out, float seed, int skip) {
+  float f[kChains];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) f[c] = seed * float(c + 1 + threadIdx.x);
+  long long clk[3], ns[3];
+  clk[0] = clock64(), ns[0] = global_ns();
+#pragma unroll 1
+  for (int pass = 0; pass < 2; ++pass) {
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+#pragma unroll
+      for (int i = 0; i < kExec; ++i) {
+        const int c = i % kChains;
+        asm volatile("fma.rn.f32 %0, %0, %1, %2;" : "+f"(f[c]) : "f"(0.999f + 1e-6f * kSalt), "f"(1e-3f));
+      }
+      if (skip) {
+#pragma unroll
+        for (int i = 0; i < kSkip; ++i) {
+          const int c = i % kChains;
+          asm volatile("fma.rn.f32 %0, %0, %1, %2;" : "+f"(f[c]) : "f"(0.5f + 1e-6f * (kSalt + b)), "f"(2e-3f));
+        }
+      }
+    }
+    clk[pass + 1] = clock64(), ns[pass + 1] = global_ns();
+  }
+  float sum = 0;
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) sum += f[c];
+  if (threadIdx.x == 0) {
+    long long* o = out + 5 * blockIdx.x;
+    o[0] = clk[1] - clk[0], o[1] = clk[2] - clk[1], o[2] = ns[1] - ns[0], o[3] = ns[2] - ns[1];
+    o[4] = sum == 12345.f;
   }
 }
 
@@ -119,17 +162,28 @@ std::vector<std::vector<double>> columns(int sms, const long long* d_out) {
   return cols;
 }
 
-template <int kLen, int kSalt>
-void launch(const char* what, int sms, long long* d_out) {
-  straight<kLen, kSalt><<<sms, 32>>>(d_out, 1e-3f);
+// One line of the table: the launch just made (kLen instructions run a pass).
+void report(const char* what, int sms, int len, long long* d_out) {
   const auto cols = columns(sms, d_out);
   const std::vector<double>& c1 = cols[0];
   const double m1 = median(c1), m2 = median(cols[1]), t1 = median(cols[2]), t2 = median(cols[3]);
-  const double lines = kLen * 16.0 / 128;
+  const double lines = len * 16.0 / 128;
   std::printf("%-34s body %6d B: pass 1 %8.0f clk %7.0f ns | pass 2 %8.0f clk %7.0f ns | cold extra %6.1f clk a line, "
               "%6.1f ns a KB (max pass 1 %8.0f clk)\n",
-              what, kLen * 16, m1, t1, m2, t2, (m1 - m2) / lines, (t1 - t2) / (kLen * 16.0 / 1024),
+              what, len * 16, m1, t1, m2, t2, (m1 - m2) / lines, (t1 - t2) / (len * 16.0 / 1024),
               *std::max_element(c1.begin(), c1.end()));
+}
+
+template <int kLen, int kSalt>
+void launch(const char* what, int sms, long long* d_out) {
+  straight<kLen, kSalt><<<sms, 32>>>(d_out, 1e-3f);
+  report(what, sms, kLen, d_out);
+}
+
+template <int kBlocks, int kExec, int kSkip, int kSalt>
+void launch_hops(const char* what, int sms, long long* d_out) {
+  hops<kBlocks, kExec, kSkip, kSalt><<<sms, 32>>>(d_out, 1e-3f, 0);
+  report(what, sms, kBlocks * kExec, d_out);
 }
 
 void launch_chains(const char* what, int sms, const int* d_chase, long long* d_out) {
@@ -187,6 +241,18 @@ int main() {
   launch_chains("chains after an L2 flush", sms, d_chase, d_out);
   launch_chains("chains again (L2)", sms, d_chase, d_out);
   CHECK(cudaFree(d_chase));
+  // Jumps (session 70): 8 run blocks of 1 KB, each jumping over 0, 2 or 16 KB not run, against 8 KB straight; each
+  // after an L2 flush, as the graph bench's replays.
+  flush_l2<<<4 * sms, 512>>>(flush, flush_bytes / sizeof(float4), sink);
+  launch<512, 5>("E 8 KB straight, after a flush", sms, d_out);
+  flush_l2<<<4 * sms, 512>>>(flush, flush_bytes / sizeof(float4), sink);
+  launch_hops<8, 64, 0, 6>("H 8 x 1 KB, no jumps, after a flush", sms, d_out);
+  flush_l2<<<4 * sms, 512>>>(flush, flush_bytes / sizeof(float4), sink);
+  launch_hops<8, 64, 128, 7>("H 8 x 1 KB, jumps of 2 KB", sms, d_out);
+  flush_l2<<<4 * sms, 512>>>(flush, flush_bytes / sizeof(float4), sink);
+  launch_hops<8, 64, 1024, 8>("H 8 x 1 KB, jumps of 16 KB", sms, d_out);
+  flush_l2<<<4 * sms, 512>>>(flush, flush_bytes / sizeof(float4), sink);
+  launch_hops<8, 16, 1024, 9>("H 8 x 256 B, jumps of 16 KB", sms, d_out);
   // One CTA only: the fetch without 131 other SMs asking for the same lines.
   launch<896, 4>("D 14 KB, first launch, 1 CTA", 1, d_out);
   CHECK(cudaFree(flush));
