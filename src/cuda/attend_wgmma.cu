@@ -132,6 +132,7 @@ void prepare_attend_wgmma_kernels() {
   if (attend_rows_q_split_enabled()) prepare_attend_rows_q_split();
   if (attend_bf16_16row_enabled()) prepare_attend_wgmma_bf16();
   if (attend_skew_enabled()) prepare_attend_wgmma_skew();
+  if (attend_fixed_only_enabled()) prepare_attend_wgmma_fixed();
   prepare_attend_rows_kernel();
   prepare_attend_rows_bf16_kernel();
 }
@@ -183,7 +184,9 @@ AttendKernel launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
   } else if (tma) {
     AttendParams q = p;
     const bool fast_divs = qk_group_steps() == 2 && with_fast_divs(q, grid);
-    if (fast_divs && attend_wgmma_skews(q, grid.x))
+    if (fast_divs && q.flat_ctas == 0 && attend_fixed_only_enabled())
+      launch_attend_wgmma_fixed(q, map, grid, attend_wgmma_skews(q, grid.x), stream);  // (s73a: attend_wgmma_fixed.cu)
+    else if (fast_divs && attend_wgmma_skews(q, grid.x))
       launch_attend_wgmma_skew(q, map, grid, stream);  // (skewed splits: attend_wgmma_skew.cu)
     else if (fast_divs)
       attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true>

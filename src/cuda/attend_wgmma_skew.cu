@@ -15,30 +15,20 @@ namespace {
 using namespace wgmma_attend;
 
 constexpr auto kSkewKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, true>;
-// s73a (session 70): kSkewKernel's flat-plan code folded away (its launches have fixed splits only), so the prologue
-// reaches the first boxes without a cold jump over it; MLA_ATTEND_SKEW_FOLD=0 launches the kernel as it was before
-// (kSkewKeepsFlat), for the A/B.
-constexpr auto kSkewKernelFlat = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, true, true>;
 constexpr int kSkewSmem = smem_bytes<2, Tiles::kBoxes>();
 std::atomic<int64_t> launches{0};
-
-bool skew_fold() {
-  static const bool fold = env_choice("MLA_ATTEND_SKEW_FOLD", {{"0", 0}, {"1", 1}}, 1) == 1;
-  return fold;
-}
 
 }  // namespace
 
 int64_t attend_skew_launches() { return launches.load(); }
+void count_attend_skew_launch() { ++launches; }
 
 void prepare_attend_wgmma_skew() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kSkewKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSkewSmem));
-  MLA_CUDA_CHECK(cudaFuncSetAttribute(kSkewKernelFlat, cudaFuncAttributeMaxDynamicSharedMemorySize, kSkewSmem));
 }
 
 void launch_attend_wgmma_skew(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream) {
-  if (skew_fold()) kSkewKernel<<<grid, kThreads, kSkewSmem, stream>>>(p, map);
-  else kSkewKernelFlat<<<grid, kThreads, kSkewSmem, stream>>>(p, map);
+  kSkewKernel<<<grid, kThreads, kSkewSmem, stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   ++launches;
 }

@@ -236,8 +236,15 @@ bool attend_skew_enabled();
 bool attend_skew_wanted(int batch);
 // The launch of `ctas` CTAs takes the skewed instance (p.skew_sms set, fixed splits, skew::applies).
 bool attend_wgmma_skews(const AttendParams& p, int64_t ctas);
-// Launches of the skewed instance in this process so far (the GPU tests check that they ran it).
+// Launches of the skewed instance in this process so far (the GPU tests check that they ran it;
+// attend_wgmma_fixed.cu's skewed instance counts its own).
 int64_t attend_skew_launches();
+void count_attend_skew_launch();
+// s73a (prepared, not yet timed): MLA_ATTEND_FIXED_ONLY=1 sends the 16-row kernel's FastDivs launches of
+// fixed splits (plain or skewed) to instances without the flat plan's code (attend_wgmma_fixed.cu;
+// its launcher in tma.hpp).
+bool attend_fixed_only_enabled();
+int64_t attend_fixed_launches();  // (their launches in this process so far, for the GPU tests)
 // Where it applies, the wgmma kernel loads whole pages by TMA when the cache allows (pages of 8 or
 // more rows, a power of two, rows of a page contiguous) and the partials may be chunked by whole
 // tiles (the step's own, or one split); else by bulk row copies (below) or cp.async.

@@ -4,7 +4,8 @@
 // 16, lengths within an eighth of each other (fixed splits, not the flat plan), NaN in unused
 // pages and page tails, poisoned outputs. By default the shapes of two or more requests take the
 // skewed instance (asserted by its launch count), under MLA_ATTEND_SKEW=1 the B = 1 one too, under
-// =0 none (the unskewed instance, checked the same way).
+// =0 none (the unskewed instance, checked the same way). Under MLA_ATTEND_FIXED_ONLY=1 (s73a) every
+// shape's steps take attend_wgmma_fixed.cu's instances without the flat plan's code (their launch count).
 // Without a GPU they skip.
 #include <gtest/gtest.h>
 
@@ -36,12 +37,14 @@ TEST(Skew, EvenBatchStepMatchesCpu) {
     const bool wanted = cuda::attend_skew_wanted(shape.batch);
     p.skew_sms = wanted ? sms : 0;
     EXPECT_EQ(cuda::attend_wgmma_skews(p, ctas), wanted);
-    const int64_t launched = cuda::attend_skew_launches();
+    const int64_t launched = cuda::attend_skew_launches(), fixed_launched = cuda::attend_fixed_launches();
     testing::steps_match_cpu({shape}, DType::fp8_e4m3, DType::fp8_e4m3, 3300 + uint64_t(splits),
                              testing::RowsKernel::kSixteen, {.num_splits = splits, .spread = 8});
     // Each shape's steps took the skewed instance under the switch (and never without it).
     if (wanted) EXPECT_GT(cuda::attend_skew_launches(), launched);
     else EXPECT_EQ(cuda::attend_skew_launches(), launched);
+    if (cuda::attend_fixed_only_enabled()) EXPECT_GT(cuda::attend_fixed_launches(), fixed_launched);
+    else EXPECT_EQ(cuda::attend_fixed_launches(), fixed_launched);
   }
 }
 

@@ -1,0 +1,50 @@
+// s73a (session 70; prepared, not yet timed; MLA_ATTEND_FIXED_ONLY=1): the 16-row kernel's default TMA instances
+// (FastDivs, plain and skewed) for launches of fixed splits, without the flat plan's code (kFixedOnly:
+// serve_segments' `flat` a constant false). Why: those instances jump over ~13 KB of the flat plan's scan between
+// their entry and their first boxes, and the graph bench's CTAs start with that code not in their SM's
+// instruction caches; bench/ifetch_probe.cu's hops (session 70, H100) put a cold forward jump of 16 KB at ~0.22-0.32
+// µs (straight-line code cold: ~43 ns a KB more than warm). Without it the skewed instance's first UTMALDG comes at
+// 0x2090 instead of 0x7720 and the kernel has 3800 instructions instead of 5256, no spills. A translation unit of
+// its own (as attend_wgmma_skew.cu) so that attend_wgmma.cu's instances keep their SASS.
+#include <atomic>
+
+#include "cuda/attend_wgmma_kernel.cuh"
+#include "cuda/check.hpp"
+#include "cuda/stages.hpp"
+#include "cuda/tma.hpp"
+
+namespace mla::cuda {
+namespace {
+
+using namespace wgmma_attend;
+
+constexpr auto kFixedKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, false, true>;
+constexpr auto kFixedSkewKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, true, true>;
+constexpr int kFixedSmem = smem_bytes<2, Tiles::kBoxes>();
+std::atomic<int64_t> launches{0};
+
+}  // namespace
+
+int64_t attend_fixed_launches() { return launches.load(); }
+
+bool attend_fixed_only_enabled() {
+  static const bool on = env_choice("MLA_ATTEND_FIXED_ONLY", {{"0", 0}, {"1", 1}}, 0) == 1;
+  return on;
+}
+
+void prepare_attend_wgmma_fixed() {
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kFixedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFixedSmem));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kFixedSkewKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFixedSmem));
+}
+
+void launch_attend_wgmma_fixed(const AttendParams& p, const CUtensorMap& map, dim3 grid, bool skew,
+                               cudaStream_t stream) {
+  MLA_REQUIRE(p.flat_ctas == 0, "attend: the fixed-split instances take no flat plan, got ", p.flat_ctas, " key-CTAs");
+  if (skew) kFixedSkewKernel<<<grid, kThreads, kFixedSmem, stream>>>(p, map);
+  else kFixedKernel<<<grid, kThreads, kFixedSmem, stream>>>(p, map);
+  MLA_CUDA_CHECK_LAUNCH();
+  ++launches;
+  if (skew) count_attend_skew_launch();
+}
+
+}  // namespace mla::cuda
