@@ -86,7 +86,8 @@ const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
 // segments, then the prologue's steps: init, plan, issued, query in ns, then the first segment
 // switch: the first segment's last tile, the second's start, prologue, first tile in ns; a CTA of
 // one segment repeats its start there), so the last eager launch
-// of a run is what FILE holds.
+// of a run is what FILE holds. Under MLA_ATTEND_FIXED_ONLY=1 a launch of fixed splits stamps s73a's
+// instance without the flat plan's code instead.
 const char* timeline_path() {
   static const char* path = std::getenv("MLA_ATTEND_TIMELINE");
   return path && *path ? path : nullptr;
@@ -100,8 +101,11 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
     p.timeline = stamps;
     MLA_REQUIRE(with_fast_divs(p, grid), "MLA_ATTEND_TIMELINE: a grid of ", grid.x,
                 " CTAs is past the multiply-shifts' bound");
-    attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true>
-        <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
+    if (p.flat_ctas == 0 && attend_fixed_only_enabled())  // (s73a's stamped twin: attend_wgmma_fixed.cu)
+      launch_attend_wgmma_fixed_timeline(p, map, grid, stream);
+    else
+      attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true>
+          <<<grid, kThreads, smem_bytes<2, Tiles::kBoxes>(), stream>>>(p, map);
   });
   if (host.empty()) return;  // (a graph capture)
   std::FILE* f = open_stamp_csv(timeline_path(), "MLA_ATTEND_TIMELINE");

@@ -20,6 +20,8 @@ using namespace wgmma_attend;
 
 constexpr auto kFixedKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, false, true>;
 constexpr auto kFixedSkewKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, true, true>;
+// (and its stamped twin, MLA_ATTEND_TIMELINE: the prologue's steps of the plain one)
+constexpr auto kFixedTimelineKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true, false, false, false, true>;
 constexpr int kFixedSmem = smem_bytes<2, Tiles::kBoxes>();
 std::atomic<int64_t> launches{0};
 
@@ -35,6 +37,7 @@ bool attend_fixed_only_enabled() {
 void prepare_attend_wgmma_fixed() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kFixedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFixedSmem));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kFixedSkewKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFixedSmem));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kFixedTimelineKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFixedSmem));
 }
 
 void launch_attend_wgmma_fixed(const AttendParams& p, const CUtensorMap& map, dim3 grid, bool skew,
@@ -45,6 +48,11 @@ void launch_attend_wgmma_fixed(const AttendParams& p, const CUtensorMap& map, di
   MLA_CUDA_CHECK_LAUNCH();
   ++launches;
   if (skew) count_attend_skew_launch();
+}
+
+void launch_attend_wgmma_fixed_timeline(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream) {
+  MLA_REQUIRE(p.flat_ctas == 0, "attend: the fixed-split instances take no flat plan, got ", p.flat_ctas, " key-CTAs");
+  kFixedTimelineKernel<<<grid, kThreads, kFixedSmem, stream>>>(p, map);
 }
 
 }  // namespace mla::cuda
