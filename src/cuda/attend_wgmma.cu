@@ -199,7 +199,10 @@ AttendKernel launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)
-    if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
+    if (qk_group_steps() == 2 && p.flat_ctas == 0 && attend_fixed_only_enabled())
+      launch_attend_wgmma_fixed_rows(p, map, grid, stream);  // (s73a: attend_wgmma_fixed.cu)
+    else if (qk_group_steps() == 2)
+      go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
     else go(attend_wgmma_kernel<2, 1, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);
   } else {
     if (qk_group_steps() == 2) go(attend_wgmma_kernel<2, 2, Tiles::kCopies>, smem_bytes<2, Tiles::kCopies>());

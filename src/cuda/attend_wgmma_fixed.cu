@@ -1,11 +1,12 @@
 // s73a (session 70; prepared, not yet timed; MLA_ATTEND_FIXED_ONLY=1): the 16-row kernel's default TMA instances
-// (FastDivs, plain and skewed) for launches of fixed splits, without the flat plan's code (kFixedOnly:
-// serve_segments' `flat` a constant false). Why: those instances jump over ~13 KB of the flat plan's scan between
-// their entry and their first boxes, and the graph bench's CTAs start with that code not in their SM's
-// instruction caches; bench/ifetch_probe.cu's hops (session 70, H100) put a cold forward jump of 16 KB at ~0.22-0.32
-// µs (straight-line code cold: ~43 ns a KB more than warm). Without it the skewed instance's first UTMALDG comes at
-// 0x2090 instead of 0x7720 and the kernel has 3800 instructions instead of 5256, no spills. A translation unit of
-// its own (as attend_wgmma_skew.cu) so that attend_wgmma.cu's instances keep their SASS.
+// (FastDivs, plain and skewed) and its bulk row copies' 3-step one, for launches of fixed splits, without the flat
+// plan's code (kFixedOnly: serve_segments' `flat` a constant false). Why: those instances jump over ~13 KB of the
+// flat plan's scan between their entry and their first boxes or row copies, and the graph bench's CTAs start with
+// that code not in their SM's instruction caches; bench/ifetch_probe.cu's hops (session 70, H100) put a cold forward
+// jump of 16 KB at ~0.22-0.32 µs (straight-line code cold: ~43 ns a KB more than warm). Without it the skewed
+// instance's first UTMALDG comes at 0x2090 instead of 0x7720 (3800 instructions instead of 5256, no spills) and the
+// row copies' first UBLKCP at 0xcdb0 instead of 0x15f30 (4016 instead of 6064, no local loads instead of 14). A
+// translation unit of its own (as attend_wgmma_skew.cu) so that attend_wgmma.cu's instances keep their SASS.
 #include <atomic>
 
 #include "cuda/attend_wgmma_kernel.cuh"
@@ -20,6 +21,10 @@ using namespace wgmma_attend;
 
 constexpr auto kFixedKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, false, true>;
 constexpr auto kFixedSkewKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, true, true>;
+// The bulk row copies' instance (3-step q.k groups; pages TMA does not box, page 1 among them): its producer
+// warpgroup jumped over the flat plan's scan too.
+constexpr auto kFixedRowsKernel = attend_wgmma_kernel<2, 3, Tiles::kRows, false, false, false, false, false, true>;
+constexpr int kFixedRowsSmem = smem_bytes<2, Tiles::kRows>();
 // (and its stamped twin, MLA_ATTEND_TIMELINE: the prologue's steps of the plain one)
 constexpr auto kFixedTimelineKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true, false, false, false, true>;
 constexpr int kFixedSmem = smem_bytes<2, Tiles::kBoxes>();
@@ -38,6 +43,7 @@ void prepare_attend_wgmma_fixed() {
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kFixedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFixedSmem));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kFixedSkewKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFixedSmem));
   MLA_CUDA_CHECK(cudaFuncSetAttribute(kFixedTimelineKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFixedSmem));
+  MLA_CUDA_CHECK(cudaFuncSetAttribute(kFixedRowsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFixedRowsSmem));
 }
 
 void launch_attend_wgmma_fixed(const AttendParams& p, const CUtensorMap& map, dim3 grid, bool skew,
@@ -48,6 +54,13 @@ void launch_attend_wgmma_fixed(const AttendParams& p, const CUtensorMap& map, di
   MLA_CUDA_CHECK_LAUNCH();
   ++launches;
   if (skew) count_attend_skew_launch();
+}
+
+void launch_attend_wgmma_fixed_rows(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream) {
+  MLA_REQUIRE(p.flat_ctas == 0, "attend: the fixed-split instances take no flat plan, got ", p.flat_ctas, " key-CTAs");
+  kFixedRowsKernel<<<grid, 2 * kThreads, kFixedRowsSmem, stream>>>(p, map);
+  MLA_CUDA_CHECK_LAUNCH();
+  ++launches;
 }
 
 void launch_attend_wgmma_fixed_timeline(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream) {

@@ -99,8 +99,8 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // kSkew (with kFastDivs; s33a, the default from B = 2 since session 33): fixed splits in pairs of one
 // request, the even split (the grid's first half, placed first on its SM) taking 27/52 of the pair's
 // keys, the odd one the rest (skew_plan.hpp: an SM's first CTA streams 8-9% faster, session 21).
-// kFixedOnly (with kFastDivs; s73a, attend_wgmma_fixed.cu): launched with fixed splits only, so the flat plan's
-// code folds away (serve_segments).
+// kFixedOnly (s73a, attend_wgmma_fixed.cu: the FastDivs instances and the row copies' 3-step one): launched with
+// fixed splits only, so the flat plan's code folds away (serve_segments).
 template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false,
           bool kQSplit = false, bool kBf16 = false, bool kSkew = false, bool kFixedOnly = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 && !kBf16 ? 2 : 1)
@@ -209,8 +209,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         }
         done += n_tiles;
       };
-      serve_segments<kCtaThreads, kN, false>(p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
-                                             &sm.next_segment, nullptr, produce);
+      serve_segments<kCtaThreads, kN, false, 0, false, false, false, kFixedOnly>(
+          p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, &sm.next_segment, nullptr, produce);
       return;
     }
     ptx::setmaxnreg_inc<256 - kProducerRegs>();

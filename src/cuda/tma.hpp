@@ -44,6 +44,8 @@ void prepare_attend_wgmma_skew();
 void launch_attend_wgmma_fixed(const AttendParams& p, const CUtensorMap& map, dim3 grid, bool skew,
                                cudaStream_t stream);
 void prepare_attend_wgmma_fixed();
+// The bulk row copies' instance so (3-step q.k groups, a producer warpgroup: 2 x kThreads a CTA).
+void launch_attend_wgmma_fixed_rows(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream);
 // (the plain one's stamped twin, for MLA_ATTEND_TIMELINE under the switch: p.timeline set by the caller)
 void launch_attend_wgmma_fixed_timeline(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream);
 

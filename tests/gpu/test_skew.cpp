@@ -48,5 +48,23 @@ TEST(Skew, EvenBatchStepMatchesCpu) {
   }
 }
 
+// s73a (MLA_ATTEND_FIXED_ONLY=1): fixed-split steps off the skewed instance take attend_wgmma_fixed.cu's
+// instances without the flat plan's code too: the plain FastDivs one (B = 1; odd split counts) and the bulk
+// row copies' one (page 1). Asserted by their launch count under the switch, and none without it.
+TEST(FixedOnly, PlainAndRowCopyStepsMatchCpu) {
+  MLA_SKIP_WITHOUT_GPU("the fixed-split instances");
+  const std::vector<std::pair<testing::Shape, int>> shapes = {
+      {{"kimi-k3", 12, 1, 1, 64, 20000, false}, 8},    // B = 1 (unskewed by default), page 64
+      {{"deepseek-v3", 8, 2, 6, 16, 5000, false}, 3},  // odd splits (never skewed), qlen 2, page 16
+      {{"kimi-k3", 12, 1, 8, 1, 3000, false}, 2}};     // page 1: the bulk row copies
+  for (const auto& [shape, splits] : shapes) {
+    const int64_t launched = cuda::attend_fixed_launches();
+    testing::steps_match_cpu({shape}, DType::fp8_e4m3, DType::fp8_e4m3, 3400 + uint64_t(splits),
+                             testing::RowsKernel::kSixteen, {.num_splits = splits, .spread = 8, .flat = false});
+    if (cuda::attend_fixed_only_enabled()) EXPECT_GT(cuda::attend_fixed_launches(), launched);
+    else EXPECT_EQ(cuda::attend_fixed_launches(), launched);
+  }
+}
+
 }  // namespace
 }  // namespace mla
