@@ -41,13 +41,8 @@ __device__ __forceinline__ long long global_ns() {
   return t;
 }
 
-// Each CTA's thread runs kChains independent FFMA chains (~1 instruction a clock once fetched; 16 bytes each).
-__device__ __forceinline__ void seed_chains(float (&f)[kChains], float seed) {
-#pragma unroll
-  for (int c = 0; c < kChains; ++c) f[c] = seed * float(c + 1 + threadIdx.x);
-}
-
-// kLen unrolled FFMAs over the chains, a * f + b: the immediates make an instance's code its own.
+// kLen unrolled FFMAs over kChains independent chains (~1 instruction a clock once fetched; 16 bytes each),
+// a * f + b: the immediates make an instance's code its own.
 template <int kLen>
 __device__ __forceinline__ void ffmas(float (&f)[kChains], float a, float b) {
 #pragma unroll
@@ -57,10 +52,21 @@ __device__ __forceinline__ void ffmas(float (&f)[kChains], float a, float b) {
   }
 }
 
-// The CTA's two passes from the stamps before, between and after them (clock64, globaltimer) into its 5 words of
-// out: pass 1 clocks, pass 2 clocks, pass 1 ns, pass 2 ns, and the chains' sum tested (keeps them live).
-__device__ __forceinline__ void store_passes(long long* out, const long long (&clk)[3], const long long (&ns)[3],
-                                             const float (&f)[kChains]) {
+// A CTA's thread runs body(chains) twice (a loop of two passes, not unrolled), stamped by clock64 and globaltimer
+// before, between and after; thread 0 stores pass 1's and pass 2's clocks and ns, and the chains' sum tested (keeps
+// them live), into the CTA's 5 words of out.
+template <class Body>
+__device__ __forceinline__ void two_passes(long long* out, float seed, Body&& body) {
+  float f[kChains];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) f[c] = seed * float(c + 1 + threadIdx.x);
+  long long clk[3], ns[3];
+  clk[0] = clock64(), ns[0] = global_ns();
+#pragma unroll 1
+  for (int pass = 0; pass < 2; ++pass) {
+    body(f);
+    clk[pass + 1] = clock64(), ns[pass + 1] = global_ns();
+  }
   float sum = 0;
 #pragma unroll
   for (int c = 0; c < kChains; ++c) sum += f[c];
@@ -74,16 +80,7 @@ __device__ __forceinline__ void store_passes(long long* out, const long long (&c
 // kSalt makes each instance's code its own (the FFMAs' immediate), so launches of two instances share no lines.
 template <int kLen, int kSalt>
 __global__ void __launch_bounds__(32, 1) straight(long long* out, float seed) {
-  float f[kChains];
-  seed_chains(f, seed);
-  long long clk[3], ns[3];
-  clk[0] = clock64(), ns[0] = global_ns();
-#pragma unroll 1
-  for (int pass = 0; pass < 2; ++pass) {
-    ffmas<kLen>(f, 0.999f + 1e-6f * kSalt, 1e-3f);
-    clk[pass + 1] = clock64(), ns[pass + 1] = global_ns();
-  }
-  store_passes(out, clk, ns, f);
+  two_passes(out, seed, [](float (&f)[kChains]) { ffmas<kLen>(f, 0.999f + 1e-6f * kSalt, 1e-3f); });
 }
 
 // Session 70: the same with jumps. kBlocks blocks of kExec FFMAs run, each followed by a block of kSkip FFMAs behind a
@@ -93,20 +90,13 @@ __global__ void __launch_bounds__(32, 1) straight(long long* out, float seed) {
 // what a cold branch target costs beyond the straight-line fetch.
 template <int kBlocks, int kExec, int kSkip, int kSalt>
 __global__ void __launch_bounds__(32, 1) hops(long long* out, float seed, int skip) {
-  float f[kChains];
-  seed_chains(f, seed);
-  long long clk[3], ns[3];
-  clk[0] = clock64(), ns[0] = global_ns();
-#pragma unroll 1
-  for (int pass = 0; pass < 2; ++pass) {
+  two_passes(out, seed, [skip](float (&f)[kChains]) {
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
       ffmas<kExec>(f, 0.999f + 1e-6f * kSalt, 1e-3f);
       if (skip) ffmas<kSkip>(f, 0.5f + 1e-6f * (kSalt + b), 2e-3f);
     }
-    clk[pass + 1] = clock64(), ns[pass + 1] = global_ns();
-  }
-  store_passes(out, clk, ns, f);
+  });
 }
 
 // Reads a buffer of several times the L2 (as mla_graph_bench's L2 flush does before each timed replay), so that
