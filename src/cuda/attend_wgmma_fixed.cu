@@ -21,14 +21,18 @@ using namespace wgmma_attend;
 
 constexpr auto kFixedKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, false, true>;
 constexpr auto kFixedSkewKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, false, true, false, false, true, true>;
-// The bulk row copies' instance (3-step q.k groups; pages TMA does not box, page 1 among them): its producer
-// warpgroup jumped over the flat plan's scan too.
-constexpr auto kFixedRowsKernel = attend_wgmma_kernel<2, 3, Tiles::kRows, false, false, false, false, false, true>;
-constexpr int kFixedRowsSmem = smem_bytes<2, Tiles::kRows>();
-// (and its stamped twin, MLA_ATTEND_TIMELINE: the prologue's steps of the plain one)
+// (the plain one's stamped twin, MLA_ATTEND_TIMELINE: its prologue's steps)
 constexpr auto kFixedTimelineKernel = attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true, false, false, false, true>;
 constexpr int kFixedSmem = smem_bytes<2, Tiles::kBoxes>();
+// The bulk row copies' instance (3-step q.k groups; pages TMA does not box, page 1 among them): its producer
+// warpgroup jumped over its own copy of the flat plan's scan.
+constexpr auto kFixedRowsKernel = attend_wgmma_kernel<2, 3, Tiles::kRows, false, false, false, false, false, true>;
+constexpr int kFixedRowsSmem = smem_bytes<2, Tiles::kRows>();
 std::atomic<int64_t> launches{0};
+
+void require_fixed_splits(const AttendParams& p) {
+  MLA_REQUIRE(p.flat_ctas == 0, "attend: the fixed-split instances take no flat plan, got ", p.flat_ctas, " key-CTAs");
+}
 
 }  // namespace
 
@@ -48,7 +52,7 @@ void prepare_attend_wgmma_fixed() {
 
 void launch_attend_wgmma_fixed(const AttendParams& p, const CUtensorMap& map, dim3 grid, bool skew,
                                cudaStream_t stream) {
-  MLA_REQUIRE(p.flat_ctas == 0, "attend: the fixed-split instances take no flat plan, got ", p.flat_ctas, " key-CTAs");
+  require_fixed_splits(p);
   if (skew) kFixedSkewKernel<<<grid, kThreads, kFixedSmem, stream>>>(p, map);
   else kFixedKernel<<<grid, kThreads, kFixedSmem, stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
@@ -57,14 +61,14 @@ void launch_attend_wgmma_fixed(const AttendParams& p, const CUtensorMap& map, di
 }
 
 void launch_attend_wgmma_fixed_rows(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream) {
-  MLA_REQUIRE(p.flat_ctas == 0, "attend: the fixed-split instances take no flat plan, got ", p.flat_ctas, " key-CTAs");
+  require_fixed_splits(p);
   kFixedRowsKernel<<<grid, 2 * kThreads, kFixedRowsSmem, stream>>>(p, map);
   MLA_CUDA_CHECK_LAUNCH();
   ++launches;
 }
 
 void launch_attend_wgmma_fixed_timeline(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream) {
-  MLA_REQUIRE(p.flat_ctas == 0, "attend: the fixed-split instances take no flat plan, got ", p.flat_ctas, " key-CTAs");
+  require_fixed_splits(p);
   kFixedTimelineKernel<<<grid, kThreads, kFixedSmem, stream>>>(p, map);
 }
 
