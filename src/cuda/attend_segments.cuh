@@ -70,14 +70,10 @@ __device__ __forceinline__ bool sync_consumers_or(bool pred) {
 // magics (cta from CtaWork's FastDivs constructor). kSkew (with kFastDivs; s33a): fixed splits
 // skewed toward the CTAs placed first (skew_plan.hpp; cta from CtaWork's SkewedFastDivs one).
 template <int kThreadsN, int kRowsPerCta, bool kSegmentInSmem, int kSegmentSync = 0, bool kFastDivs = false,
-          bool kScanned = false, bool kSkew = false, bool kFixedOnly = false, class NextSegment, class Serve>
+          bool kScanned = false, bool kSkew = false, class NextSegment, class Serve>
 __device__ __forceinline__ void serve_segments(const AttendParams& p, const CtaWork& cta, bool flat, int chunk_align,
                                                int tid, int32_t* flat_start, NextSegment next_segment,
                                                KeyStream* segment, Serve&& serve) {
-  // kFixedOnly (s73a, session 70, MLA_ATTEND_FIXED_ONLY=1: attend_wgmma_fixed.cu's instances, launched with fixed
-  // splits only): the flat plan's code folds away, so the prologue runs on to the first boxes without a jump over
-  // it (a cold jump of 13-16 KB cost a CTA ~0.22-0.32 µs at its start in bench/ifetch_probe.cu's hops).
-  flat = flat && !kFixedOnly;
   const int batch = p.batch;
   flat::Cta range{1, 0, 0};  // the flat plan: this key-CTA's tiles
   int cta_key = 0, b = cta.b;

@@ -93,7 +93,7 @@ const char* timeline_path() {
   return path && *path ? path : nullptr;
 }
 
-void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, cudaStream_t stream) {
+void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, bool fixed_only, cudaStream_t stream) {
   static StampBuffer buffer;
   const size_t words = size_t(grid.x) * kTimelineWords;
   const std::vector<uint64_t> host = buffer.launch(words, stream, "MLA_ATTEND_TIMELINE", [&](uint64_t* stamps) {
@@ -101,7 +101,7 @@ void launch_timeline(const AttendParams& in, dim3 grid, const CUtensorMap& map, 
     p.timeline = stamps;
     MLA_REQUIRE(with_fast_divs(p, grid), "MLA_ATTEND_TIMELINE: a grid of ", grid.x,
                 " CTAs is past the multiply-shifts' bound");
-    if (p.flat_ctas == 0 && attend_fixed_only_enabled())  // (s73a's stamped twin: attend_wgmma_fixed.cu)
+    if (fixed_only)  // (s73a's stamped twin: attend_wgmma_fixed.cu)
       launch_attend_wgmma_fixed_timeline(p, map, grid, stream);
     else
       attend_wgmma_kernel<2, 2, Tiles::kBoxes, true, true>
@@ -148,6 +148,8 @@ AttendKernel launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
                                     p.batch <= kMaxFlatBatch),
               "attend: the flat plan needs W = 1, B <= ", kMaxFlatBatch, " and TMA or gathered tiles for many rows");
   // The flat plan: flat_ctas key-CTAs x the row tiles; else one CTA per (request, split, row tile).
+  // s73a (MLA_ATTEND_FIXED_ONLY=1): fixed splits take attend_wgmma_fixed.cu's instances without the flat code.
+  const bool fixed_only = p.flat_ctas == 0 && attend_fixed_only_enabled();
   const dim3 grid = attend_launch_grid(p, kN);
   const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};
   // A plain launch: as a programmatic dependent (pdl.cuh) its CTAs took SM slots the query kernel
@@ -184,11 +186,11 @@ AttendKernel launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
   }
   MLA_REQUIRE(p.q_fp8 && p.cache_fp8, "attend: the 16-row wgmma kernel takes an fp8 query and cache");
   if (tma && timeline_path()) {  // measurement: the default TMA kernel (2-step groups) with phase stamps
-    launch_timeline(p, grid, map, stream);
+    launch_timeline(p, grid, map, fixed_only, stream);
   } else if (tma) {
     AttendParams q = p;
     const bool fast_divs = qk_group_steps() == 2 && with_fast_divs(q, grid);
-    if (fast_divs && q.flat_ctas == 0 && attend_fixed_only_enabled())
+    if (fast_divs && fixed_only)
       launch_attend_wgmma_fixed(q, map, grid, attend_wgmma_skews(q, grid.x), stream);  // (s73a: attend_wgmma_fixed.cu)
     else if (fast_divs && attend_wgmma_skews(q, grid.x))
       launch_attend_wgmma_skew(q, map, grid, stream);  // (skewed splits: attend_wgmma_skew.cu)
@@ -199,7 +201,7 @@ AttendKernel launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
     else go(attend_wgmma_kernel<2, 1, Tiles::kBoxes>, smem_bytes<2, Tiles::kBoxes>());
   } else if (attend_wgmma_row_copies(p)) {
     // (a producer warpgroup beside the consumer: v26)
-    if (qk_group_steps() == 2 && p.flat_ctas == 0 && attend_fixed_only_enabled())
+    if (qk_group_steps() == 2 && fixed_only)
       launch_attend_wgmma_fixed_rows(p, map, grid, stream);  // (s73a: attend_wgmma_fixed.cu)
     else if (qk_group_steps() == 2)
       go(attend_wgmma_kernel<2, 3, Tiles::kRows>, smem_bytes<2, Tiles::kRows>(), 2 * kThreads);

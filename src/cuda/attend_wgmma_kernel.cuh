@@ -100,7 +100,9 @@ constexpr int kTimelineWords = 16;  // MLA_ATTEND_TIMELINE: stamps a CTA (below)
 // request, the even split (the grid's first half, placed first on its SM) taking 27/52 of the pair's
 // keys, the odd one the rest (skew_plan.hpp: an SM's first CTA streams 8-9% faster, session 21).
 // kFixedOnly (s73a, attend_wgmma_fixed.cu: the FastDivs instances and the row copies' 3-step one): launched with
-// fixed splits only, so the flat plan's code folds away (serve_segments).
+// fixed splits only, so serve_segments' `flat` is a constant false and the flat plan's code folds away: the
+// prologue runs on to the first boxes without a jump over it (a cold jump of 13-16 KB cost a CTA ~0.22-0.32 µs at
+// its start in bench/ifetch_probe.cu's hops, session 70).
 template <int kStages, int kGroupSteps, Tiles kTiles, bool kTimeline = false, bool kFastDivs = false,
           bool kQSplit = false, bool kBf16 = false, bool kSkew = false, bool kFixedOnly = false>
 __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThreads, kStages == 2 && !kBf16 ? 2 : 1)
@@ -209,8 +211,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
         }
         done += n_tiles;
       };
-      serve_segments<kCtaThreads, kN, false, 0, false, false, false, kFixedOnly>(
-          p, cta, p.flat_ctas > 0, kTileKeys, tid, sm.flat_start, &sm.next_segment, nullptr, produce);
+      serve_segments<kCtaThreads, kN, false>(p, cta, !kFixedOnly && p.flat_ctas > 0, kTileKeys, tid, sm.flat_start,
+                                             &sm.next_segment, nullptr, produce);
       return;
     }
     ptx::setmaxnreg_inc<256 - kProducerRegs>();
@@ -635,8 +637,9 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
     done += n_tiles;
   };  // serve
 
-  serve_segments<kCtaThreads, kN, false, 0, kFastDivs, false, kSkew, kFixedOnly>(
-      p, cta, p.flat_ctas > 0, kTma ? kTileKeys : 1, tid, sm.flat_start, &sm.next_segment, nullptr, serve);
+  serve_segments<kCtaThreads, kN, false, 0, kFastDivs, false, kSkew>(p, cta, !kFixedOnly && p.flat_ctas > 0,
+                                                                     kTma ? kTileKeys : 1, tid, sm.flat_start,
+                                                                     &sm.next_segment, nullptr, serve);
   if constexpr (kTimeline) {
     uint32_t sm_id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_id));
