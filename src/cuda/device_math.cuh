@@ -71,6 +71,8 @@ __device__ __forceinline__ int64_t dcp_global_position(int64_t j, int size, int 
 }
 // Local length on rank r of a request whose global length is lg.
 __device__ __forceinline__ int64_t dcp_local_length(int64_t lg, int size, int rank, int interleave) {
+  // Without DCP every key is local: no 64-bit division between the length's load and the key range.
+  if (size == 1) return lg;
   const int64_t base = (lg / (int64_t(interleave) * size)) * interleave;
   const int64_t rest = lg - base * size - int64_t(rank) * interleave;
   return base + (rest < 0 ? 0 : (rest > interleave ? interleave : rest));
