@@ -72,6 +72,16 @@ __device__ __forceinline__ void wait_parity_forever(uint32_t bar, uint32_t parit
       : "memory");
 }
 
+// The tensor map's 128 bytes into the SM's descriptor cache ahead of the first box (CUTLASS's
+// prefetch_tma_descriptor): the map is a kernel parameter, fetched cold at every launch.
+__device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// The line holding addr into L2 (no register waits on it).
+__device__ __forceinline__ void prefetch_l2(const void* addr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(addr));
+}
+
 // The box of `map` at (x = byte column, y = row) into shared memory at dst (1024-byte aligned for
 // the 128-byte swizzle), completing on bar.
 __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
