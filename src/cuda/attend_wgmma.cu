@@ -86,8 +86,8 @@ const CUtensorMap& cache_map(const AttendParams& p, int box_rows) {
 // segments, then the prologue's steps: init, plan, issued, query in ns, then the first segment
 // switch: the first segment's last tile, the second's start, prologue, first tile in ns; a CTA of
 // one segment repeats its start there), so the last eager launch
-// of a run is what FILE holds. Under MLA_ATTEND_FIXED_ONLY=1 a launch of fixed splits stamps s73a's
-// instance without the flat plan's code instead.
+// of a run is what FILE holds. A launch of fixed splits stamps s73a's instance without the flat plan's
+// code (MLA_ATTEND_FIXED_ONLY=0: the flat-capable one).
 const char* timeline_path() {
   static const char* path = std::getenv("MLA_ATTEND_TIMELINE");
   return path && *path ? path : nullptr;
@@ -148,7 +148,8 @@ AttendKernel launch_attend_wgmma(const AttendParams& in, cudaStream_t stream) {
                                     p.batch <= kMaxFlatBatch),
               "attend: the flat plan needs W = 1, B <= ", kMaxFlatBatch, " and TMA or gathered tiles for many rows");
   // The flat plan: flat_ctas key-CTAs x the row tiles; else one CTA per (request, split, row tile).
-  // s73a (MLA_ATTEND_FIXED_ONLY=1): fixed splits take attend_wgmma_fixed.cu's instances without the flat code.
+  // s73a (the default; MLA_ATTEND_FIXED_ONLY=0: off): fixed splits take attend_wgmma_fixed.cu's instances without the
+  // flat code.
   const bool fixed_only = p.flat_ctas == 0 && attend_fixed_only_enabled();
   const dim3 grid = attend_launch_grid(p, kN);
   const CUtensorMap map = tma ? cache_map(p, std::min(p.page_size, kTileKeys)) : CUtensorMap{};

@@ -240,7 +240,7 @@ bool attend_wgmma_skews(const AttendParams& p, int64_t ctas);
 // attend_wgmma_fixed.cu's skewed instance counts its own).
 int64_t attend_skew_launches();
 void count_attend_skew_launch();
-// s73a (prepared, not yet timed): MLA_ATTEND_FIXED_ONLY=1 sends the 16-row kernel's launches of fixed
+// s73a (the default since session 71; MLA_ATTEND_FIXED_ONLY=0 turns it off) sends the 16-row kernel's launches of fixed
 // splits (FastDivs over TMA boxes, plain or skewed, and the bulk row copies' 3-step instance) to instances
 // without the flat plan's code (attend_wgmma_fixed.cu; its launchers in tma.hpp).
 bool attend_fixed_only_enabled();

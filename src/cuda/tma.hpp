@@ -39,8 +39,8 @@ void prepare_attend_wgmma_bf16();
 void launch_attend_wgmma_skew(const AttendParams& p, const CUtensorMap& map, dim3 grid, cudaStream_t stream);
 void prepare_attend_wgmma_skew();
 // The same FastDivs instances, plain and skewed, without the flat plan's code, for launches of fixed
-// splits (attend_wgmma_fixed.cu, s73a, MLA_ATTEND_FIXED_ONLY=1: attend_fixed_only_enabled in
-// stages.hpp), and their shared-memory limit (where the switch is on).
+// splits (attend_wgmma_fixed.cu, s73a, the default unless MLA_ATTEND_FIXED_ONLY=0: attend_fixed_only_enabled
+// in stages.hpp), and their shared-memory limit (where the switch is on).
 void launch_attend_wgmma_fixed(const AttendParams& p, const CUtensorMap& map, dim3 grid, bool skew,
                                cudaStream_t stream);
 void prepare_attend_wgmma_fixed();

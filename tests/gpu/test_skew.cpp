@@ -4,8 +4,8 @@
 // 16, lengths within an eighth of each other (fixed splits, not the flat plan), NaN in unused
 // pages and page tails, poisoned outputs. By default the shapes of two or more requests take the
 // skewed instance (asserted by its launch count), under MLA_ATTEND_SKEW=1 the B = 1 one too, under
-// =0 none (the unskewed instance, checked the same way). Under MLA_ATTEND_FIXED_ONLY=1 (s73a) every
-// shape's steps take attend_wgmma_fixed.cu's instances without the flat plan's code (their launch count).
+// =0 none (the unskewed instance, checked the same way). By default (s73a; not under MLA_ATTEND_FIXED_ONLY=0)
+// every shape's steps take attend_wgmma_fixed.cu's instances without the flat plan's code (their launch count).
 // Without a GPU they skip.
 #include <gtest/gtest.h>
 
@@ -48,9 +48,9 @@ TEST(Skew, EvenBatchStepMatchesCpu) {
   }
 }
 
-// s73a (MLA_ATTEND_FIXED_ONLY=1): fixed-split steps off the skewed instance take attend_wgmma_fixed.cu's
-// instances without the flat plan's code too: the plain FastDivs one (B = 1; odd split counts) and the bulk
-// row copies' one (page 1). Asserted by their launch count under the switch, and none without it.
+// s73a (the default; MLA_ATTEND_FIXED_ONLY=0: off): fixed-split steps off the skewed instance take
+// attend_wgmma_fixed.cu's instances without the flat plan's code too: the plain FastDivs one (B = 1; odd split
+// counts) and the bulk row copies' one (page 1). Asserted by their launch count where it is on, none under =0.
 TEST(FixedOnly, PlainAndRowCopyStepsMatchCpu) {
   MLA_SKIP_WITHOUT_GPU("the fixed-split instances");
   const std::vector<std::pair<testing::Shape, int>> shapes = {
