@@ -178,6 +178,8 @@ __global__ void __launch_bounds__(kTiles == Tiles::kRows ? 2 * kThreads : kThrea
   // s74b: the first boxes wait on two dependent round trips (the request's length and page range, then
   // its page ids) and on the tensor map: start the map's fetch and the request's head toward L2 now,
   // under the mbarriers' setup and its barrier (the flat plan's CTAs find their requests later).
+  // (The flat test is spelled out here and at both serve_segments calls: one `const bool flat` for all three
+  // changed every flat-capable instance's SASS, session 72's sass-compare, so it waits for a timed change.)
   if (tid == kThreads - 1 && (kFixedOnly || p.flat_ctas <= 0)) {
     if constexpr (kBoxes) tma::prefetch_map(&cache_map);
     tma::prefetch_l2(p.seq_lens + cta.b);
